@@ -1,0 +1,314 @@
+"""The dispatcher: from a public call to the kernel that runs it, and why.
+
+Design note
+-----------
+Every public op builds a :class:`Problem` — a hashable summary of the call: the op, the dtype of
+each tensor role, the shape facts that matter (head dims, head counts, bucketed lengths), the
+optional features used (causal, window, lse, ...), the layout, and the device (``cpu`` or
+``cuda`` with its SM version). Nothing in a Problem refers to a tensor, so a Problem can be built
+for a GPU that is not here (``flashinfer explain --sm 9.0``).
+
+:func:`select` turns a Problem into a :class:`Decision` in four steps:
+
+1. **Capability** — for every record of the op in ``capability_db`` (one TOML per backend, one
+   record per kernel variant), collect every :class:`Reason` it cannot run: SM range, dtypes,
+   shape limits, features, layout, missing packages, plus the adapter's own checks for what a
+   table cannot say. A record with no reasons is *usable*.
+2. **Overrides** — ``backend=`` argument > ``use_backend(...)`` > ``FLASHINFER_<FAMILY>_BACKEND``
+   > ``FLASHINFER_BACKEND`` (see :mod:`flashinfer.overrides`). The first level that applies
+   restricts the candidates; if none of its kernels is usable the call raises
+   :class:`BackendUnavailableError` with their reasons (explicit is strict).
+3. **Order** — without an override, the usable kernels are ordered by a tuned rule
+   (``FLASHINFER_TUNED_RULES``), else a named shape threshold, else the per-SM-family priority
+   of ``dispatch_rules/<op>.toml``; unlisted usable kernels follow, the reference always last.
+4. **Strict** — with ``FLASHINFER_STRICT=1`` a fall back to ``reference`` for a CUDA problem
+   raises instead of silently running the slow path.
+
+The Decision records the chosen (backend, variant), every candidate with its reasons, and the
+source that decided (``argument``, ``context``, ``environment``, ``tuned`` or ``default``).
+``select`` is a pure function of (Problem, overrides, policy flags) and is cached on that key, so
+the hot path costs a Problem construction and a dict lookup; a new Decision is logged once (at
+``FLASHINFER_LOGLEVEL>=1``) when it is first made. Wrappers decide in ``plan()``; ``run()`` only
+executes the kernel the Decision names.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+
+from . import envs, overrides
+from .backends import BACKEND_NAMES, extra_reasons, get_kernel
+from .capability_db import database
+from .device import DeviceFacts, facts_of, sm_family
+from .dispatch_rules import ordering
+from .op_catalog import op_spec
+from .reasons import Reason
+
+__all__ = [
+    "Problem", "Reason", "Candidate", "Decision", "BackendUnavailableError", "NoBackendError",
+    "StrictModeError", "select", "decide", "dtype_name", "length_bucket",
+]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` → ``"bfloat16"`` (the spelling the capability DB uses)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def length_bucket(n: int) -> int:
+    """Round a sequence length up to a power of two, so the Decision cache stays small."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A hashable description of one call: everything the dispatcher may decide on."""
+
+    op: str
+    device: str  # "cpu" | "cuda"
+    sm: tuple[int, int] | None
+    dtypes: tuple[tuple[str, str], ...] = ()
+    shape: tuple[tuple[str, int], ...] = ()
+    features: frozenset[str] = frozenset()
+    layout: str | None = None
+
+    @staticmethod
+    def make(op: str, device: DeviceFacts | torch.device, *, dtypes: Mapping[str, Any] = (),
+             shape: Mapping[str, int] = (), features: Iterable[str] = (), layout: str | None = None
+             ) -> "Problem":
+        facts = device if isinstance(device, DeviceFacts) else facts_of(device)
+        spec = op_spec(op)
+        feats = frozenset(features)
+        unknown = feats - set(spec.features)
+        if unknown:  # a programming error in an op module, not a user error
+            raise AssertionError(f"op {op} has no feature(s) {sorted(unknown)}")
+        return Problem(
+            op=op,
+            device=facts.kind,
+            sm=facts.sm,
+            dtypes=tuple((k, v if isinstance(v, str) else dtype_name(v)) for k, v in dict(dtypes).items()),
+            shape=tuple((k, int(v)) for k, v in dict(shape).items()),
+            features=feats,
+            layout=layout,
+        )
+
+    @property
+    def family(self) -> str:
+        return op_spec(self.op).family
+
+    def describe(self) -> str:
+        where = "cpu" if self.sm is None else f"cuda SM {self.sm[0]}.{self.sm[1]} (family {sm_family(self.sm)})"
+        dtypes = ", ".join(f"{k}={v}" for k, v in self.dtypes)
+        shape = ", ".join(f"{k}={v}" for k, v in self.shape)
+        feats = ",".join(sorted(self.features)) or "none"
+        layout = f" layout={self.layout}" if self.layout else ""
+        return f"{self.op} on {where}: dtypes[{dtypes}] shape[{shape}] features[{feats}]{layout}"
+
+    def as_dict(self) -> dict:
+        return {"op": self.op, "device": self.device,
+                "sm": None if self.sm is None else f"{self.sm[0]}.{self.sm[1]}",
+                "dtypes": dict(self.dtypes), "shape": dict(self.shape),
+                "features": sorted(self.features), "layout": self.layout}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One kernel the dispatcher considered, and every reason it cannot run (empty = usable)."""
+
+    backend: str
+    variant: str
+    reasons: tuple[Reason, ...]
+    verified: bool = False
+    note: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.backend if self.variant == "default" else f"{self.backend}:{self.variant}"
+
+    @property
+    def usable(self) -> bool:
+        return not self.reasons
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of :func:`select`: the kernel to run and how it was chosen."""
+
+    problem: Problem
+    backend: str
+    variant: str
+    source: str  # "argument" | "context" | "environment" | "tuned" | "default"
+    rule: str  # the override's origin, or the rule that ordered the candidates
+    basis: str  # the measurement behind the rule (empty for overrides)
+    order: tuple[str, ...]  # usable kernels, best first, as the chosen source ordered them
+    candidates: tuple[Candidate, ...]
+    notes: tuple[str, ...] = ()
+    _kernel: list = field(default_factory=list, compare=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.backend if self.variant == "default" else f"{self.backend}:{self.variant}"
+
+    @property
+    def kernel(self) -> Callable:
+        if not self._kernel:
+            self._kernel.append(get_kernel(self.backend, self.problem.op, self.variant))
+        return self._kernel[0]
+
+    def rejected(self) -> tuple[Candidate, ...]:
+        return tuple(c for c in self.candidates if not c.usable)
+
+    def explain(self) -> str:
+        lines = [f"problem: {self.problem.describe()}",
+                 f"chosen:  {self.name} (source: {self.source}; {self.rule})"]
+        if self.basis:
+            lines.append(f"basis:   {self.basis}")
+        lines.append(f"order:   {' > '.join(self.order)}")
+        lines.extend(f"note:    {n}" for n in self.notes)
+        for cand in self.candidates:
+            status = "usable" if cand.usable else "rejected"
+            flag = "" if cand.verified else " [not verified on hardware]"
+            lines.append(f"  {cand.name:<24} {status}{flag}")
+            lines.extend(f"      - {r.message}" for r in cand.reasons)
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return {
+            "problem": self.problem.as_dict(), "backend": self.backend, "variant": self.variant,
+            "source": self.source, "rule": self.rule, "basis": self.basis, "order": list(self.order),
+            "notes": list(self.notes),
+            "candidates": [
+                {"backend": c.backend, "variant": c.variant, "usable": c.usable,
+                 "verified": c.verified,
+                 "reasons": [{"field": r.field, "actual": str(r.actual), "allowed": str(r.allowed),
+                              "message": r.message} for r in c.reasons]}
+                for c in self.candidates
+            ],
+        }
+
+
+class NoBackendError(RuntimeError):
+    """No backend can run the problem. The message lists every backend with its reasons."""
+
+    def __init__(self, problem: Problem, candidates: Iterable[Candidate], headline: str,
+                 remedy: str = ""):
+        self.problem = problem
+        self.candidates = tuple(candidates)
+        lines = [headline, f"  problem: {problem.describe()}"]
+        for cand in self.candidates:
+            lines.append(f"  {cand.name}:")
+            lines.extend(f"    - {r.message}" for r in cand.reasons or
+                         (Reason("", "", "", "usable, but not allowed by the override"),))
+        if remedy:
+            lines.append(f"  remedy: {remedy}")
+        super().__init__("\n".join(lines))
+
+
+class BackendUnavailableError(NoBackendError, ValueError):
+    """The backend named by an argument, context or environment override cannot run the problem."""
+
+
+class StrictModeError(NoBackendError):
+    """``FLASHINFER_STRICT=1`` and only the reference backend could run a CUDA problem."""
+
+
+def _candidates(problem: Problem, assume_installed: bool, triton_interpret: bool
+                ) -> tuple[Candidate, ...]:
+    out = []
+    for record in database().for_op(problem.op):
+        reasons = record.check(problem, assume_installed=assume_installed,
+                               triton_interpret=triton_interpret)
+        if not reasons:
+            reasons = extra_reasons(record.backend, problem.op, record.variant, problem)
+        out.append(Candidate(record.backend, record.variant, tuple(reasons), record.verified, record.note))
+    return tuple(out)
+
+
+def _ordered(usable: list[Candidate], order: tuple[str, ...]) -> list[Candidate]:
+    def rank(cand: Candidate) -> tuple[int, int]:
+        for i, spec in enumerate(order):
+            if spec == cand.backend or spec == f"{cand.backend}:{cand.variant}":
+                return (i, 0)
+        if cand.backend == "reference":  # unlisted: the reference is always the last resort
+            return (len(order) + 1, 0)
+        return (len(order), BACKEND_NAMES.index(cand.backend))
+    return sorted(usable, key=rank)  # stable: variants keep their declaration order
+
+
+@functools.lru_cache(maxsize=4096)
+def select(problem: Problem, levels: tuple[overrides.Override, ...] = (), *, strict: bool = False,
+           tuned_path: str | None = None, assume_installed: bool = False,
+           triton_interpret: bool = False) -> Decision:
+    """Choose the kernel for ``problem``. Pure and cached; see the design note above.
+
+    ``assume_installed=True`` pretends every vendor package imports (for ``explain --sm`` and
+    tests of the dispatch rules on machines without those packages).
+    """
+    candidates = _candidates(problem, assume_installed, triton_interpret)
+    usable = [c for c in candidates if c.usable]
+    notes: list[str] = []
+
+    for level in levels:
+        declared = {c.backend for c in candidates}
+        if level.scope == "global" and not (level.backends() & declared):
+            notes.append(f"{level.origin}={level.spelling} ignored: no "
+                         f"{'/'.join(sorted(level.backends()))} kernel for {problem.op}")
+            continue
+        chosen = [c for c in usable if level.allows(c.backend, c.variant)]
+        if not chosen:
+            named = [c for c in candidates if level.allows(c.backend, c.variant)]
+            raise BackendUnavailableError(
+                problem, named or candidates,
+                f"{level.origin}={level.spelling!r} cannot run this problem "
+                f"(allowed kernels: {', '.join(level.allowed)})",
+                remedy=("use backend='auto' or another backend; `flashinfer explain` shows all"
+                        if named else f"{level.spelling} has no kernel for {problem.op}"))
+        rule = ordering(problem, tuned_path)
+        chosen = _ordered(chosen, rule.order)
+        return _finish(problem, chosen, candidates, level.source, f"{level.origin}={level.spelling}",
+                       "", notes, strict)
+
+    if not usable:
+        raise NoBackendError(problem, candidates, f"no backend can run {problem.op}",
+                             remedy="see each backend's reasons above")
+    rule = ordering(problem, tuned_path)
+    return _finish(problem, _ordered(usable, rule.order), candidates, rule.source, rule.rule,
+                   rule.basis, notes, strict)
+
+
+def _finish(problem: Problem, ordered: list[Candidate], candidates: tuple[Candidate, ...],
+            source: str, rule: str, basis: str, notes: list[str], strict: bool) -> Decision:
+    best = ordered[0]
+    if strict and best.backend == "reference" and problem.device == "cuda":
+        raise StrictModeError(problem, candidates,
+                              "FLASHINFER_STRICT=1: only the slow reference backend can run this "
+                              "CUDA problem", remedy="unset FLASHINFER_STRICT to allow the fallback")
+    decision = Decision(problem, best.backend, best.variant, source, rule, basis,
+                        tuple(c.name for c in ordered), candidates, tuple(notes))
+    from . import api_logging
+
+    api_logging.log_decision(decision)
+    return decision
+
+
+def decide(problem: Problem, backend: str | None = "auto") -> Decision:
+    """Resolve the overrides that apply to ``problem`` and select (the op modules call this)."""
+    return select(
+        problem,
+        overrides.collect(problem.family, backend),
+        strict=envs.STRICT.get(),
+        tuned_path=envs.TUNED_RULES.get(),
+        triton_interpret=envs.TRITON_INTERPRET.get(),
+    )
+
+
+def clear_cache() -> None:
+    """Forget every cached Decision (e.g. after installing a vendor package)."""
+    from .capability_db import import_error
+
+    select.cache_clear()
+    import_error.cache_clear()

@@ -1,0 +1,129 @@
+"""Every ``FLASHINFER_*`` environment variable, declared once.
+
+Each variable has a name, a type, a default, a one-line doc and one parser. Code reads a variable
+with ``envs.STRICT.get()`` (re-read from ``os.environ`` on every call, so tests and long-lived
+processes see changes), except ``LOGLEVEL`` / ``LOGDEST`` which :mod:`flashinfer.api_logging`
+reads once at import, as upstream does. A malformed value raises ``ValueError`` naming the
+variable, the value and what is allowed. ``flashinfer show-config`` lists them all.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .op_catalog import FAMILIES
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    kind: str  # "bool" | "int" | "str" | "backend" | "path"
+    default: Any
+    doc: str
+    parser: Callable[[str, "EnvVar"], Any]
+
+    def raw(self) -> str | None:
+        return os.environ.get(self.name)
+
+    def get(self) -> Any:
+        raw = os.environ.get(self.name)
+        if raw is None or raw.strip() == "":
+            return self.default
+        return self.parser(raw.strip(), self)
+
+
+def _bad(var: EnvVar, raw: str, allowed: str) -> ValueError:
+    return ValueError(f"environment variable {var.name}={raw!r} is not valid; allowed: {allowed}")
+
+
+def _parse_bool(raw: str, var: EnvVar) -> bool:
+    low = raw.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise _bad(var, raw, "1/0, true/false, yes/no, on/off")
+
+
+def _parse_int(raw: str, var: EnvVar) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise _bad(var, raw, "an integer") from None
+
+
+def _parse_str(raw: str, var: EnvVar) -> str:
+    return raw
+
+
+def _parse_backend(raw: str, var: EnvVar) -> str:
+    # Validated against the backend names and upstream aliases; returns the raw spelling,
+    # which overrides.resolve_alias() turns into backend specs.
+    from .overrides import known_backend_spellings
+
+    if raw.lower() not in known_backend_spellings():
+        raise _bad(var, raw, ", ".join(sorted(known_backend_spellings())))
+    return raw.lower()
+
+
+def _parse_loglevel(raw: str, var: EnvVar) -> int:
+    level = _parse_int(raw, var)
+    if level < 0:
+        raise _bad(var, raw, "an integer >= 0 (0 off, 1 calls+decisions, 3 arguments, 5 statistics)")
+    return level
+
+
+_VARS: list[EnvVar] = [
+    EnvVar("FLASHINFER_BACKEND", "backend", None,
+           "force one backend for every op family that backend serves (or 'auto')", _parse_backend),
+    *[
+        EnvVar(f"FLASHINFER_{fam.upper()}_BACKEND", "backend", None,
+               f"force the backend for the {fam} ops (overrides FLASHINFER_BACKEND)", _parse_backend)
+        for fam in FAMILIES
+    ],
+    EnvVar("FLASHINFER_STRICT", "bool", False,
+           "raise instead of falling back to the slow reference backend on a GPU", _parse_bool),
+    EnvVar("FLASHINFER_TUNED_RULES", "path", None,
+           "JSON file of measured dispatch rules, consulted before the default rules", _parse_str),
+    EnvVar("FLASHINFER_LOGLEVEL", "int", 0,
+           "API logging: 0 off, 1 calls and new decisions, 3 arguments, 5 tensor statistics",
+           _parse_loglevel),
+    EnvVar("FLASHINFER_LOGDEST", "str", "stdout",
+           "where API logs go: stdout, stderr or a file path (%i becomes the pid)", _parse_str),
+    EnvVar("FLASHINFER_CACHE_DIR", "path", os.path.join(os.path.expanduser("~"), ".cache", "flashinfer"),
+           "directory for caches (cuDNN graph plans, tuning); `flashinfer clear-cache` empties it",
+           _parse_str),
+    EnvVar("TRITON_INTERPRET", "bool", False,
+           "Triton's own switch: run Triton kernels in its interpreter (lets our kernels run on CPU)",
+           _parse_bool),
+]
+
+REGISTRY: dict[str, EnvVar] = {v.name: v for v in _VARS}
+
+BACKEND = REGISTRY["FLASHINFER_BACKEND"]
+STRICT = REGISTRY["FLASHINFER_STRICT"]
+TUNED_RULES = REGISTRY["FLASHINFER_TUNED_RULES"]
+LOGLEVEL = REGISTRY["FLASHINFER_LOGLEVEL"]
+LOGDEST = REGISTRY["FLASHINFER_LOGDEST"]
+CACHE_DIR = REGISTRY["FLASHINFER_CACHE_DIR"]
+TRITON_INTERPRET = REGISTRY["TRITON_INTERPRET"]
+
+
+def family_backend(family: str) -> EnvVar:
+    """The per-family override variable, e.g. ``FLASHINFER_ATTENTION_BACKEND``."""
+    return REGISTRY[f"FLASHINFER_{family.upper()}_BACKEND"]
+
+
+def snapshot() -> list[dict[str, Any]]:
+    """Every variable with its raw value, parsed value (or parse error) and default."""
+    rows = []
+    for var in _VARS:
+        try:
+            value, error = var.get(), None
+        except ValueError as exc:
+            value, error = None, str(exc)
+        rows.append({"name": var.name, "raw": var.raw(), "value": value, "default": var.default,
+                     "doc": var.doc, "error": error})
+    return rows

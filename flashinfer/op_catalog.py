@@ -1,0 +1,71 @@
+"""The ops the dispatcher knows: each op's family, dtype roles, shape facts and features.
+
+A capability record (capability_db/*.toml) and a dispatch rule (dispatch_rules/*.toml) may only
+name ops, dtype roles, shape facts and features declared here; the loaders reject anything else,
+so a typo in a data file is an error naming the file and key, not a silently ignored line.
+
+Shape facts are the sizes that decide whether a kernel can run (head dims, head counts) or which
+kernel is fastest (lengths, bucketed to powers of two by the op modules so the Decision cache
+stays small). Features are the optional behaviours a call uses; a record lists the ones it serves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FAMILIES = ("attention", "norm", "rope", "activation", "gemm", "moe", "sampling", "comm")
+
+ATTENTION_FEATURES = (
+    "causal",          # bottom-right aligned causal mask
+    "gqa",             # num_qo_heads > num_kv_heads
+    "window",          # window_left >= 0
+    "soft_cap",        # logits_soft_cap > 0
+    "alibi",           # pos_encoding_mode="ALIBI"
+    "rope_llama",      # pos_encoding_mode="ROPE_LLAMA" (RoPE applied inside the kernel)
+    "custom_mask",     # boolean mask (custom_mask / packed_custom_mask)
+    "lse",             # return_lse=True (base-2 log-sum-exp)
+    "head_dim_differs",  # head_dim_qk != head_dim_vo
+    "kv_dtype_differs",  # k/v dtype differs from q dtype
+    "o_dtype_differs",   # output dtype differs from q dtype
+)
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    family: str
+    dtype_roles: tuple[str, ...]
+    shape_facts: tuple[str, ...]
+    features: tuple[str, ...]
+    layouts: tuple[str, ...] = ()
+    doc: str = ""
+
+
+_ATTN_SHAPE = ("head_dim_qk", "head_dim_vo", "num_qo_heads", "num_kv_heads", "qo_len", "kv_len")
+
+OPS: dict[str, OpSpec] = {
+    spec.name: spec
+    for spec in (
+        OpSpec("single_decode", "attention", ("q", "kv", "o"), _ATTN_SHAPE, ATTENTION_FEATURES,
+               ("NHD", "HND"), "one request, one query token against a contiguous KV"),
+        OpSpec("single_prefill", "attention", ("q", "kv", "o"), _ATTN_SHAPE, ATTENTION_FEATURES,
+               ("NHD", "HND"), "one request, qo_len query tokens against a contiguous KV"),
+        OpSpec("rmsnorm", "norm", ("input", "weight"), ("hidden_size", "num_rows"),
+               ("fused_add", "gemma_weight", "per_head"), (), "RMSNorm, optionally fused residual add"),
+        OpSpec("layernorm", "norm", ("input", "weight"), ("hidden_size", "num_rows"), (), (),
+               "LayerNorm with fp32 gamma/beta"),
+        OpSpec("rope", "rope", ("input", "pos"), ("head_dim", "rotary_dim", "num_q_heads",
+                                                   "num_k_heads", "num_tokens"),
+               ("interleave", "llama31", "partial_rotary", "cos_sin_cache", "inplace"), (),
+               "rotary embedding of q and k at given positions"),
+        OpSpec("act_and_mul", "activation", ("input",), ("hidden_size", "num_rows"),
+               ("silu", "gelu", "gelu_tanh"), (), "act(x[..., :d]) * x[..., d:]"),
+    )
+}
+
+
+def op_spec(op: str) -> OpSpec:
+    try:
+        return OPS[op]
+    except KeyError:
+        raise ValueError(f"unknown op {op!r}; known ops: {', '.join(sorted(OPS))}") from None
