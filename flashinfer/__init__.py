@@ -10,6 +10,6 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .dispatch import (  # noqa: F401
-    BackendUnavailableError, Decision, NoBackendError, Problem, Reason, StrictModeError, select,
+    BackendUnavailableError, Decision, NoBackendError, Problem, Reason, StrictModeError, record_decisions, select,
 )
 from .overrides import use_backend  # noqa: F401

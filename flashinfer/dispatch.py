@@ -34,9 +34,11 @@ executes the kernel the Decision names.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
@@ -50,7 +52,7 @@ from .reasons import Reason
 
 __all__ = [
     "Problem", "Reason", "Candidate", "Decision", "BackendUnavailableError", "NoBackendError",
-    "StrictModeError", "select", "decide", "dtype_name", "length_bucket",
+    "StrictModeError", "select", "decide", "record_decisions", "dtype_name", "length_bucket",
 ]
 
 
@@ -295,15 +297,38 @@ def _finish(problem: Problem, ordered: list[Candidate], candidates: tuple[Candid
     return decision
 
 
+_RECORDER: contextvars.ContextVar[list | None] = contextvars.ContextVar("flashinfer_recorder", default=None)
+
+
+@contextlib.contextmanager
+def record_decisions() -> Iterator[list[Decision]]:
+    """Collect the Decision of every dispatched call inside the block (cached ones included)::
+
+        with flashinfer.record_decisions() as log:
+            flashinfer.rmsnorm(x, w)
+        print(log[-1].explain())
+    """
+    log: list[Decision] = []
+    token = _RECORDER.set(log)
+    try:
+        yield log
+    finally:
+        _RECORDER.reset(token)
+
+
 def decide(problem: Problem, backend: str | None = "auto") -> Decision:
     """Resolve the overrides that apply to ``problem`` and select (the op modules call this)."""
-    return select(
+    decision = select(
         problem,
         overrides.collect(problem.family, backend),
         strict=envs.STRICT.get(),
         tuned_path=envs.TUNED_RULES.get(),
         triton_interpret=envs.TRITON_INTERPRET.get(),
     )
+    recorder = _RECORDER.get()
+    if recorder is not None:
+        recorder.append(decision)
+    return decision
 
 
 def clear_cache() -> None:

@@ -225,3 +225,15 @@ def test_bad_tuned_rules_file(tmp_path):
         select(norm_problem(), tuned_path=str(path))
     with pytest.raises(DispatchRulesError, match="cannot read"):
         select(norm_problem(), tuned_path=str(tmp_path / "missing.json"))
+
+
+def test_record_decisions_sees_cached_decisions_too():
+    from flashinfer import record_decisions
+
+    problem = norm_problem("cpu")
+    with record_decisions() as log:
+        decide(problem)
+        decide(problem)
+    assert [d.backend for d in log] == ["reference", "reference"] and log[0] is log[1]
+    decide(problem)
+    assert len(log) == 2
