@@ -9,7 +9,24 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from . import activation, decode, norm, prefill, rope  # noqa: F401
+from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul  # noqa: F401
+from .attention_params import get_alibi_slopes  # noqa: F401
+from .decode import single_decode_with_kv_cache  # noqa: F401
 from .dispatch import (  # noqa: F401
-    BackendUnavailableError, Decision, NoBackendError, Problem, Reason, StrictModeError, record_decisions, select,
+    BackendUnavailableError, Decision, NoBackendError, Problem, Reason, StrictModeError,
+    record_decisions, select,
+)
+from .norm import (  # noqa: F401
+    fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, layernorm, rmsnorm,
 )
 from .overrides import use_backend  # noqa: F401
+from .prefill import (  # noqa: F401
+    single_prefill_with_kv_cache, single_prefill_with_kv_cache_return_lse,
+)
+from .rope import (  # noqa: F401
+    apply_llama31_rope, apply_llama31_rope_inplace, apply_llama31_rope_pos_ids,
+    apply_llama31_rope_pos_ids_inplace, apply_rope, apply_rope_inplace, apply_rope_pos_ids,
+    apply_rope_pos_ids_inplace, apply_rope_with_cos_sin_cache,
+    apply_rope_with_cos_sin_cache_inplace,
+)

@@ -12,21 +12,42 @@ arguments, normalise layouts and defaults, and call the chosen kernel as::
 * returns ``out [qo_len, num_qo_heads, head_dim_vo]`` in ``params.o_dtype`` and, when
   ``params.return_lse``, ``lse [qo_len, num_qo_heads]`` float32 in **base 2**, else ``None``.
 
-Semantics every kernel must match (the reference backend is the oracle): scores
-``s = sm_scale * q·k``; with ``logits_soft_cap > 0``, ``s = cap * tanh(s / cap)``; ALiBi adds
-``slope_h * (j - i_abs)``; the causal mask is bottom-right aligned (query ``r`` sits at absolute
-position ``kv_len - qo_len + r`` and sees keys ``j <= r_abs``); ``window_left >= 0`` also hides
-keys ``j < r_abs - window_left``; ``custom_mask [qo_len, kv_len]`` (bool, True = keep) replaces
-the causal mask; ``ROPE_LLAMA`` rotates q (positions ``kv_len - qo_len + r``) and k (positions
-``j``) with non-interleaved RoPE (``rope_scale``, ``rope_theta``) before the product. A query
-row that sees no key at all gets output 0 and lse ``-inf``.
+Semantics every kernel must match (the reference backend is the oracle). Query row ``r`` sits at
+absolute position ``i = kv_len - qo_len + r``; query head ``h`` reads kv head
+``h // (num_qo_heads // num_kv_heads)``.
+
+1. ``ROPE_LLAMA``: q (positions ``i``) and k (positions ``j``) are rotated with non-interleaved
+   RoPE (pairs ``(x[t], x[t + d/2])``, angle ``pos / rope_scale * rope_theta ** (-2t / d)``,
+   ``d = head_dim_qk``) before the product.
+2. ``s = sm_scale * q·k``.
+3. ``ALIBI``: ``s += alibi_slopes[h] * (j - r)``. As upstream FlashInfer, the distance uses the
+   row index ``r`` inside this call, not ``i``: the softmax (so the output) is the same either
+   way, only the lse depends on it, and this is the lse upstream returns.
+4. ``logits_soft_cap > 0``: ``s = cap * tanh(s / cap)`` (after the ALiBi bias).
+5. Mask: ``custom_mask [qo_len, kv_len]`` (bool, True = keep) when given, and then ``causal`` is
+   ignored; else ``causal`` hides keys ``j > i`` (bottom-right aligned). ``window_left >= 0``
+   also hides keys ``j < i - window_left`` (with or without causal or a custom mask).
+6. Softmax over the visible keys, ``out = softmax(s) @ v`` (then cast to ``o_dtype``);
+   ``lse = log2(sum_j exp(s_j))``. A row that sees no key gets output 0 and lse ``-inf``.
+
+The op modules simplify before they build the Problem (a kernel must still accept the general
+form): ``causal`` is dropped when ``qo_len == 1`` (it hides nothing) and ``window_left >=
+kv_len - 1`` becomes ``-1`` (it hides nothing). ``v_scale`` is applied by the op module to the
+kernel's output, never by a kernel.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import torch
+
+__all__ = ["AttentionParams", "get_alibi_slopes", "POS_ENCODING_MODES"]
+
+#: upstream ``PosEncodingMode`` names, in enum order (NONE=0, ROPE_LLAMA=1, ALIBI=2)
+POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,6 +59,34 @@ class AttentionParams:
     pos_encoding_mode: str = "NONE"  # "NONE" | "ROPE_LLAMA" | "ALIBI"
     rope_scale: float = 1.0
     rope_theta: float = 1e4
-    custom_mask: torch.Tensor | None = None  # bool [qo_len, kv_len], True = keep
+    custom_mask: torch.Tensor | None = None  # bool [qo_len, kv_len], True = keep, on q's device
     return_lse: bool = False
     o_dtype: torch.dtype = torch.float16
+    alibi_slopes: torch.Tensor | None = None  # float32 [num_qo_heads] on q's device when ALIBI
+
+
+def get_alibi_slopes(n_heads: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """ALiBi slopes, float32 ``[n_heads]`` (the numbers upstream FlashInfer uses).
+
+    With ``p`` the largest power of two ``<= n_heads``, head ``k`` (1-based, ``k <= p``) gets
+    ``2 ** (-8 k / p)``; the remaining ``n_heads - p`` heads take the odd-numbered slopes of a
+    ``2p``-head model, ``2 ** (-4 (2m - 1) / p)`` for ``m = 1, 2, ...``.
+    """
+    if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
+        raise ValueError(f"get_alibi_slopes: n_heads must be a positive int, got {n_heads!r}")
+    slopes = _alibi_slopes_cpu(n_heads).clone()
+    return slopes if device is None else slopes.to(device)
+
+
+@functools.lru_cache(maxsize=64)
+def _alibi_slopes_cpu(n_heads: int) -> torch.Tensor:
+    p = 1 << (n_heads.bit_length() - 1)
+    exponents = [-8.0 * k / p for k in range(1, p + 1)]
+    exponents += [-4.0 * (2 * m - 1) / p for m in range(1, n_heads - p + 1)]
+    return torch.tensor([math.pow(2.0, e) for e in exponents], dtype=torch.float32)
+
+
+@functools.lru_cache(maxsize=64)
+def cached_alibi_slopes(n_heads: int, device: torch.device) -> torch.Tensor:
+    """Slopes kept on ``device`` (one host-to-device copy per head count and device)."""
+    return _alibi_slopes_cpu(n_heads).to(device)

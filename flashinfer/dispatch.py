@@ -218,8 +218,9 @@ class StrictModeError(NoBackendError):
     """``FLASHINFER_STRICT=1`` and only the reference backend could run a CUDA problem."""
 
 
-def _candidates(problem: Problem, assume_installed: bool, triton_interpret: bool
-                ) -> tuple[Candidate, ...]:
+def evaluate_candidates(problem: Problem, *, assume_installed: bool = False,
+                        triton_interpret: bool = False) -> tuple[Candidate, ...]:
+    """Every kernel declared for the op, each with all its reasons (empty = usable)."""
     out = []
     for record in database().for_op(problem.op):
         reasons = record.check(problem, assume_installed=assume_installed,
@@ -250,7 +251,8 @@ def select(problem: Problem, levels: tuple[overrides.Override, ...] = (), *, str
     ``assume_installed=True`` pretends every vendor package imports (for ``explain --sm`` and
     tests of the dispatch rules on machines without those packages).
     """
-    candidates = _candidates(problem, assume_installed, triton_interpret)
+    candidates = evaluate_candidates(problem, assume_installed=assume_installed,
+                                 triton_interpret=triton_interpret)
     usable = [c for c in candidates if c.usable]
     notes: list[str] = []
 

@@ -200,7 +200,7 @@ def ordering(problem, tuned_path: str | None) -> Ordering:
             return Ordering(rule.order, "tuned", rule.name, rule.basis)
     rules = default_rules().get(problem.op)
     if rules is None:
-        return Ordering(("reference",), "default", "no rules file", "")
+        return Ordering((), "default", "no rules file", "")
     for rule in rules.thresholds:
         if rule.matches(problem):
             return Ordering(rule.order, "default", rule.name, rule.basis)

@@ -1,0 +1,7 @@
+"""``python -m flashinfer``: the same as the ``flashinfer`` command (see :mod:`flashinfer.cli`)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,250 @@
+"""torch adapter: attention kernels built into PyTorch's CUDA build.
+
+Two variants serve ``single_decode`` and ``single_prefill`` (capability_db/torch.toml):
+
+* ``flash_varlen`` — ``torch.ops.aten._flash_attention_forward``, the FlashAttention-2 copy inside
+  torch, called in its varlen form (``cum_seq_q = [0, qo_len]``). GQA native; ``is_causal`` is
+  bottom-right aligned; ``window_size_left`` gives the left window (``window_size_right`` is set
+  to 0 by torch itself when causal); ``alibi_slopes`` [H_qo] float32. The lse comes back as
+  ``[H_qo, total_q]`` natural log, ``+inf`` for a row that sees no key.
+  FA2's ALiBi bias differs from ours (``slope * (j - r)``) by a per-row constant, which the
+  adapter adds back to the lse: without a window FA2 adds ``slope * j`` (shift ``-slope * r``),
+  with a window it adds ``-slope * |i - j|`` = ``slope * (j - i)`` on visible keys (shift
+  ``slope * (kv_len - qo_len)``). Without causal, FA2's ``-slope * |i - j|`` is symmetric, so
+  ALiBi needs causal (or ``qo_len == 1``, where both agree): an adapter check says so.
+* ``sdpa_efficient`` — ``torch.ops.aten._scaled_dot_product_efficient_attention``, the
+  memory-efficient (CUTLASS) kernel that ``scaled_dot_product_attention`` runs under
+  ``sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION)``, called directly because only the aten op
+  returns the lse. Its ``is_causal`` is top-left aligned, so every mask (causal bottom-right,
+  window, custom mask) and ALiBi go in an explicit additive bias in q's dtype; a plain causal
+  call with ``qo_len == kv_len`` and no GQA uses ``is_causal``. GQA: each kv head's query group is
+  folded into the query length (``[1, H_kv, group * qo_len, D]``), so K/V are never expanded.
+  ALiBi is written relative to each row's right-most visible key, so the bias is small exactly
+  where the softmax weight is (16-bit rounding of large biases would otherwise cost accuracy),
+  and the per-row shift is added back to the lse. bfloat16 needs SM 8.0 (adapter check).
+
+Both return natural-log lse; the adapter converts to base 2 and gives rows that see no key
+output 0 and lse ``-inf``. The aten entry points are reached through :func:`aten_flash` and
+:func:`aten_efficient`, and their schemas are probed once, so a torch whose op lacks an
+argument we need is a rejection with a reason, not a crash.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from ..attention_params import AttentionParams
+from ..reasons import Reason
+from . import KernelTable
+from .reference.attention import visible_keys
+
+KERNELS = KernelTable("torch")
+
+_LOG2E = 1.0 / math.log(2.0)
+_ATTENTION_OPS = ("single_decode", "single_prefill")
+
+
+# ------------------------------------------------------------------------------------------
+# aten entry points and their schemas
+
+
+def aten_flash(*args, **kwargs):
+    return torch.ops.aten._flash_attention_forward(*args, **kwargs)
+
+
+def aten_efficient(*args, **kwargs):
+    return torch.ops.aten._scaled_dot_product_efficient_attention(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def schema_arguments(op_name: str) -> frozenset[str] | None:
+    """Argument names of ``torch.ops.aten.<op_name>.default`` (``None`` if the op is missing)."""
+    try:
+        schema = getattr(torch.ops.aten, op_name).default._schema
+    except (AttributeError, RuntimeError):
+        return None
+    return frozenset(arg.name for arg in schema.arguments)
+
+
+def _schema_reasons(op_name: str, needed: set[str]) -> list[Reason]:
+    names = schema_arguments(op_name)
+    if names is None:
+        return [Reason("torch_op", op_name, "present",
+                       f"torch {torch.__version__} has no aten.{op_name}")]
+    missing = sorted(needed - names)
+    if missing:
+        return [Reason("torch_op", ",".join(missing), "present",
+                       f"torch {torch.__version__}: aten.{op_name} has no argument(s) "
+                       f"{', '.join(missing)}")]
+    return []
+
+
+# ------------------------------------------------------------------------------------------
+# shared helpers
+
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` if its last dim is contiguous and every other stride and the base address are
+    16-byte aligned (what the vectorised loads of both kernels need), else a fresh contiguous
+    copy (a fresh allocation is aligned; ``contiguous()`` would keep a misaligned base)."""
+    elems = max(1, 16 // t.element_size())
+    ok = (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+          and all(s % elems == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1))
+    return t if ok else t.clone(memory_format=torch.contiguous_format)
+
+
+def finish_lse(lse_nat: torch.Tensor) -> torch.Tensor:
+    """Natural-log lse ``[H, qo_len]`` (``+inf`` or ``-inf`` for empty rows) -> base 2 ``[qo_len, H]``."""
+    lse = lse_nat.t() * _LOG2E
+    return lse.masked_fill(lse == float("inf"), float("-inf")).contiguous()
+
+
+# ------------------------------------------------------------------------------------------
+# flash_varlen
+
+
+def _flash_reasons(problem) -> list[Reason]:
+    needed = {"scale"}
+    if "window" in problem.features:
+        needed.add("window_size_left")
+    if "alibi" in problem.features:
+        needed.add("alibi_slopes")
+    reasons = _schema_reasons("_flash_attention_forward", needed)
+    qo_len = dict(problem.shape).get("qo_len", 1)
+    if "alibi" in problem.features and "causal" not in problem.features and qo_len > 1:
+        reasons.append(Reason("feature", "alibi without causal", "alibi with causal (or qo_len=1)",
+                              "FA2 applies ALiBi as -slope*|i-j| without a causal mask, not "
+                              "slope*(j-i): alibi needs causal=True here"))
+    return reasons
+
+
+def flash_alibi_lse_shift(slopes: torch.Tensor, qo_len: int, kv_len: int, windowed: bool
+                          ) -> torch.Tensor:
+    """``[H, qo_len]`` to add to FA2's natural-log lse so it matches our ALiBi convention."""
+    if windowed:  # FA2 local path: bias slope * (j - i), ours slope * (j - r)
+        return (slopes * float(kv_len - qo_len))[:, None].expand(-1, qo_len)
+    rows = torch.arange(qo_len, device=slopes.device, dtype=torch.float32)
+    return -slopes[:, None] * rows[None, :]  # FA2 causal path: bias slope * j
+
+
+def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttentionParams):
+    qo_len, num_qo_heads, _ = q.shape
+    kv_len = k.shape[0]
+    device = q.device
+    cu_q = torch.arange(2, dtype=torch.int32, device=device) * qo_len
+    cu_k = torch.arange(2, dtype=torch.int32, device=device) * kv_len
+    # One query row sees every key either way; causal keeps FA2's ALiBi on its slope*j path.
+    is_causal = bool(params.causal or qo_len == 1)
+    window = params.window_left if 0 <= params.window_left < kv_len else -1
+    kwargs = {"scale": params.sm_scale}
+    if window >= 0:
+        kwargs["window_size_left"] = window
+    slopes = None
+    if params.pos_encoding_mode == "ALIBI":
+        slopes = params.alibi_slopes.to(device=device, dtype=torch.float32).contiguous()
+        kwargs["alibi_slopes"] = slopes
+    result = aten_flash(aligned(q), aligned(k), aligned(v), cu_q, cu_k, qo_len, kv_len, 0.0,
+                        is_causal, False, **kwargs)
+    out = result[0].reshape(qo_len, num_qo_heads, -1).to(params.o_dtype)
+    if not params.return_lse:
+        return out, None
+    lse = result[1].reshape(num_qo_heads, qo_len)
+    if slopes is not None:
+        lse = lse + flash_alibi_lse_shift(slopes, qo_len, kv_len, window >= 0)
+    return out, finish_lse(lse)
+
+
+# ------------------------------------------------------------------------------------------
+# sdpa_efficient
+
+
+def _efficient_reasons(problem) -> list[Reason]:
+    reasons = _schema_reasons("_scaled_dot_product_efficient_attention", {"scale"})
+    q_dtype = dict(problem.dtypes).get("q")
+    if problem.sm is not None and problem.sm < (8, 0) and q_dtype == "bfloat16":
+        reasons.append(Reason("dtype.q", q_dtype, "{float16,float32} below SM 8.0",
+                              f"bfloat16 needs SM 8.0 in the memory-efficient kernel, device is "
+                              f"SM {problem.sm[0]}.{problem.sm[1]}"))
+    return reasons
+
+
+def efficient_bias(params: AttentionParams, qo_len: int, kv_len: int, num_qo_heads: int,
+                   num_kv_heads: int, dtype: torch.dtype, device: torch.device):
+    """The additive bias for the folded problem, and what the caller must fix afterwards.
+
+    Returns ``(bias, lse_shift, nonempty)``: ``bias`` ``[1, H_kv, group*qo_len, kv_len]`` in
+    ``dtype`` (row ``g*qo_len + r``; last-dim stride padded to 16 elements) or ``None``;
+    ``lse_shift`` ``[H_qo, qo_len]`` float32 to add to the natural-log lse (ALiBi) or ``None``;
+    ``nonempty`` bool ``[qo_len]`` (rows that see a key) or ``None`` when every row does.
+    """
+    group = num_qo_heads // num_kv_heads
+    rows = torch.arange(qo_len, device=device)
+    visible = visible_keys(rows, qo_len, kv_len, params)
+    alibi = params.pos_encoding_mode == "ALIBI"
+    if visible is None and not alibi:
+        return None, None, None
+    keys = torch.arange(kv_len, device=device)
+    lse_shift = None
+    if alibi:
+        if visible is None:
+            anchor = torch.full((qo_len,), kv_len - 1, device=device)
+        else:  # the right-most visible key of each row (0 for an empty row, masked anyway)
+            anchor = torch.where(visible, keys, -1).amax(dim=-1).clamp_min(0)
+        slopes = params.alibi_slopes.to(device=device, dtype=torch.float32)
+        distance = (keys[None, :] - anchor[:, None]).to(torch.float32)  # [qo_len, kv_len], <= 0 where visible
+        values = slopes[:, None, None] * distance[None]  # [H_qo, qo_len, kv_len]
+        lse_shift = slopes[:, None] * (anchor - rows).to(torch.float32)[None, :]
+    else:
+        values = torch.zeros(1, qo_len, kv_len, device=device)
+    if visible is not None:
+        values = values.masked_fill(~visible, float("-inf"))
+    heads = num_kv_heads if alibi else 1
+    padded = -(-kv_len // 16) * 16
+    storage = torch.zeros(1, heads, group * qo_len, padded, dtype=dtype, device=device)
+    values = values.expand(heads * group, qo_len, kv_len).reshape(1, heads, group * qo_len, kv_len)
+    storage[..., :kv_len] = values
+    bias = storage[..., :kv_len].expand(1, num_kv_heads, group * qo_len, kv_len)
+    nonempty = None if visible is None else visible.any(dim=-1)
+    return bias, lse_shift, nonempty
+
+
+def sdpa_efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttentionParams):
+    qo_len, num_qo_heads, head_dim_qk = q.shape
+    kv_len, num_kv_heads, head_dim_vo = v.shape
+    group = num_qo_heads // num_kv_heads
+    plain_causal = (params.causal and params.custom_mask is None and params.window_left < 0
+                    and params.pos_encoding_mode != "ALIBI" and qo_len == kv_len and group == 1)
+    if plain_causal:  # top-left == bottom-right when qo_len == kv_len
+        bias, lse_shift, nonempty = None, None, None
+    else:
+        bias, lse_shift, nonempty = efficient_bias(params, qo_len, kv_len, num_qo_heads,
+                                                   num_kv_heads, q.dtype, q.device)
+    qh = (q.reshape(qo_len, num_kv_heads, group, head_dim_qk).permute(1, 2, 0, 3)
+          .reshape(1, num_kv_heads, group * qo_len, head_dim_qk))
+    kh = k.transpose(0, 1).unsqueeze(0)
+    vh = v.transpose(0, 1).unsqueeze(0)
+    result = aten_efficient(aligned(qh), aligned(kh), aligned(vh), bias, params.return_lse, 0.0,
+                            plain_causal, scale=params.sm_scale)
+    out = (result[0].reshape(num_kv_heads, group, qo_len, head_dim_vo).permute(2, 0, 1, 3)
+           .reshape(qo_len, num_qo_heads, head_dim_vo))
+    if nonempty is not None:
+        out = out.masked_fill(~nonempty[:, None, None], 0.0)
+    out = out.to(params.o_dtype)
+    if not params.return_lse:
+        return out, None
+    lse = result[1][0, :, : group * qo_len].reshape(num_qo_heads, qo_len)
+    if lse_shift is not None:
+        lse = lse + lse_shift
+    if nonempty is not None:
+        lse = lse.masked_fill(~nonempty[None, :], float("-inf"))
+    return out, finish_lse(lse)
+
+
+for _op in _ATTENTION_OPS:
+    KERNELS.kernel(_op, "flash_varlen")(flash_varlen)
+    KERNELS.check(_op, "flash_varlen")(_flash_reasons)
+    KERNELS.kernel(_op, "sdpa_efficient")(sdpa_efficient)
+    KERNELS.check(_op, "sdpa_efficient")(_efficient_reasons)

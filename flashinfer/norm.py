@@ -1,0 +1,274 @@
+"""Normalisation ops (upstream module ``flashinfer.norm``): RMSNorm, its fused-residual and Gemma
+forms, and LayerNorm.
+
+Public functions keep upstream FlashInfer's names, argument order and defaults, plus our trailing
+``backend="auto"``. ``enable_pdl`` (programmatic dependent launch) is accepted for compatibility
+and ignored: no kernel here launches with PDL, and results do not depend on it.
+
+Canonical kernel signatures (every backend registers exactly these)
+--------------------------------------------------------------------
+``rmsnorm`` (op ``"rmsnorm"``)::
+
+    kernel(input, weight, out, residual, eps, weight_bias) -> None
+
+* ``input``: ``[B, N, H]`` fp16/bf16/fp32 (a 2-D call arrives as ``input.unsqueeze(1)``, a
+  per-head call ``[tokens, heads, head_dim]`` as is); any strides.
+* ``weight``: ``[H]`` fp16/bf16/fp32. The scale applied is ``weight + weight_bias`` (``0.0``,
+  or ``1.0`` for the Gemma form).
+* ``out``: ``[B, N, H]``, ``input``'s dtype, any strides; it may be ``input`` itself.
+* ``residual``: ``None``, or ``[B, N, H]`` in ``input``'s dtype (fused add). Then the kernel
+  first stores ``residual <- round(input + residual)`` (sum in fp32, rounded to the dtype) and
+  normalises that rounded sum.
+* computes, per row, in fp32: ``out = v * rsqrt(mean(v^2) + eps) * (weight + weight_bias)``,
+  ``v = input`` (or the new residual), rounded once to ``out``'s dtype.
+
+Rounding of the fused sum: upstream's CUDA and CuTe-DSL kernels keep the unrounded fp32 sum for
+the normalisation (only the stored residual is rounded); upstream's own Gemma test reference
+rounds first. We normalise the rounded sum, what the stored residual holds, so every path (the
+single-block and the looped Triton kernel, the reference) computes the same thing. The two
+choices differ by at most half an ulp of the input dtype per element before normalisation.
+
+``layernorm`` (op ``"layernorm"``)::
+
+    kernel(input, gamma, beta, out, eps) -> None
+
+* ``input`` ``[B, H]`` fp16/bf16/fp32, any strides; ``gamma``, ``beta`` ``[H]`` (upstream:
+  fp32; fp16/bf16 accepted); ``out`` ``[B, H]`` in ``input``'s dtype.
+* computes, per row, in fp32: ``out = (x - mean) * rsqrt(var + eps) * gamma + beta`` with the
+  biased variance ``mean((x - mean)^2)``.
+
+Dispatch Problem: dtypes ``input`` and ``weight`` (``gamma`` for layernorm), shape facts
+``hidden_size`` = H and ``num_rows`` = B*N bucketed to a power of two; rmsnorm features
+``fused_add``, ``gemma_weight``, ``per_head`` (3-D input).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from . import dispatch
+from .api_logging import flashinfer_api
+from .custom_op import custom_op
+from .dispatch import Problem
+
+__all__ = ["rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm", "layernorm"]
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_DTYPE_TEXT = "float16, bfloat16 or float32"
+
+
+# --------------------------------------------------------------------------------------------
+# validation (runs on real and fake tensors alike: metadata only)
+
+
+def _tensor(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"{name} dtype {t.dtype} is not supported; allowed: {_DTYPE_TEXT}")
+    return t
+
+
+def _same_device(name: str, t: torch.Tensor, ref: torch.Tensor) -> None:
+    if t.device != ref.device:
+        raise ValueError(f"{name} is on {t.device} but input is on {ref.device}; "
+                         f"all tensors must be on the same device")
+
+
+def _check_eps(eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    if not 0 <= eps < math.inf:  # also rejects NaN; plain comparisons trace under torch.compile
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    return float(eps)
+
+
+def _check_rows(input, ranks: tuple[int, ...], what: str) -> torch.Tensor:
+    _tensor("input", input)
+    if input.dim() not in ranks:
+        raise ValueError(f"input must be {what}, got shape {tuple(input.shape)}")
+    if input.shape[-1] == 0:
+        raise ValueError(f"input hidden size (last dim) must be >= 1, got shape {tuple(input.shape)}")
+    return input
+
+
+def _check_vector(name: str, t, input: torch.Tensor) -> None:
+    _tensor(name, t)
+    hidden = input.shape[-1]
+    if t.dim() != 1 or t.shape[0] != hidden:
+        raise ValueError(f"{name} must have shape ({hidden},) to match input's last dim, "
+                         f"got {tuple(t.shape)}")
+    _same_device(name, t, input)
+
+
+def _check_like(name: str, t, input: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.shape != input.shape:
+        raise ValueError(f"{name} must have input's shape {tuple(input.shape)}, got {tuple(t.shape)}")
+    if t.dtype != input.dtype:
+        raise TypeError(f"{name} dtype {t.dtype} must equal input dtype {input.dtype}")
+    _same_device(name, t, input)
+
+
+def _check_backend(backend) -> str:
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
+    return backend
+
+
+def _check_rmsnorm_args(input, weight, eps, backend) -> float:
+    _check_rows(input, (2, 3), "2-D [batch, hidden] or 3-D [batch, heads, head_dim]")
+    _check_vector("weight", weight, input)
+    _check_backend(backend)
+    return _check_eps(eps)
+
+
+# --------------------------------------------------------------------------------------------
+# dispatch + kernel call (inside the custom ops: opaque to torch.compile)
+
+
+def _rows3(t: torch.Tensor) -> torch.Tensor:
+    return t.unsqueeze(1) if t.dim() == 2 else t
+
+
+def _rmsnorm_decision(input: torch.Tensor, weight: torch.Tensor, weight_bias: float,
+                      fused_add: bool, backend: str) -> dispatch.Decision:
+    features = []
+    if fused_add:
+        features.append("fused_add")
+    if weight_bias != 0.0:
+        features.append("gemma_weight")
+    if input.dim() == 3:
+        features.append("per_head")
+    rows = input.numel() // input.shape[-1]
+    problem = Problem.make("rmsnorm", input.device,
+                           dtypes={"input": input.dtype, "weight": weight.dtype},
+                           shape={"hidden_size": input.shape[-1],
+                                  "num_rows": dispatch.length_bucket(rows)},
+                           features=features)
+    return dispatch.decide(problem, backend)
+
+
+def _no_output(*args, **kwargs) -> None:
+    """Fake impl of the ops below: they only write into tensors they were given."""
+    return None
+
+
+@custom_op("rmsnorm", mutates_args=("out",), fake=_no_output)
+def _rmsnorm_op(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float,
+                weight_bias: float, backend: str) -> None:
+    if input.numel() == 0:
+        return
+    decision = _rmsnorm_decision(input, weight, weight_bias, False, backend)
+    decision.kernel(_rows3(input), weight, _rows3(out), None, eps, weight_bias)
+
+
+@custom_op("fused_add_rmsnorm", mutates_args=("input", "residual"), fake=_no_output)
+def _fused_add_rmsnorm_op(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                          eps: float, weight_bias: float, backend: str) -> None:
+    if input.numel() == 0:
+        return
+    decision = _rmsnorm_decision(input, weight, weight_bias, True, backend)
+    x = _rows3(input)
+    decision.kernel(x, weight, x, _rows3(residual), eps, weight_bias)
+
+
+@custom_op("layernorm", mutates_args=("out",), fake=_no_output)
+def _layernorm_op(out: torch.Tensor, input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor,
+                  eps: float, backend: str) -> None:
+    if input.numel() == 0:
+        return
+    problem = Problem.make("layernorm", input.device,
+                           dtypes={"input": input.dtype, "weight": gemma.dtype},
+                           shape={"hidden_size": input.shape[-1],
+                                  "num_rows": dispatch.length_bucket(input.shape[0])})
+    dispatch.decide(problem, backend).kernel(input, gemma, beta, out, eps)
+
+
+# --------------------------------------------------------------------------------------------
+# public API
+
+
+def _rmsnorm(input, weight, eps, out, weight_bias: float, backend: str) -> torch.Tensor:
+    eps = _check_rmsnorm_args(input, weight, eps, backend)
+    if out is None:
+        out = torch.empty_like(input)
+    else:
+        _check_like("out", out, input)
+    _rmsnorm_op(out, input, weight, eps, weight_bias, backend)
+    return out
+
+
+def _fused_add_rmsnorm(input, residual, weight, eps, weight_bias: float, backend: str) -> None:
+    eps = _check_rmsnorm_args(input, weight, eps, backend)
+    _check_like("residual", residual, input)
+    _fused_add_rmsnorm_op(input, residual, weight, eps, weight_bias, backend)
+
+
+@flashinfer_api
+def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+            out: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None, *,
+            backend: str = "auto") -> torch.Tensor:
+    """Root-mean-square normalisation: ``out = input * rsqrt(mean(input^2) + eps) * weight``.
+
+    ``input``: ``[batch, hidden]``, or ``[batch, heads, head_dim]`` to normalise each head
+    (QK-norm), fp16/bf16/fp32, any strides. ``weight``: ``[hidden]`` fp16/bf16/fp32.
+    ``out``: optional ``input``-shaped buffer of ``input``'s dtype (may be ``input`` itself),
+    written and returned.
+    Statistics and products in fp32. ``enable_pdl`` is ignored (see the module docstring).
+    """
+    return _rmsnorm(input, weight, eps, out, 0.0, backend)
+
+
+@flashinfer_api
+def gemma_rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                  out: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None, *,
+                  backend: str = "auto") -> torch.Tensor:
+    """Gemma-style RMSNorm: as :func:`rmsnorm` with the scale ``weight + 1``."""
+    return _rmsnorm(input, weight, eps, out, 1.0, backend)
+
+
+@flashinfer_api
+def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                      eps: float = 1e-6, enable_pdl: Optional[bool] = None, *,
+                      backend: str = "auto") -> None:
+    """In place: ``residual += input``, then ``input = rmsnorm(residual) * weight``.
+
+    ``input``, ``residual``: same shape (``[batch, hidden]``; ``[batch, heads, head_dim]`` is
+    also accepted) and dtype (fp16/bf16/fp32). The sum is taken in fp32 and rounded to the dtype
+    when stored in ``residual``; the rounded sum is what gets normalised (module docstring).
+    ``input`` and ``residual`` must not share memory. Returns ``None``. ``enable_pdl`` is ignored.
+    """
+    _fused_add_rmsnorm(input, residual, weight, eps, 0.0, backend)
+
+
+@flashinfer_api
+def gemma_fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                            eps: float = 1e-6, enable_pdl: Optional[bool] = None, *,
+                            backend: str = "auto") -> None:
+    """Gemma-style :func:`fused_add_rmsnorm`: the scale is ``weight + 1``. In place, ``None``."""
+    _fused_add_rmsnorm(input, residual, weight, eps, 1.0, backend)
+
+
+@flashinfer_api
+def layernorm(input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor, eps: float = 1e-6, *,
+              backend: str = "auto") -> torch.Tensor:
+    """LayerNorm over the last dim: ``(x - mean) * rsqrt(var + eps) * gemma + beta``.
+
+    ``input``: ``[batch, hidden]`` (upstream: bf16; fp16/fp32 accepted too), any strides.
+    ``gemma`` (upstream's spelling of gamma) and ``beta``: ``[hidden]``, fp32 upstream
+    (fp16/bf16 accepted). Returns a new ``[batch, hidden]`` tensor of ``input``'s dtype; the
+    statistics (biased variance) are computed in fp32.
+    """
+    _check_rows(input, (2,), "2-D [batch, hidden]")
+    _check_vector("gemma", gemma, input)
+    _check_vector("beta", beta, input)
+    _check_backend(backend)
+    eps = _check_eps(eps)
+    out = torch.empty_like(input)
+    _layernorm_op(out, input, gemma, beta, eps, backend)
+    return out

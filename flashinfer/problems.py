@@ -1,0 +1,93 @@
+"""Representative Problems: a typical call of any op, built from :mod:`flashinfer.op_catalog` alone.
+
+``flashinfer show-config`` and ``flashinfer explain`` need a :class:`~flashinfer.dispatch.Problem`
+for an op without a call to summarise. :func:`representative` builds one generically: every
+dtype role gets the same dtype (fp16 unless told), except index roles (RoPE's positions), every
+shape fact a typical LLM size (Llama-3-8B-like: head_dim 128, 32 query / 8 KV heads, hidden 4096),
+lengths bucketed as the op modules bucket them, and the features implied by the shape (``gqa``
+when there are fewer KV heads, ``head_dim_differs``, ``partial_rotary``) plus the ones asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from .device import DeviceFacts
+from .dispatch import Problem, length_bucket
+from .op_catalog import op_spec
+
+#: dtype of the roles that hold indices, not values (never take the ``dtype`` argument).
+INDEX_ROLES: dict[str, str] = {"pos": "int64"}
+
+#: typical value of every shape fact the catalog declares.
+DEFAULT_FACTS: dict[str, int] = {
+    "head_dim_qk": 128, "head_dim_vo": 128, "head_dim": 128, "rotary_dim": 128,
+    "num_qo_heads": 32, "num_kv_heads": 8, "num_q_heads": 32, "num_k_heads": 8,
+    "qo_len": 1024, "kv_len": 4096, "num_tokens": 1024, "num_rows": 128, "hidden_size": 4096,
+}
+
+#: per-op departures from DEFAULT_FACTS that the op's definition imposes.
+OP_FACTS: dict[str, dict[str, int]] = {"single_decode": {"qo_len": 1}}
+
+#: facts that are lengths / row counts: the op modules bucket them with ``length_bucket``.
+BUCKETED_FACTS = frozenset({"qo_len", "kv_len", "num_tokens", "num_rows"})
+
+#: short dtype spellings accepted besides the torch names.
+DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32",
+                 "float": "float32", "fp64": "float64", "fp8": "float8_e4m3fn",
+                 "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+
+
+def implied_features(op: str, shape: Mapping[str, int]) -> set[str]:
+    """Features a call with these shape facts necessarily uses (only those the op declares)."""
+    spec = op_spec(op)
+    implied = set()
+    if shape.get("num_qo_heads", 0) > shape.get("num_kv_heads", 1 << 30):
+        implied.add("gqa")
+    if "head_dim_qk" in shape and "head_dim_vo" in shape and shape["head_dim_qk"] != shape["head_dim_vo"]:
+        implied.add("head_dim_differs")
+    if "rotary_dim" in shape and "head_dim" in shape and shape["rotary_dim"] < shape["head_dim"]:
+        implied.add("partial_rotary")
+    return implied & set(spec.features)
+
+
+def default_shape(op: str) -> dict[str, int]:
+    """The typical (unbucketed) shape facts of ``op``."""
+    spec = op_spec(op)
+    facts = {fact: DEFAULT_FACTS[fact] for fact in spec.shape_facts if fact in DEFAULT_FACTS}
+    facts.update(OP_FACTS.get(op, {}))
+    return facts
+
+
+def representative(op: str, device: DeviceFacts, *, dtype: str = "float16",
+                   shape: Mapping[str, int] | None = None, features: Iterable[str] = (),
+                   layout: str | None = None) -> Problem:
+    """A Problem for a typical call of ``op`` on ``device``.
+
+    ``shape`` overrides individual facts (unknown facts raise ``ValueError`` listing the op's
+    facts); ``features`` adds to the implied ones (unknown ones raise ``ValueError``);
+    ``layout`` defaults to the op's first layout (``NHD`` for attention), ``None`` if it has none.
+    """
+    spec = op_spec(op)
+    dtype = DTYPE_ALIASES.get(dtype, dtype)
+    facts = default_shape(op)
+    for fact, value in (shape or {}).items():
+        if fact not in spec.shape_facts:
+            raise ValueError(f"{op} has no shape fact {fact!r}; its facts: {', '.join(spec.shape_facts)}")
+        if int(value) < 0:
+            raise ValueError(f"shape fact {fact}={value} must be >= 0")
+        facts[fact] = int(value)
+    feats = set(features)
+    unknown = feats - set(spec.features)
+    if unknown:
+        raise ValueError(f"{op} has no feature(s) {', '.join(sorted(unknown))}; "
+                         f"its features: {', '.join(spec.features) or 'none'}")
+    feats |= implied_features(op, facts)
+    if layout is None:
+        layout = spec.layouts[0] if spec.layouts else None
+    elif layout not in spec.layouts:
+        raise ValueError(f"layout {layout!r} is not valid for {op}; "
+                         f"valid: {', '.join(spec.layouts) or 'none (the op has no layout)'}")
+    dtypes = {role: INDEX_ROLES.get(role, dtype) for role in spec.dtype_roles}
+    bucketed = {k: length_bucket(v) if k in BUCKETED_FACTS else v for k, v in facts.items()}
+    return Problem.make(op, device, dtypes=dtypes, shape=bucketed, features=feats, layout=layout)

@@ -1,0 +1,448 @@
+"""Rotary position embedding (RoPE) of queries and keys: FlashInfer's ``flashinfer.rope`` API.
+
+Math (api-spec.md §7.2), for pair index ``d in [0, rotary_dim/2)``, computed in float32:
+
+* ``f_d = rope_theta ** (-2d / rotary_dim)``; standard RoPE: ``f'_d = f_d / rope_scale``;
+* Llama 3.1: ``smooth = clamp(f_d * old_context_len / (2*pi*(high_freq_factor - low_freq_factor))
+  - 1 / (high_freq_factor / low_freq_factor - 1), 0, 1)`` and
+  ``f'_d = (1 - smooth) * f_d / rope_scale + smooth * f_d``;
+* angle ``a = pos * f'_d`` (cos/sin cache variants read ``cos = cache[pos, d]``,
+  ``sin = cache[pos, rotary_dim/2 + d]`` instead);
+* pairs ``(x1, x2) = (x[d], x[d + rotary_dim/2])`` (``interleave=False``, NeoX "rotate half") or
+  ``(x[2d], x[2d+1])`` (``interleave=True``, GPT-J); ``x1' = x1 cos a - x2 sin a``,
+  ``x2' = x2 cos a + x1 sin a``; dims ``>= rotary_dim`` pass through unchanged.
+
+Canonical kernel signature (every backend's ``"rope"`` kernel takes exactly this)::
+
+    kernel(q, k, q_out, k_out, pos_ids, params, cos_sin_cache) -> None
+
+* ``q [nnz, H_q, head_dim]``, ``k [nnz, H_k, head_dim]``: fp16/bf16/fp32 views with any strides;
+* ``q_out``, ``k_out``: same shapes and dtype; the *same objects* as ``q``, ``k`` for in-place
+  calls (the kernel must then read each element before overwriting it), else fresh tensors
+  that the kernel fills completely (rotated dims and the pass-through dims);
+* ``pos_ids [nnz]`` int32/int64 on the device of ``q`` (ragged ``indptr``/``offsets`` calls are
+  turned into positions here, so kernels only ever see positions);
+* ``params``: :class:`RopeParams`; with a cache only ``rotary_dim`` and ``interleave`` count;
+* ``cos_sin_cache``: ``None`` (frequencies computed from ``params``) or fp32
+  ``[max_pos, rotary_dim]``. A position outside ``[0, max_pos)`` must never be read: the kernel
+  writes NaN to that token's rotated dims instead.
+
+What is checked: ranks, dtypes, devices, matching token counts and head dims, ``rotary_dim`` even
+and ``<= head_dim``, finite positive scale/theta/Llama factors, index sizes, the cache's dtype,
+rank and width. Checks that read index *values* run only where those values are on the host
+(CPU tensors), because on a GPU they would cost a host sync: ragged ``indptr`` starting at 0,
+non-decreasing and ending at ``nnz``, and cache positions in ``[0, max_pos)``. On a GPU, tokens
+outside ``[indptr[0], indptr[-1])`` are left unrotated (position 0), a decreasing ``indptr``
+gives unspecified positions (never an out-of-bounds access), and an out-of-range cache position
+gives NaN in that token's rotated dims. Computed-frequency variants accept any integer position,
+negative included, as the formula does.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from . import dispatch
+from .api_logging import flashinfer_api
+from .custom_op import custom_op
+from .dispatch import Problem
+
+__all__ = [
+    "Llama31Factors", "RopeParams",
+    "apply_rope", "apply_rope_inplace", "apply_rope_pos_ids", "apply_rope_pos_ids_inplace",
+    "apply_llama31_rope", "apply_llama31_rope_inplace", "apply_llama31_rope_pos_ids",
+    "apply_llama31_rope_pos_ids_inplace", "apply_rope_with_cos_sin_cache",
+    "apply_rope_with_cos_sin_cache_inplace",
+]
+
+
+@dataclass(frozen=True)
+class Llama31Factors:
+    """Llama 3.1 frequency smoothing: ``high_freq_factor > low_freq_factor > 0``."""
+
+    low_freq_factor: float
+    high_freq_factor: float
+    old_context_len: float
+
+    def smooth_coefficients(self) -> tuple[float, float]:
+        """``(a, b)`` with ``smooth = clamp(f_d * a + b, 0, 1)``."""
+        a = self.old_context_len / (2 * math.pi * (self.high_freq_factor - self.low_freq_factor))
+        b = -1.0 / (self.high_freq_factor / self.low_freq_factor - 1.0)
+        return a, b
+
+
+@dataclass(frozen=True)
+class RopeParams:
+    """Everything a kernel needs besides tensors; ``llama31=None`` means standard RoPE."""
+
+    rotary_dim: int
+    interleave: bool
+    rope_scale: float = 1.0
+    rope_theta: float = 1e4
+    llama31: Llama31Factors | None = None
+
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# validation
+
+
+def _tensor(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _check_qk(q: torch.Tensor, k: torch.Tensor, qn: str = "q", kn: str = "k") -> None:
+    for name, t in ((qn, q), (kn, k)):
+        if _tensor(name, t).dim() != 3:
+            raise ValueError(f"{name} must be 3-D [nnz, num_heads, head_dim], got shape {tuple(t.shape)}")
+    if q.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{qn} dtype {q.dtype} is not supported; allowed: float16, bfloat16, float32")
+    if k.dtype != q.dtype:
+        raise TypeError(f"{kn} dtype {k.dtype} must equal {qn} dtype {q.dtype}")
+    if k.device != q.device:
+        raise ValueError(f"{kn} is on {k.device} but {qn} is on {q.device}; both must be on one device")
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"{kn} has {k.shape[0]} tokens (shape[0]) but {qn} has {q.shape[0]}; "
+                         "they must match")
+    if k.shape[2] != q.shape[2]:
+        raise ValueError(f"{kn} head_dim {k.shape[2]} must equal {qn} head_dim {q.shape[2]}")
+
+
+def _check_index(name: str, t, device: torch.device, length: int | None = None) -> torch.Tensor:
+    _tensor(name, t)
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    if t.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{name} dtype {t.dtype} is not supported; allowed: int32, int64")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but the queries are on {device}; move it there")
+    if length is not None and t.numel() != length:
+        raise ValueError(f"{name} has {t.numel()} entries, expected {length} (one per token)")
+    return t
+
+
+def _positive(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={value!r} is not allowed; it must be finite and > 0")
+    return float(value)
+
+
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def _rotary_dim(rotary_dim, head_dim: int) -> int:
+    if rotary_dim is None:
+        rotary_dim = head_dim
+    elif isinstance(rotary_dim, bool) or not isinstance(rotary_dim, numbers.Integral):
+        raise TypeError(f"rotary_dim must be an int or None, got {type(rotary_dim).__name__}")
+    rotary_dim = int(rotary_dim)
+    if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim={rotary_dim} is not allowed; it must be even and in "
+                         f"[2, head_dim={head_dim}] (None means head_dim)")
+    return rotary_dim
+
+
+def _params(q: torch.Tensor, rotary_dim, interleave, rope_scale, rope_theta,
+            llama31: tuple | None = None) -> RopeParams:
+    factors = None
+    if llama31 is not None:
+        low, high, old = llama31
+        low = _positive("low_freq_factor", low)
+        high = _positive("high_freq_factor", high)
+        if high <= low:
+            raise ValueError(f"high_freq_factor={high} must be greater than low_freq_factor={low}")
+        factors = Llama31Factors(low, high, _positive("old_context_len", old))
+    return RopeParams(_rotary_dim(rotary_dim, q.shape[2]), _flag("interleave", interleave),
+                      _positive("rope_scale", rope_scale), _positive("rope_theta", rope_theta),
+                      factors)
+
+
+def _ragged_positions(indptr, offsets, q: torch.Tensor) -> torch.Tensor:
+    """Validate a ragged batch; every token's position ``[nnz]`` int64 (no host sync on GPU)."""
+    _check_index("offsets", offsets, q.device)
+    _check_index("indptr", indptr, q.device, offsets.numel() + 1)
+    nnz = q.shape[0]
+    if indptr.device.type == "cpu":
+        first, last, falls = int(indptr[0]), int(indptr[-1]), bool((indptr.diff() < 0).any())
+        if first != 0 or last != nnz or falls:
+            raise ValueError(f"indptr must start at 0, never decrease and end at nnz={nnz}; got "
+                             f"indptr[0]={first}, indptr[-1]={last}"
+                             f"{', and it decreases' if falls else ''}")
+    return _segment_positions(indptr, offsets, nnz)
+
+
+def _segment_positions(indptr: torch.Tensor, offsets: torch.Tensor, nnz: int) -> torch.Tensor:
+    """``offsets[i] + j`` for token ``j`` of segment ``i``; 0 for tokens outside every segment."""
+    batch = offsets.numel()
+    tokens = torch.arange(nnz, device=indptr.device, dtype=torch.int64)
+    if batch == 0:
+        return torch.zeros_like(tokens)
+    starts = indptr.to(torch.int64)
+    seg = torch.searchsorted(starts, tokens, right=True) - 1
+    inside = (seg >= 0) & (seg < batch)
+    seg = seg.clamp(0, batch - 1)
+    pos = offsets.to(torch.int64)[seg] + tokens - starts[seg]
+    return torch.where(inside, pos, torch.zeros_like(pos))
+
+
+def _cache_inputs(positions, query, key, head_size, cos_sin_cache, is_neox):
+    """Validate a vLLM-style call; returns ``(q, k, pos, params)`` with 3-D views of query/key."""
+    if isinstance(head_size, bool) or not isinstance(head_size, numbers.Integral) or head_size <= 0:
+        raise ValueError(f"head_size must be a positive int, got {head_size!r}")
+    views = []
+    for name, t in (("query", query), ("key", key)):
+        if _tensor(name, t).dim() not in (2, 3):
+            raise ValueError(f"{name} must be [nnz, num_heads*head_size] or [nnz, num_heads, "
+                             f"head_size], got shape {tuple(t.shape)}")
+        if (t.dim() == 3 and t.shape[2] != head_size) or (t.dim() == 2 and t.shape[1] % head_size):
+            raise ValueError(f"{name} shape {tuple(t.shape)} does not hold whole heads of "
+                             f"head_size={head_size}")
+        views.append(t.view(t.shape[0], -1, head_size))  # splits or keeps dims: any strides view
+    q, k = views
+    _check_qk(q, k, "query", "key")
+    cache = _tensor("cos_sin_cache", cos_sin_cache)
+    if cache.dtype != torch.float32:
+        raise ValueError(f"cos_sin_cache must be float32, got {cache.dtype}")
+    if cache.dim() != 2:
+        raise ValueError(f"cos_sin_cache must be 2-D [max_pos, rotary_dim], got shape {tuple(cache.shape)}")
+    if cache.device != q.device:
+        raise ValueError(f"cos_sin_cache is on {cache.device} but query is on {q.device}")
+    if cache.shape[0] == 0:
+        raise ValueError("cos_sin_cache has no rows (max_pos = 0): no position can be looked up")
+    width = cache.shape[1]
+    if width <= 0 or width % 2 or width > head_size:
+        raise ValueError(f"cos_sin_cache width {width} is its rotary_dim: it must be even and in "
+                         f"[2, head_size={head_size}]")
+    pos = _check_index("positions", positions, q.device, q.shape[0])
+    if pos.device.type == "cpu" and pos.numel():
+        lo, hi = int(pos.min()), int(pos.max())
+        if lo < 0 or hi >= cache.shape[0]:
+            raise ValueError(f"positions span [{lo}, {hi}] but cos_sin_cache has rows [0, "
+                             f"{cache.shape[0]})")
+    return q, k, pos, RopeParams(width, not _flag("is_neox", is_neox))
+
+
+# --------------------------------------------------------------------------------------------
+# dispatch
+
+
+def _problem(q, k, pos, params: RopeParams, cached: bool, inplace: bool) -> Problem:
+    features = [name for name, used in (
+        ("interleave", params.interleave), ("llama31", params.llama31 is not None),
+        ("partial_rotary", params.rotary_dim < q.shape[2]), ("cos_sin_cache", cached),
+        ("inplace", inplace)) if used]
+    return Problem.make(
+        "rope", q.device, dtypes={"input": q.dtype, "pos": pos.dtype},
+        shape={"head_dim": q.shape[2], "rotary_dim": params.rotary_dim, "num_q_heads": q.shape[1],
+               "num_k_heads": k.shape[1], "num_tokens": dispatch.length_bucket(q.shape[0])},
+        features=features)
+
+
+def _run(q, k, q_out, k_out, pos, params, cache, backend) -> None:
+    problem = _problem(q, k, pos, params, cache is not None, q_out is q)
+    dispatch.decide(problem, backend).kernel(q, k, q_out, k_out, pos, params, cache)
+
+
+def _rope(q, k, pos, params, inplace: bool, backend: str):
+    if inplace:
+        _run(q, k, q, k, pos, params, None, backend)
+        return None
+    q_rope, k_rope = torch.empty_like(q), torch.empty_like(k)
+    _run(q, k, q_rope, k_rope, pos, params, None, backend)
+    return q_rope, k_rope
+
+
+def _fake_pair(q, k, *args, **kwargs):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+def _fake_cache_pair(positions, query, key, *args, **kwargs):
+    return torch.empty_like(query), torch.empty_like(key)
+
+
+def _fake_none(*args, **kwargs):
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# public API (upstream names, argument order and defaults; ``backend`` is ours)
+
+_QK_DOC = """
+    ``q [nnz, num_q_heads, head_dim]`` and ``k [nnz, num_k_heads, head_dim]`` (fp16/bf16/fp32,
+    any strides); the first ``rotary_dim`` (default ``head_dim``, even) dims of every head
+    rotate, the rest pass through. ``interleave=False`` pairs ``(x[d], x[d+rotary_dim/2])``,
+    ``True`` pairs ``(x[2d], x[2d+1])``. ``backend``: ``"auto"`` or a backend name (module
+    docstring: math, and what is checked)."""
+_RAGGED_DOC = """
+    Ragged batch: ``indptr [batch+1]`` and ``offsets [batch]`` (int32/int64, on q's device);
+    token ``j`` of segment ``i`` (``q[indptr[i]:indptr[i+1]]``) sits at ``offsets[i] + j``."""
+_POS_DOC = """
+    ``pos_ids [nnz]`` (int32/int64, on q's device): the position of every token."""
+_LLAMA_DOC = """
+    Llama 3.1 frequencies: low frequencies are divided by ``rope_scale``, high ones kept, with a
+    smooth ramp between the ``low_freq_factor`` and ``high_freq_factor`` wavelength bounds."""
+
+
+@flashinfer_api
+@custom_op("apply_rope", fake=_fake_pair)
+def apply_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: torch.Tensor,
+               rotary_dim: Optional[int] = None, interleave: bool = False, rope_scale: float = 1.0,
+               rope_theta: float = 1e4, backend: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
+    _check_qk(q, k)
+    pos = _ragged_positions(indptr, offsets, q)
+    return _rope(q, k, pos, _params(q, rotary_dim, interleave, rope_scale, rope_theta), False, backend)
+
+
+@flashinfer_api
+@custom_op("apply_rope_inplace", mutates_args=("q", "k"), fake=_fake_none)
+def apply_rope_inplace(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: torch.Tensor,
+                       rotary_dim: Optional[int] = None, interleave: bool = False,
+                       rope_scale: float = 1.0, rope_theta: float = 1e4, backend: str = "auto") -> None:
+    _check_qk(q, k)
+    pos = _ragged_positions(indptr, offsets, q)
+    _rope(q, k, pos, _params(q, rotary_dim, interleave, rope_scale, rope_theta), True, backend)
+
+
+@flashinfer_api
+@custom_op("apply_rope_pos_ids", fake=_fake_pair)
+def apply_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
+                       rotary_dim: Optional[int] = None, interleave: bool = False,
+                       rope_scale: float = 1.0, rope_theta: float = 1e4, backend: str = "auto"
+                       ) -> Tuple[torch.Tensor, torch.Tensor]:
+    _check_qk(q, k)
+    pos = _check_index("pos_ids", pos_ids, q.device, q.shape[0])
+    return _rope(q, k, pos, _params(q, rotary_dim, interleave, rope_scale, rope_theta), False, backend)
+
+
+@flashinfer_api
+@custom_op("apply_rope_pos_ids_inplace", mutates_args=("q", "k"), fake=_fake_none)
+def apply_rope_pos_ids_inplace(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
+                               rotary_dim: Optional[int] = None, interleave: bool = False,
+                               rope_scale: float = 1.0, rope_theta: float = 1e4,
+                               backend: str = "auto") -> None:
+    _check_qk(q, k)
+    pos = _check_index("pos_ids", pos_ids, q.device, q.shape[0])
+    _rope(q, k, pos, _params(q, rotary_dim, interleave, rope_scale, rope_theta), True, backend)
+
+
+@flashinfer_api
+@custom_op("apply_llama31_rope", fake=_fake_pair)
+def apply_llama31_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
+                       offsets: torch.Tensor, rotary_dim: Optional[int] = None,
+                       interleave: bool = False, rope_scale: float = 8.0, rope_theta: float = 5e5,
+                       low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+                       old_context_len: int = 8192, backend: str = "auto"
+                       ) -> Tuple[torch.Tensor, torch.Tensor]:
+    _check_qk(q, k)
+    pos = _ragged_positions(indptr, offsets, q)
+    params = _params(q, rotary_dim, interleave, rope_scale, rope_theta,
+                     (low_freq_factor, high_freq_factor, old_context_len))
+    return _rope(q, k, pos, params, False, backend)
+
+
+@flashinfer_api
+@custom_op("apply_llama31_rope_inplace", mutates_args=("q", "k"), fake=_fake_none)
+def apply_llama31_rope_inplace(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
+                               offsets: torch.Tensor, rotary_dim: Optional[int] = None,
+                               interleave: bool = False, rope_scale: float = 8.0,
+                               rope_theta: float = 5e5, low_freq_factor: float = 1.0,
+                               high_freq_factor: float = 4.0, old_context_len: int = 8192,
+                               backend: str = "auto") -> None:
+    _check_qk(q, k)
+    pos = _ragged_positions(indptr, offsets, q)
+    params = _params(q, rotary_dim, interleave, rope_scale, rope_theta,
+                     (low_freq_factor, high_freq_factor, old_context_len))
+    _rope(q, k, pos, params, True, backend)
+
+
+@flashinfer_api
+@custom_op("apply_llama31_rope_pos_ids", fake=_fake_pair)
+def apply_llama31_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
+                               rotary_dim: Optional[int] = None, interleave: bool = False,
+                               rope_scale: float = 8.0, rope_theta: float = 5e5,
+                               low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+                               old_context_len: int = 8192, backend: str = "auto"
+                               ) -> Tuple[torch.Tensor, torch.Tensor]:
+    _check_qk(q, k)
+    pos = _check_index("pos_ids", pos_ids, q.device, q.shape[0])
+    params = _params(q, rotary_dim, interleave, rope_scale, rope_theta,
+                     (low_freq_factor, high_freq_factor, old_context_len))
+    return _rope(q, k, pos, params, False, backend)
+
+
+@flashinfer_api
+@custom_op("apply_llama31_rope_pos_ids_inplace", mutates_args=("q", "k"), fake=_fake_none)
+def apply_llama31_rope_pos_ids_inplace(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
+                                       rotary_dim: Optional[int] = None, interleave: bool = False,
+                                       rope_scale: float = 8.0, rope_theta: float = 5e5,
+                                       low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+                                       old_context_len: int = 8192, backend: str = "auto") -> None:
+    _check_qk(q, k)
+    pos = _check_index("pos_ids", pos_ids, q.device, q.shape[0])
+    params = _params(q, rotary_dim, interleave, rope_scale, rope_theta,
+                     (low_freq_factor, high_freq_factor, old_context_len))
+    _rope(q, k, pos, params, True, backend)
+
+
+@flashinfer_api
+@custom_op("apply_rope_with_cos_sin_cache", fake=_fake_cache_pair)
+def apply_rope_with_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                                  head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True,
+                                  backend: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
+    """vLLM/SGLang-style RoPE with a precomputed cache; returns new ``(query, key)``.
+
+    ``positions [nnz]`` int32/int64; ``query [nnz, num_q_heads*head_size]`` (or 3-D
+    ``[nnz, num_q_heads, head_size]``), ``key`` likewise; ``cos_sin_cache [max_pos, rotary_dim]``
+    float32, cos in the first half of each row and sin in the second; ``rotary_dim`` is the
+    cache width. ``is_neox=True`` is ``interleave=False``. Outputs keep the input shapes.
+    """
+    q, k, pos, params = _cache_inputs(positions, query, key, head_size, cos_sin_cache, is_neox)
+    query_out, key_out = torch.empty_like(query), torch.empty_like(key)
+    _run(q, k, query_out.view(q.shape), key_out.view(k.shape), pos, params, cos_sin_cache, backend)
+    return query_out, key_out
+
+
+@flashinfer_api
+@custom_op("apply_rope_with_cos_sin_cache_inplace", mutates_args=("query", "key"), fake=_fake_none)
+def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.Tensor,
+                                          key: torch.Tensor, head_size: int,
+                                          cos_sin_cache: torch.Tensor, is_neox: bool = True,
+                                          backend: str = "auto") -> None:
+    """In-place form of :func:`apply_rope_with_cos_sin_cache` (rotates ``query`` and ``key``)."""
+    q, k, pos, params = _cache_inputs(positions, query, key, head_size, cos_sin_cache, is_neox)
+    _run(q, k, q, k, pos, params, cos_sin_cache, backend)
+
+
+for _fn, _parts in (
+    (apply_rope, ("Rotate a ragged batch; returns new ``(q_rope, k_rope)``.", _RAGGED_DOC)),
+    (apply_rope_inplace, ("Rotate a ragged batch in place; returns None.", _RAGGED_DOC)),
+    (apply_rope_pos_ids, ("Rotate tokens at given positions; returns new ``(q_rope, k_rope)``.",
+                          _POS_DOC)),
+    (apply_rope_pos_ids_inplace, ("Rotate tokens at given positions in place; returns None.",
+                                  _POS_DOC)),
+    (apply_llama31_rope, ("Llama 3.1 RoPE of a ragged batch; returns new ``(q_rope, k_rope)``.",
+                          _RAGGED_DOC, _LLAMA_DOC)),
+    (apply_llama31_rope_inplace, ("Llama 3.1 RoPE of a ragged batch in place; returns None.",
+                                  _RAGGED_DOC, _LLAMA_DOC)),
+    (apply_llama31_rope_pos_ids, ("Llama 3.1 RoPE at given positions; returns new "
+                                  "``(q_rope, k_rope)``.", _POS_DOC, _LLAMA_DOC)),
+    (apply_llama31_rope_pos_ids_inplace, ("Llama 3.1 RoPE at given positions in place; returns "
+                                          "None.", _POS_DOC, _LLAMA_DOC)),
+):
+    _fn.__doc__ = "".join(_parts) + _QK_DOC
+del _fn, _parts

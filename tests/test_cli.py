@@ -1,0 +1,364 @@
+"""The ``flashinfer`` command line and the representative-problem builder behind it.
+
+The entry point (``python -m flashinfer``) is exercised in subprocesses with a controlled
+environment; the explain matrix (ops with a rules file x simulated SMs) calls ``cli.main`` in
+process, to keep the suite fast. The matrix grows by itself as ``dispatch_rules/*.toml`` appear.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import flashinfer
+from flashinfer import cli, dispatch_rules, envs
+from flashinfer.backends import BACKEND_NAMES
+from flashinfer.capability_db import database
+from flashinfer.device import simulated
+from flashinfer.dispatch import select
+from flashinfer.dispatch_rules import ordering
+from flashinfer.op_catalog import OPS
+from flashinfer.overrides import known_backend_spellings
+from flashinfer.problems import default_shape, representative
+
+REPO = Path(__file__).resolve().parents[1]
+SMS = ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0"]
+RULE_OPS = sorted(p.stem for p in Path(dispatch_rules.__file__).parent.glob("*.toml"))
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """os.environ without any FLASHINFER_* variable, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flashinfer", *args], cwd=REPO, env=clean_env(**env),
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def no_flashinfer_env(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("FLASHINFER_"):
+            monkeypatch.delenv(name)
+
+
+def call(capsys, *argv: str) -> tuple[int, str, str]:
+    """Run ``cli.main`` in process; argparse errors become exit status 2 as on the command line."""
+    try:
+        rc = cli.main(list(argv))
+    except SystemExit as exc:
+        rc = exc.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# --------------------------------------------------------------------------------------------
+# entry point, show-config, list-backends (subprocess)
+
+
+def test_version_and_help():
+    res = run_cli("--version")
+    assert res.returncode == 0 and res.stdout.strip() == f"flashinfer {flashinfer.__version__}"
+    res = run_cli()
+    assert res.returncode == 0
+    for command in ("show-config", "list-backends", "explain", "clear-cache"):
+        assert command in res.stdout
+
+
+def test_show_config_text():
+    res = run_cli("show-config", FLASHINFER_NORM_BACKEND="bogus")
+    assert res.returncode == 0, res.stderr
+    for section in ("=== Versions ===", "=== Backend packages ===", "=== Device ===",
+                    "=== Environment variables ===", "=== Ops x backends"):
+        assert section in res.stdout
+    for name in envs.REGISTRY:
+        assert name in res.stdout
+    for op in OPS:
+        assert f"\n{op} " in res.stdout
+    assert cli.UNVERIFIED_LEGEND in res.stdout
+    if any(not r.verified for r in database().records):
+        assert "* " in res.stdout  # an unverified record is starred
+    # a malformed variable is shown with its error, and does not stop the report
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("FLASHINFER_NORM_BACKEND"))
+    assert "'bogus'" in line and "INVALID" in line and "reference" in line
+
+
+def test_show_config_json_and_malformed_env():
+    res = run_cli("show-config", "--json", FLASHINFER_STRICT="maybe", FLASHINFER_LOGLEVEL="2")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["flashinfer"] == flashinfer.__version__
+    assert data["device"]["kind"] == ("cuda" if __import__("torch").cuda.is_available() else "cpu")
+    assert set(data["packages"]) == set(BACKEND_NAMES)
+    assert {"cudnn", "cutlass_cppgen", "flash_attn_interface", "tensorrt_llm", "triton"} <= {
+        p["module"] for pkgs in data["packages"].values() for p in pkgs}
+    rows = {row["name"]: row for row in data["env"]}
+    assert set(rows) == set(envs.REGISTRY)
+    strict = rows["FLASHINFER_STRICT"]
+    assert strict["raw"] == "maybe" and strict["value"] is None
+    assert "FLASHINFER_STRICT" in strict["error"] and "true/false" in strict["error"]
+    assert rows["FLASHINFER_LOGLEVEL"]["value"] == 2 and rows["FLASHINFER_LOGLEVEL"]["error"] is None
+    assert rows["FLASHINFER_CACHE_DIR"]["default"] == envs.CACHE_DIR.default
+    assert set(data["ops"]) == set(OPS)
+    for op, entry in data["ops"].items():
+        declared = {r.backend for r in database().for_op(op)}
+        assert {k["backend"] for k in entry["kernels"]} == set(BACKEND_NAMES)
+        for k in entry["kernels"]:
+            if k["backend"] not in declared:
+                assert k["status"] == "no kernel"
+            else:
+                assert k["status"] in ("usable", "rejected")
+                assert (k["reason"] is None) == (k["status"] == "usable")
+
+
+def test_list_backends(capsys):
+    res = run_cli("list-backends", "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    db = database()
+    assert list(data) == list(BACKEND_NAMES)
+    for backend, info in data.items():
+        assert info["description"] == db.descriptions[backend]
+        records = [r for r in db.records if r.backend == backend]
+        assert [(o["op"], o["variant"], o["verified"]) for o in info["ops"]] == [
+            (r.op, r.variant, r.verified) for r in records]
+        for pkg in info["packages"]:
+            assert pkg["installed"] == (pkg["error"] is None)
+    rc, text, _ = call(capsys, "list-backends")
+    assert rc == 0
+    for backend in BACKEND_NAMES:
+        assert f"{backend}: {db.descriptions[backend]}" in text
+
+
+# --------------------------------------------------------------------------------------------
+# explain
+
+
+def expected_choice(problem, candidates) -> str:
+    """What the rules promise: the first usable kernel in the rule's order, else by registry order."""
+    usable = [c for c in candidates if c.usable]
+    for spec in ordering(problem, None).order:
+        for c in usable:
+            if spec in (c.backend, f"{c.backend}:{c.variant}"):
+                return c.name
+    rest = sorted((c for c in usable if c.backend != "reference"),
+                  key=lambda c: BACKEND_NAMES.index(c.backend))
+    return (rest or usable)[0].name
+
+
+@pytest.mark.parametrize("sm", SMS + ["cpu"])
+@pytest.mark.parametrize("op", RULE_OPS)
+def test_explain_matrix(op, sm, capsys, no_flashinfer_env):
+    where = ["--cpu"] if sm == "cpu" else ["--sm", sm]
+    rc, out, err = call(capsys, "explain", op, *where, "--assume-installed", "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    problem = representative(op, simulated(None if sm == "cpu" else sm))
+    decision = select(problem, assume_installed=True, triton_interpret=envs.TRITON_INTERPRET.get())
+    assert data == decision.as_dict()
+    assert data["source"] == "default"
+    assert decision.name == expected_choice(problem, decision.candidates)
+    records = {(r.backend, r.variant): r for r in database().for_op(op)}
+    for cand in decision.candidates:
+        rec = records[(cand.backend, cand.variant)]
+        fields = {r.field for r in cand.reasons}
+        if sm == "cpu":
+            runs_on_cpu = "cpu" in rec.devices or (rec.cpu_under_triton_interpret
+                                                  and envs.TRITON_INTERPRET.get())
+            assert ("device" in fields) == (not runs_on_cpu)
+        else:
+            in_range = rec.sm_min <= problem.sm <= rec.sm_max
+            assert ("sm" in fields) == (not in_range), (cand.name, fields)
+
+
+@pytest.mark.parametrize("op", RULE_OPS)
+def test_explain_text(op, capsys, no_flashinfer_env):
+    rc, out, _ = call(capsys, "explain", op, "--sm", "9.0")
+    assert rc == 0
+    assert "device:  simulated SM 9.0" in out and "chosen:" in out and "order:" in out
+    for rec in database().for_op(op):
+        assert rec.key.removesuffix(":default") in out
+
+
+def test_explain_builds_problem_from_options(capsys, no_flashinfer_env):
+    rc, out, _ = call(capsys, "explain", "single_prefill", "--cpu", "--dtype", "bf16", "--head-dim", "64",
+                      "--num-qo-heads", "16", "--num-kv-heads", "16", "--qo-len", "100", "--kv-len",
+                      "300", "--causal", "--feature", "lse", "soft_cap", "--layout", "HND", "--json")
+    assert rc == 0
+    problem = json.loads(out)["problem"]
+    assert problem["dtypes"] == {"q": "bfloat16", "kv": "bfloat16", "o": "bfloat16"}
+    assert problem["shape"] == {"head_dim_qk": 64, "head_dim_vo": 64, "num_qo_heads": 16,
+                                "num_kv_heads": 16, "qo_len": 128, "kv_len": 512}
+    assert problem["features"] == ["causal", "lse", "soft_cap"]  # no gqa: equal head counts
+    assert problem["layout"] == "HND" and problem["device"] == "cpu"
+
+
+def test_explain_shape_option_and_index_roles(capsys, no_flashinfer_env):
+    rc, out, _ = call(capsys, "explain", "rope", "--sm", "9.0", "--dtype", "float32",
+                      "--shape", "rotary_dim=64", "--json")
+    assert rc == 0
+    problem = json.loads(out)["problem"]
+    assert problem["dtypes"]["input"] == "float32" and problem["dtypes"]["pos"] != "float32"
+    assert problem["shape"]["rotary_dim"] == 64 and "partial_rotary" in problem["features"]
+
+
+def test_explain_backend_argument_goes_through_overrides(capsys, no_flashinfer_env):
+    rc, out, _ = call(capsys, "explain", "rmsnorm", "--sm", "9.0", "--backend", "ref", "--json")
+    assert rc == 0
+    data = json.loads(out)
+    assert (data["backend"], data["source"]) == ("reference", "argument")
+
+
+def test_explain_backend_that_cannot_run_exits_1(capsys, no_flashinfer_env):
+    rc, out, err = call(capsys, "explain", "rmsnorm", "--sm", "7.0", "--backend", "triton")
+    assert rc == 1 and out == ""
+    assert "BackendUnavailableError" in err and "triton" in err and "requires SM" in err
+    rc, out, _ = call(capsys, "explain", "rmsnorm", "--sm", "7.0", "--backend", "triton", "--json")
+    data = json.loads(out)
+    assert rc == 1 and data["error"] == "BackendUnavailableError"
+    assert any("requires SM" in r for c in data["candidates"] for r in c["reasons"])
+
+
+def test_explain_no_backend_exits_1(capsys, no_flashinfer_env):
+    rc, _, err = call(capsys, "explain", "single_decode", "--cpu", "--dtype", "int8")
+    assert rc == 1
+    assert "NoBackendError" in err and "q dtype int8" in err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["explain", "no_such_op"], ["invalid choice", "rmsnorm", "single_decode"]),
+    (["explain", "rmsnorm", "--feature", "window"], ["window", "fused_add", "gemma_weight"]),
+    (["explain", "rmsnorm", "--dtype", "fp9"], ["fp9", "bfloat16", "float16"]),
+    (["explain", "rmsnorm", "--sm", "abc"], ["abc", "9.0"]),
+    (["explain", "rmsnorm", "--sm", "9.0", "--cpu"], ["not allowed"]),
+    (["explain", "rmsnorm", "--layout", "HND"], ["HND", "no layout"]),
+    (["explain", "rmsnorm", "--head-dim", "128"], ["--head-dim", "hidden_size"]),
+    (["explain", "rmsnorm", "--shape", "nope=3"], ["nope", "hidden_size", "num_rows"]),
+    (["explain", "rmsnorm", "--shape", "num_rows"], ["fact=value"]),
+    (["explain", "rmsnorm", "--hidden-size", "0"], ["positive"]),
+    (["explain", "rmsnorm", "--backend", "bogus"], ["bogus", "reference", "triton", "fa3"]),
+])
+def test_explain_bad_arguments_exit_2(argv, words, capsys, no_flashinfer_env):
+    rc, out, err = call(capsys, *argv)
+    assert rc == 2 and out == ""
+    for word in words:
+        assert word in err
+
+
+def test_explain_environment_override_subprocess():
+    res = run_cli("explain", "rmsnorm", "--sm", "9.0", "--json", FLASHINFER_BACKEND="reference")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert (data["backend"], data["source"]) == ("reference", "environment")
+    assert "FLASHINFER_BACKEND" in data["rule"]
+
+
+def test_explain_bad_environment_override_subprocess():
+    res = run_cli("explain", "rmsnorm", "--sm", "9.0", FLASHINFER_NORM_BACKEND="bogus")
+    assert res.returncode == 2 and res.stdout == ""
+    assert "FLASHINFER_NORM_BACKEND" in res.stderr and "'bogus'" in res.stderr
+    for name in sorted(known_backend_spellings()):
+        assert name in res.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# clear-cache
+
+
+def test_clear_cache_empties_the_directory(tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "cudnn_graphs").mkdir(parents=True)
+    (cache / "cudnn_graphs" / "plan.bin").write_bytes(b"x")
+    (cache / "tuned.json").write_text("{}")
+    res = run_cli("clear-cache", FLASHINFER_CACHE_DIR=str(cache))
+    assert res.returncode == 0, res.stderr
+    assert cache.is_dir() and not any(cache.iterdir())
+    assert "cudnn_graphs" in res.stdout and "tuned.json" in res.stdout
+    res = run_cli("clear-cache", FLASHINFER_CACHE_DIR=str(cache))
+    assert res.returncode == 0 and "nothing to remove" in res.stdout
+
+
+def test_clear_cache_refuses_home(tmp_path, capsys, monkeypatch):
+    (tmp_path / "keep.txt").write_text("precious")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("FLASHINFER_CACHE_DIR", str(tmp_path))
+    rc, _, err = call(capsys, "clear-cache")
+    assert rc == 2 and "refusing" in err
+    assert (tmp_path / "keep.txt").read_text() == "precious"
+
+
+def test_clear_cache_missing_directory(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FLASHINFER_CACHE_DIR", str(tmp_path / "absent"))
+    rc, out, _ = call(capsys, "clear-cache")
+    assert rc == 0 and "nothing to remove" in out
+
+
+# --------------------------------------------------------------------------------------------
+# representative problems
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_representative_problem_covers_the_catalog(op):
+    spec = OPS[op]
+    problem = representative(op, simulated("9.0"))
+    assert set(dict(problem.dtypes)) == set(spec.dtype_roles)
+    assert set(dict(problem.shape)) == set(default_shape(op)) <= set(spec.shape_facts)
+    assert problem.features <= set(spec.features)
+    assert problem.layout == (spec.layouts[0] if spec.layouts else None)
+
+
+def test_representative_problem_rejects_unknown_names():
+    with pytest.raises(ValueError, match="hidden_size"):
+        representative("rmsnorm", simulated("9.0"), shape={"head_dim": 64})
+    with pytest.raises(ValueError, match="fused_add"):
+        representative("rmsnorm", simulated("9.0"), features=["causal"])
+    with pytest.raises(ValueError, match="NHD"):
+        representative("single_decode", simulated("9.0"), layout="XYZ")
+
+
+# --------------------------------------------------------------------------------------------
+# the README stays true to the code
+
+
+def _section(text: str, title: str) -> str:
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_setup_is_exactly_the_two_commands():
+    setup = _section((REPO / "README.md").read_text(), "Set-up")
+    blocks = [b.split("\n", 1)[1].strip() for b in setup.split("```")[1::2]]
+    assert blocks == ['pip install -e . && python examples/quickstart.py',
+                      'pip install -e ".[test]" && python -m pytest -q']
+
+
+def test_readme_alias_table_matches_overrides():
+    from flashinfer.overrides import ALIASES
+
+    readme = (REPO / "README.md").read_text()
+    rows = {}
+    for line in _section(readme, "Choosing and forcing backends").splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")] if line.startswith("| `") else []
+        for spelling in re.findall(r"`([^`]+)`", cells[0]) if cells else ():
+            rows[spelling] = set(re.findall(r"`([^`]+)`", cells[1].split("(")[0]))
+    assert rows.pop("auto") == set()
+    assert rows == {name: set(targets) for name, targets in ALIASES.items()}
+
+
+def test_quickstart_runs():
+    res = subprocess.run([sys.executable, str(REPO / "examples" / "quickstart.py")], cwd=REPO,
+                         env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    for name in ("single_decode_with_kv_cache", "rmsnorm"):
+        assert f"== {name}: ran on backend" in res.stdout
+    errors = [float(e) for e in re.findall(r"max \|auto - reference\| = (\S+)", res.stdout)]
+    assert len(errors) == 2 and all(e < 5e-2 for e in errors)  # fp16 outputs of size ~10
