@@ -249,15 +249,13 @@ def test_feature_support(feature, flash_ok, efficient_ok):
         assert fields(d, "torch:flash_varlen") == {"feature"}
 
 
-def test_alibi_needs_causal_for_flash_varlen():
-    d = select(make_problem("8.0", features=("alibi",)), assume_installed=True)
-    reasons = candidate(d, "torch:flash_varlen").reasons
-    assert [(r.field, r.actual) for r in reasons] == [("feature", "alibi without causal")]
-    assert candidate(d, "torch:sdpa_efficient").usable
-    assert candidate(select(make_problem("8.0", features=("alibi", "causal")), assume_installed=True),
-                     "torch:flash_varlen").usable
-    decode = make_problem("8.0", op="single_decode", features=("alibi",))
-    assert candidate(select(decode, assume_installed=True), "torch:flash_varlen").usable
+def test_alibi_goes_to_the_efficient_kernel_not_torch_flash():
+    # torch 2.11's FA2 build raises "does not support alibi" (seen on the H200)
+    for features in (("alibi",), ("alibi", "causal")):
+        d = select(make_problem("8.0", features=features), assume_installed=True)
+        reasons = candidate(d, "torch:flash_varlen").reasons
+        assert [(r.field, r.actual) for r in reasons] == [("feature", "alibi")]
+        assert candidate(d, "torch:sdpa_efficient").usable
 
 
 @pytest.mark.parametrize("head_dim, flash_field, efficient_ok", [

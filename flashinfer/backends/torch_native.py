@@ -5,13 +5,9 @@ Two variants serve ``single_decode`` and ``single_prefill`` (capability_db/torch
 * ``flash_varlen`` — ``torch.ops.aten._flash_attention_forward``, the FlashAttention-2 copy inside
   torch, called in its varlen form (``cum_seq_q = [0, qo_len]``). GQA native; ``is_causal`` is
   bottom-right aligned; ``window_size_left`` gives the left window (``window_size_right`` is set
-  to 0 by torch itself when causal); ``alibi_slopes`` [H_qo] float32. The lse comes back as
-  ``[H_qo, total_q]`` natural log, ``+inf`` for a row that sees no key.
-  FA2's ALiBi bias differs from ours (``slope * (j - r)``) by a per-row constant, which the
-  adapter adds back to the lse: without a window FA2 adds ``slope * j`` (shift ``-slope * r``),
-  with a window it adds ``-slope * |i - j|`` = ``slope * (j - i)`` on visible keys (shift
-  ``slope * (kv_len - qo_len)``). Without causal, FA2's ``-slope * |i - j|`` is symmetric, so
-  ALiBi needs causal (or ``qo_len == 1``, where both agree): an adapter check says so.
+  to 0 by torch itself when causal). The lse comes back as ``[H_qo, total_q]`` natural log,
+  ``+inf`` for a row that sees no key. No ALiBi: torch 2.11's FA2 build raises "This flash
+  attention build does not support alibi" (seen on the H200), so the record does not declare it.
 * ``sdpa_efficient`` — ``torch.ops.aten._scaled_dot_product_efficient_attention``, the
   memory-efficient (CUTLASS) kernel that ``scaled_dot_product_attention`` runs under
   ``sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION)``, called directly because only the aten op
@@ -110,24 +106,7 @@ def _flash_reasons(problem) -> list[Reason]:
     needed = {"scale"}
     if "window" in problem.features:
         needed.add("window_size_left")
-    if "alibi" in problem.features:
-        needed.add("alibi_slopes")
-    reasons = _schema_reasons("_flash_attention_forward", needed)
-    qo_len = dict(problem.shape).get("qo_len", 1)
-    if "alibi" in problem.features and "causal" not in problem.features and qo_len > 1:
-        reasons.append(Reason("feature", "alibi without causal", "alibi with causal (or qo_len=1)",
-                              "FA2 applies ALiBi as -slope*|i-j| without a causal mask, not "
-                              "slope*(j-i): alibi needs causal=True here"))
-    return reasons
-
-
-def flash_alibi_lse_shift(slopes: torch.Tensor, qo_len: int, kv_len: int, windowed: bool
-                          ) -> torch.Tensor:
-    """``[H, qo_len]`` to add to FA2's natural-log lse so it matches our ALiBi convention."""
-    if windowed:  # FA2 local path: bias slope * (j - i), ours slope * (j - r)
-        return (slopes * float(kv_len - qo_len))[:, None].expand(-1, qo_len)
-    rows = torch.arange(qo_len, device=slopes.device, dtype=torch.float32)
-    return -slopes[:, None] * rows[None, :]  # FA2 causal path: bias slope * j
+    return _schema_reasons("_flash_attention_forward", needed)
 
 
 def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttentionParams):
@@ -136,25 +115,18 @@ def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Atte
     device = q.device
     cu_q = torch.arange(2, dtype=torch.int32, device=device) * qo_len
     cu_k = torch.arange(2, dtype=torch.int32, device=device) * kv_len
-    # One query row sees every key either way; causal keeps FA2's ALiBi on its slope*j path.
+    # One query row sees every key either way.
     is_causal = bool(params.causal or qo_len == 1)
     window = params.window_left if 0 <= params.window_left < kv_len else -1
     kwargs = {"scale": params.sm_scale}
     if window >= 0:
         kwargs["window_size_left"] = window
-    slopes = None
-    if params.pos_encoding_mode == "ALIBI":
-        slopes = params.alibi_slopes.to(device=device, dtype=torch.float32).contiguous()
-        kwargs["alibi_slopes"] = slopes
     result = aten_flash(aligned(q), aligned(k), aligned(v), cu_q, cu_k, qo_len, kv_len, 0.0,
                         is_causal, False, **kwargs)
     out = result[0].reshape(qo_len, num_qo_heads, -1).to(params.o_dtype)
     if not params.return_lse:
         return out, None
-    lse = result[1].reshape(num_qo_heads, qo_len)
-    if slopes is not None:
-        lse = lse + flash_alibi_lse_shift(slopes, qo_len, kv_len, window >= 0)
-    return out, finish_lse(lse)
+    return out, finish_lse(result[1].reshape(num_qo_heads, qo_len))
 
 
 # ------------------------------------------------------------------------------------------

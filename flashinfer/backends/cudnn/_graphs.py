@@ -32,7 +32,7 @@ from .plan import GraphCache, GraphSpec, bhsd, needs_copy, plan_segments, stats_
 from .support import installed_versions
 
 #: Set False to build every graph for its exact shapes (no kernel cache).
-DYNAMIC_SHAPES = True
+DYNAMIC_SHAPES = False
 GRAPH_CACHE = GraphCache(maxsize=256)
 
 _DTYPES = {"float16": cudnn.data_type.HALF, "bfloat16": cudnn.data_type.BFLOAT16}
