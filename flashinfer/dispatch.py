@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -56,9 +57,15 @@ __all__ = [
 ]
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.bfloat16`` → ``"bfloat16"`` (the spelling the capability DB uses)."""
-    return str(dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 def length_bucket(n: int) -> int:
@@ -82,19 +89,15 @@ class Problem:
     def make(op: str, device: DeviceFacts | torch.device, *, dtypes: Mapping[str, Any] = (),
              shape: Mapping[str, int] = (), features: Iterable[str] = (), layout: str | None = None
              ) -> "Problem":
+        # Hot path (every call): no validation here; select() checks a Problem when it is new.
         facts = device if isinstance(device, DeviceFacts) else facts_of(device)
-        spec = op_spec(op)
-        feats = frozenset(features)
-        unknown = feats - set(spec.features)
-        if unknown:  # a programming error in an op module, not a user error
-            raise AssertionError(f"op {op} has no feature(s) {sorted(unknown)}")
         return Problem(
             op=op,
             device=facts.kind,
             sm=facts.sm,
             dtypes=tuple((k, v if isinstance(v, str) else dtype_name(v)) for k, v in dict(dtypes).items()),
             shape=tuple((k, int(v)) for k, v in dict(shape).items()),
-            features=feats,
+            features=frozenset(features),
             layout=layout,
         )
 
@@ -251,6 +254,9 @@ def select(problem: Problem, levels: tuple[overrides.Override, ...] = (), *, str
     ``assume_installed=True`` pretends every vendor package imports (for ``explain --sm`` and
     tests of the dispatch rules on machines without those packages).
     """
+    unknown = problem.features - set(op_spec(problem.op).features)
+    if unknown:  # a programming error in an op module, not a user error
+        raise AssertionError(f"op {problem.op} has no feature(s) {sorted(unknown)}")
     candidates = evaluate_candidates(problem, assume_installed=assume_installed,
                                  triton_interpret=triton_interpret)
     usable = [c for c in candidates if c.usable]
@@ -318,15 +324,44 @@ def record_decisions() -> Iterator[list[Decision]]:
         _RECORDER.reset(token)
 
 
+#: decide()'s memo: (problem, backend, context, raw env values) -> Decision. Keyed on the raw
+#: strings, so the hot path never parses an env var or walks the override levels.
+_MEMO: dict[tuple, Decision] = {}
+_MEMO_LIMIT = 8192
+_FAMILY_OF: dict[str, tuple[str, tuple]] = {}
+# os.environ.get costs ~1 us (it encodes the key); CPython's underlying dict of bytes is read
+# directly when it exists (POSIX), else os.environ with str keys.
+_ENV_DATA = getattr(os.environ, "_data", None)
+_ENV_BYTES = isinstance(_ENV_DATA, dict) and os.name == "posix"
+_COMMON_ENV = ("FLASHINFER_BACKEND", "FLASHINFER_STRICT", "FLASHINFER_TUNED_RULES", "TRITON_INTERPRET")
+
+
+def _env_keys(family: str) -> tuple:
+    names = (envs.family_backend(family).name,) + _COMMON_ENV
+    return tuple(n.encode() for n in names) if _ENV_BYTES else names
+
+
 def decide(problem: Problem, backend: str | None = "auto") -> Decision:
     """Resolve the overrides that apply to ``problem`` and select (the op modules call this)."""
-    decision = select(
-        problem,
-        overrides.collect(problem.family, backend),
-        strict=envs.STRICT.get(),
-        tuned_path=envs.TUNED_RULES.get(),
-        triton_interpret=envs.TRITON_INTERPRET.get(),
-    )
+    entry = _FAMILY_OF.get(problem.op)
+    if entry is None:
+        family = op_spec(problem.op).family
+        entry = _FAMILY_OF[problem.op] = (family, _env_keys(family))
+    family, env_keys = entry
+    env = _ENV_DATA if _ENV_BYTES else os.environ
+    key = (problem, backend, overrides.context_key(), *[env.get(k) for k in env_keys])
+    decision = _MEMO.get(key)
+    if decision is None:
+        decision = select(
+            problem,
+            overrides.collect(family, backend),
+            strict=envs.STRICT.get(),
+            tuned_path=envs.TUNED_RULES.get(),
+            triton_interpret=envs.TRITON_INTERPRET.get(),
+        )
+        if len(_MEMO) >= _MEMO_LIMIT:
+            _MEMO.clear()
+        _MEMO[key] = decision
     recorder = _RECORDER.get()
     if recorder is not None:
         recorder.append(decision)
@@ -338,4 +373,5 @@ def clear_cache() -> None:
     from .capability_db import import_error
 
     select.cache_clear()
+    _MEMO.clear()
     import_error.cache_clear()

@@ -111,9 +111,12 @@ CACHE_DIR = REGISTRY["FLASHINFER_CACHE_DIR"]
 TRITON_INTERPRET = REGISTRY["TRITON_INTERPRET"]
 
 
+_FAMILY_VARS = {fam: REGISTRY[f"FLASHINFER_{fam.upper()}_BACKEND"] for fam in FAMILIES}
+
+
 def family_backend(family: str) -> EnvVar:
     """The per-family override variable, e.g. ``FLASHINFER_ATTENTION_BACKEND``."""
-    return REGISTRY[f"FLASHINFER_{family.upper()}_BACKEND"]
+    return _FAMILY_VARS[family]
 
 
 def snapshot() -> list[dict[str, Any]]:

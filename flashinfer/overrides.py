@@ -122,6 +122,12 @@ def use_backend(default: str | None = None, **per_family: str) -> Iterator[None]
         _CONTEXT.reset(token)
 
 
+def context_key() -> tuple:
+    """A hashable snapshot of the active ``use_backend`` overrides (``()`` outside any)."""
+    context = _CONTEXT.get()
+    return tuple(context.items()) if context else ()
+
+
 def collect(family: str, argument: str | None) -> tuple[Override, ...]:
     """All override levels that have an opinion for ``family``, highest precedence first."""
     levels: list[Override] = []

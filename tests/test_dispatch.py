@@ -27,9 +27,9 @@ def test_problem_is_hashable_and_value_equal():
     assert {norm_problem(): 1}[norm_problem()] == 1
 
 
-def test_problem_rejects_features_the_op_lacks():
-    with pytest.raises(AssertionError):
-        norm_problem(features=["causal"])
+def test_select_rejects_features_the_op_lacks():
+    with pytest.raises(AssertionError, match="no feature"):
+        select(norm_problem(features=["causal"]))
 
 
 def test_select_is_cached_on_the_problem_key():
