@@ -2,19 +2,17 @@
 
 Run from the repository root on a CUDA machine with nvidia-cudnn-frontend installed::
 
-    timeout 600 python3 benchmarks/probe_cudnn.py            # dynamic shapes where supported
-    timeout 600 python3 benchmarks/probe_cudnn.py --static   # every graph for its exact shapes
+    timeout 600 python3 benchmarks/probe_cudnn.py
 
 One line per case: status, first call (graph build + run), cached call (median of 5), the
 largest absolute error of out (and its relative Frobenius error) and of the base-2 lse against
 the oracle — the reference backend when it has the op, else float32 math in this file. Then a
 decode sweep over consecutive kv_len values shows what a new shape costs once the first graph
-exists (the kernel cache at work, or a full build with --static). Exit status 1 if any case fails.
+exists (graphs are built per exact shape: one build per kv_len). Exit status 1 if any case fails.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import statistics
@@ -119,7 +117,7 @@ def run_case(case, kernels):
 
 
 def sweep(kernels, start=4096, count=8):
-    """Decode at consecutive kv_len values: each is a new graph."""
+    """Decode at consecutive kv_len values: each builds a new graph."""
     q, k, v = inputs(1, start + count, 32, 8, 128, torch.bfloat16, "NHD")
     params = AttentionParams(sm_scale=128 ** -0.5, return_lse=True, o_dtype=torch.bfloat16)
     times = [timed(lambda: kernels["single_decode"](q, k[:n], v[:n], params))[1]
@@ -128,22 +126,17 @@ def sweep(kernels, start=4096, count=8):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--static", action="store_true", help="no dynamic shapes / kernel cache")
-    args = parser.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device", flush=True)
         return 1
-    from flashinfer.backends.cudnn import _graphs, graph_cache_state, support
+    from flashinfer.backends.cudnn import graph_cache_state, support
 
-    if args.static:
-        _graphs.DYNAMIC_SHAPES = False
     versions = support.installed_versions()
     backend = support.version_text(versions.backend) if versions and versions.backend else "?"
     major, minor = torch.cuda.get_device_capability()
     print(f"torch {torch.__version__} cuda {torch.version.cuda} | {torch.cuda.get_device_name()} "
           f"SM {major}.{minor} | cudnn-frontend {'.'.join(map(str, versions.frontend))} "
-          f"cuDNN {backend} | dynamic shapes {_graphs.dynamic_shapes_supported()} | oracle "
+          f"cuDNN {backend} | oracle "
           f"prefill={oracle_for('single_prefill')[1]} decode={oracle_for('single_decode')[1]}",
           flush=True)
     kernels = {op: get_kernel("cudnn", op, "default") for op in ("single_prefill", "single_decode")}

@@ -60,7 +60,8 @@ NAMED_FACTS: dict[str, tuple[str, ...]] = {
     "hidden_size": ("hidden_size",),
 }
 
-UNVERIFIED_LEGEND = "* = capability record not verified on hardware yet (verified = false)"
+UNVERIFIED_LEGEND = ("* = capability record not verified on hardware for this SM yet "
+                     "(verified = false, or this SM is not in its verified_on list)")
 
 
 class UsageError(Exception):
@@ -188,7 +189,10 @@ def backends_data() -> dict[str, Any]:
             "ops": [{"op": r.op, "variant": r.variant, "devices": list(r.devices),
                      "sm_min": None if r.sm_min is None else f"{r.sm_min[0]}.{r.sm_min[1]}",
                      "sm_max": None if r.sm_max is None else f"{r.sm_max[0]}.{r.sm_max[1]}",
-                     "where": _sm_range(r), "verified": r.verified, "note": r.note,
+                     "where": _sm_range(r), "verified": r.verified,
+                     "verified_on": None if r.verified_on is None
+                     else [f"{a}.{b}" for a, b in r.verified_on],
+                     "note": r.note,
                      "requires": list(r.requires), "requires_any": list(r.requires_any)}
                     for r in db.records if r.backend == backend],
         }
@@ -251,7 +255,9 @@ def _print_backends(data: dict[str, Any]) -> None:
             print("  ops: none declared yet")
         for rec in info["ops"]:
             name = rec["op"] if rec["variant"] == "default" else f"{rec['op']}:{rec['variant']}"
-            flag = "verified" if rec["verified"] else "not verified*"
+            flag = "not verified*" if not rec["verified"] else (
+                "verified" if rec["verified_on"] is None
+                else "verified on SM " + ", ".join(rec["verified_on"]))
             print(f"  {name:<28} {rec['where']:<48} {flag}")
         print()
     print(UNVERIFIED_LEGEND)

@@ -230,7 +230,8 @@ def evaluate_candidates(problem: Problem, *, assume_installed: bool = False,
                                triton_interpret=triton_interpret)
         if not reasons:
             reasons = extra_reasons(record.backend, problem.op, record.variant, problem)
-        out.append(Candidate(record.backend, record.variant, tuple(reasons), record.verified, record.note))
+        out.append(Candidate(record.backend, record.variant, tuple(reasons),
+                             record.verified_for(problem.sm), record.note))
     return tuple(out)
 
 

@@ -173,7 +173,7 @@ def _problem(sm, activation="silu", dtype="bfloat16"):
 def test_decision_per_sm(sm, activation):
     decision = select(_problem(sm, activation), assume_installed=True)
     triton = next(c for c in decision.candidates if c.backend == "triton")
-    assert decision.source == "default" and decision.basis.startswith("not measured yet")
+    assert decision.source == "default" and "foundation_h200" in decision.basis
     if sm == "cpu":
         assert decision.backend == "reference" and decision.rule == "priority[cpu]"
         assert [r.field for r in triton.reasons] == ["device"]

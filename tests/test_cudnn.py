@@ -65,7 +65,8 @@ def test_record_declares_what_the_adapter_implements(op):
     limits = dict(rec.shape)
     for fact in ("head_dim_qk", "head_dim_vo"):
         assert limits[fact].max == 256 and limits[fact].multiple_of == 8
-    assert rec.requires == ("cudnn",) and rec.verified is False
+    assert rec.requires == ("cudnn",)
+    assert rec.verified and rec.verified_on == ((9, 0),)  # GPU tests passed on the H200 only
     assert database().descriptions["cudnn"].startswith("NVIDIA cuDNN")
 
 
@@ -109,9 +110,10 @@ def test_decision_per_sm(versions, sm, op):
         assert "cudnn" in decision.order
 
 
-def test_causal_gqa_bf16_usable_on_sm90(versions):
-    cand = cudnn_candidate(attn_problem(sm="9.0", features=("causal", "gqa")), assume_installed=True)
-    assert cand.usable and not cand.verified
+@pytest.mark.parametrize("sm, verified", [("9.0", True), ("8.0", False), ("10.0", False)])
+def test_causal_gqa_bf16_usable_and_verified_only_on_sm90(versions, sm, verified):
+    cand = cudnn_candidate(attn_problem(sm=sm, features=("causal", "gqa")), assume_installed=True)
+    assert cand.usable and cand.verified == verified
 
 
 @pytest.mark.parametrize("feature", ["alibi", "soft_cap", "custom_mask", "rope_llama",
@@ -276,12 +278,14 @@ def test_plan_segments_reproduce_the_contract_mask():
 # graph keys and views (CPU tensors: only shapes and strides matter)
 
 
-def spec_for(q, k, v, *, causal=True, window=-1, stats=True, scale=0.125, dynamic=False):
+def spec_for(q, k, v, *, causal=True, window=-1, stats=True, scale=0.125, seg=None):
+    """The spec of segment ``seg`` (default: the plan's only segment), built from plain views."""
     out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype)
-    _, (seg,) = plan.plan_segments(q.shape[0], k.shape[0], causal, window)
+    if seg is None:
+        _, (seg,) = plan.plan_segments(q.shape[0], k.shape[0], causal, window)
     return plan.GraphSpec.make(plan.bhsd(q[seg.start:seg.stop]), plan.bhsd(k), plan.bhsd(v),
                                plan.bhsd(out[seg.start:seg.stop]), seg, stats=stats,
-                               sm_scale=scale, dynamic_shapes=dynamic)
+                               sm_scale=scale)
 
 
 def qkv(n=6, m=20, hq=8, hk=2, d=64, dtype=torch.float16, layout="NHD"):
@@ -306,7 +310,7 @@ def test_spec_separates_everything_the_graph_depends_on():
         spec_for(*qkv(layout="HND")), spec_for(*qkv(dtype=torch.bfloat16)),
         spec_for(*qkv(m=21)), spec_for(*qkv(n=5)), spec_for(*qkv(hk=4)), spec_for(*qkv(d=128)),
         spec_for(*qkv(), causal=False), spec_for(*qkv(), window=3), spec_for(*qkv(), stats=False),
-        spec_for(*qkv(), scale=0.1), spec_for(*qkv(), dynamic=True),
+        spec_for(*qkv(), scale=0.1),
     ]
     assert len({base, *variants}) == len(variants) + 1
 
@@ -336,11 +340,72 @@ def test_bhsd_is_a_view_with_distinct_strides():
             assert len(set(big)) == len(big)
 
 
-def test_stats_buffer_matches_the_declared_stats_layout():
-    spec = spec_for(*qkv(n=6, hq=8))
-    buf = plan.stats_buffer(spec.qo_rows, spec.num_qo_heads, torch.device("cpu"))
-    assert list(buf.shape) == spec.stats_dims() and list(buf.stride()) == spec.stats_stride()
-    assert buf.dtype == torch.float32
+def test_stats_shape_matches_the_declared_stats_layout():
+    q, k, v = qkv(n=6, hq=8)
+    (step,) = plan.plan_call(q, k, v, causal=True, window_left=-1, stats=True, sm_scale=0.1).steps
+    buf = torch.empty(step.stats_shape, dtype=torch.float32)
+    assert list(buf.shape) == step.spec.stats_dims()
+    assert list(buf.stride()) == step.spec.stats_stride()
+    assert plan.plan_call(q, k, v, causal=True, window_left=-1, stats=False,
+                          sm_scale=0.1).steps[0].stats_shape is None
+
+
+# ---------------------------------------------------------------------------------------------
+# call plans: computed once per geometry, re-applied to the tensors of later calls
+
+
+def in_buffer(t, pad):
+    """A copy of ``t`` with its strides, placed ``pad`` elements into a larger buffer."""
+    flat = torch.randn(pad + t.untyped_storage().nbytes() // t.element_size(), dtype=t.dtype,
+                       device=t.device)
+    return flat.as_strided(t.shape, t.stride(), pad).copy_(t)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("n, m, causal, window", [(6, 20, True, -1), (1, 20, False, -1),
+                                                  (1, 20, False, 5), (30, 20, True, -1),
+                                                  (30, 20, False, 5), (10, 20, False, 4),
+                                                  (4, 0, True, -1)])
+def test_call_plan_reapplied_gives_the_per_call_views(layout, n, m, causal, window):
+    torch.manual_seed(0)
+    q, k, v = qkv(n=n, m=m, layout=layout)
+    kw = dict(causal=causal, window_left=window, stats=True, sm_scale=0.125)
+    cached = plan.plan_call(q, k, v, **kw)
+    # a later call: same geometry, other data at other storage offsets
+    q2, k2, v2 = (in_buffer(t, pad) for t, pad in zip((q, k, v), (8, 24, 40)))
+    assert plan.call_key(q2, k2, v2, **kw) == plan.call_key(q, k, v, **kw)
+    assert plan.plan_call(q2, k2, v2, **kw) == cached
+    empty, segments = plan.plan_segments(n, m, causal, window)
+    assert cached.empty_rows == empty and cached.out_shape == (n, 8, 64)
+    out = torch.randn(cached.out_shape, dtype=q.dtype)  # what the kernel allocates: contiguous
+    for t, view in ((k2, cached.k), (v2, cached.v)):
+        got, want = plan.apply_view(t, view), plan.bhsd(t)
+        assert (got.shape, got.stride(), got.data_ptr()) == (want.shape, want.stride(), want.data_ptr())
+    assert len(cached.steps) == len(segments)
+    for step, seg in zip(cached.steps, segments):
+        assert (step.start, step.stop) == (seg.start, seg.stop)
+        assert step.spec == spec_for(q2, k2, v2, causal=causal, window=window, seg=seg)
+        for t, view in ((q2, step.q), (out, step.o)):
+            got, want = plan.apply_view(t, view), plan.bhsd(t[seg.start:seg.stop])
+            assert (got.shape, got.stride(), got.data_ptr()) == (want.shape, want.stride(), want.data_ptr())
+            assert torch.equal(got, want)
+
+
+def test_call_key_separates_what_the_plan_depends_on():
+    torch.manual_seed(0)
+    q, k, v = qkv()
+    kw = dict(causal=True, window_left=-1, stats=True, sm_scale=0.125)
+    base = plan.call_key(q, k, v, **kw)
+    variants = [
+        plan.call_key(*qkv(layout="HND"), **kw), plan.call_key(*qkv(dtype=torch.bfloat16), **kw),
+        plan.call_key(*qkv(m=21), **kw), plan.call_key(*qkv(n=5), **kw),
+        plan.call_key(*qkv(hk=4), **kw), plan.call_key(*qkv(d=128), **kw),
+        plan.call_key(q, k, v, **{**kw, "causal": False}),
+        plan.call_key(q, k, v, **{**kw, "window_left": 3}),
+        plan.call_key(q, k, v, **{**kw, "stats": False}),
+        plan.call_key(q, k, v, **{**kw, "sm_scale": 0.1}),
+    ]
+    assert len({base, *variants}) == len(variants) + 1
 
 
 def test_needs_copy():
@@ -434,7 +499,7 @@ def test_declared_graph_validates(layout, causal, window, n, m):
     torch.manual_seed(0)
     spec = spec_for(*qkv(n=n, m=m, dtype=torch.bfloat16, layout=layout), causal=causal,
                     window=window)
-    entry = _graphs._declare(spec, None, None)
+    entry = _graphs._declare(spec, None)
     entry.graph.validate()
     assert entry.stats is not None
 
@@ -589,6 +654,57 @@ def test_gpu_second_call_hits_the_graph_cache():
     after = cudnn_backend.graph_cache_state()
     assert after["misses"] == before["misses"] and after["hits"] == before["hits"] + 1
     assert_matches(out, lse, *oracle(q2, k2, v2, params.sm_scale, True, -1), torch.bfloat16)
+
+
+# two graphs (window, qo_len > kv_len); empty rows (causal, qo_len > kv_len); decode with a window
+REUSE_CASES = [(80, 50, False, 9), (48, 16, True, -1), (1, 300, False, 40)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, m, causal, window", REUSE_CASES)
+def test_gpu_cached_plan_reapplied_at_other_offsets(n, m, causal, window):
+    """A cache hit re-applies the recorded views to new tensors that sit at other offsets."""
+    op = "single_decode" if n == 1 else "single_prefill"
+    q, k, v = gpu_inputs(n, m, 8, 2, 64, torch.bfloat16, "HND", seed=5)
+    features = {"lse", "gqa"} | ({"causal"} if causal else set()) | ({"window"} if window >= 0 else set())
+    skip_unless_cudnn_serves(op, q, k, v, features, "HND")
+    params = params_for(torch.bfloat16, 64, causal, window)
+    run_cudnn(op, q, k, v, params)
+    before = cudnn_backend.graph_cache_state()
+    q2, k2, v2 = (in_buffer(t, pad) for t, pad in zip(gpu_inputs(n, m, 8, 2, 64, torch.bfloat16,
+                                                                 "HND", seed=6), (8, 64, 640)))
+    out, lse = run_cudnn(op, q2, k2, v2, params)
+    after = cudnn_backend.graph_cache_state()
+    assert after["misses"] == before["misses"] and after["hits"] == before["hits"] + 1
+    assert_matches(out, lse, *oracle(q2, k2, v2, params.sm_scale, causal, window), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, m, causal, window", REUSE_CASES)
+def test_gpu_call_captured_in_a_cuda_graph(n, m, causal, window):
+    """Warm on a side stream, capture there, replay on new data; then eager on the default
+    stream again (the handle is re-bound when the stream changes)."""
+    op = "single_decode" if n == 1 else "single_prefill"
+    q, k, v = gpu_inputs(n, m, 8, 2, 128, torch.float16, "NHD", seed=7)
+    features = {"lse", "gqa"} | ({"causal"} if causal else set()) | ({"window"} if window >= 0 else set())
+    skip_unless_cudnn_serves(op, q, k, v, features, "NHD")
+    params = params_for(torch.float16, 128, causal, window)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run_cudnn(op, q, k, v, params)
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out, lse = run_cudnn(op, q, k, v, params)
+    q2, k2, v2 = gpu_inputs(n, m, 8, 2, 128, torch.float16, "NHD", seed=8)
+    for dst, src in ((q, q2), (k, k2), (v, v2)):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = oracle(q2, k2, v2, params.sm_scale, causal, window)
+    assert_matches(out, lse, *expected, torch.float16)
+    assert_matches(*run_cudnn(op, q2, k2, v2, params), *expected, torch.float16)
 
 
 @pytest.mark.gpu

@@ -237,3 +237,16 @@ def test_record_decisions_sees_cached_decisions_too():
     assert [d.backend for d in log] == ["reference", "reference"] and log[0] is log[1]
     decide(problem)
     assert len(log) == 2
+
+
+def test_shipped_tuned_rules_example_flips_attention_to_cudnn():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "tuned_rules_cudnn_fixed_shapes.json"
+    problem = Problem.make(
+        "single_prefill", simulated("9.0"), dtypes={"q": "bfloat16", "kv": "bfloat16", "o": "bfloat16"},
+        shape={"head_dim_qk": 128, "head_dim_vo": 128, "num_qo_heads": 32, "num_kv_heads": 8,
+               "qo_len": 4096, "kv_len": 4096}, features=["causal", "gqa"], layout="NHD")
+    assert select(problem, assume_installed=True).name == "torch:flash_varlen"
+    tuned = select(problem, tuned_path=str(path), assume_installed=True)
+    assert (tuned.name, tuned.source, tuned.rule) == ("cudnn", "tuned", "repeated_shapes_prefer_cudnn")

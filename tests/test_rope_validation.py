@@ -188,7 +188,7 @@ def test_decision_per_sm(sm, features):
         assert decision.backend == "triton"
         assert decision.order == ("triton", "reference")
         assert not rejected
-        assert decision.basis.startswith("not measured yet")
+        assert "foundation_h200" in decision.basis
 
 
 def test_decision_rejects_old_sm_and_unsupported_shapes():

@@ -109,12 +109,30 @@ def _flash_reasons(problem) -> list[Reason]:
     return _schema_reasons("_flash_attention_forward", needed)
 
 
+_CU_SEQLENS: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def cu_seqlens(device: torch.device, length: int) -> torch.Tensor:
+    """``[0, length]`` int32 on ``device``; cached (two kernel launches saved per call), except
+    while a CUDA graph is being captured, where a cached tensor would live in the graph's pool."""
+    key = (device, length)
+    cached = _CU_SEQLENS.get(key)
+    if cached is not None:
+        return cached
+    tensor = torch.arange(2, dtype=torch.int32, device=device) * length
+    if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        if len(_CU_SEQLENS) >= 1024:
+            _CU_SEQLENS.clear()
+        _CU_SEQLENS[key] = tensor
+    return tensor
+
+
 def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttentionParams):
     qo_len, num_qo_heads, _ = q.shape
     kv_len = k.shape[0]
     device = q.device
-    cu_q = torch.arange(2, dtype=torch.int32, device=device) * qo_len
-    cu_k = torch.arange(2, dtype=torch.int32, device=device) * kv_len
+    cu_q = cu_seqlens(device, qo_len)
+    cu_k = cu_seqlens(device, kv_len)
     # One query row sees every key either way.
     is_causal = bool(params.causal or qo_len == 1)
     window = params.window_left if 0 <= params.window_left < kv_len else -1

@@ -19,6 +19,8 @@ Record keys (all but ``name`` and ``verified`` optional)::
     requires_any = ["flash_attn_interface", "fa3_fwd_interface"]   # at least one must import
     cpu_under_triton_interpret = true  # also runs on CPU when TRITON_INTERPRET=1
     verified = false                 # true only once run on real hardware against the reference
+    verified_on = ["9.0"]            # the SMs it ran on; elsewhere in its range it counts as
+                                     # unverified (omit: verified everywhere, e.g. the reference)
     deterministic = true
     note = "free text shown by explain"
 
@@ -53,7 +55,8 @@ DTYPE_NAMES = (
 
 _RECORD_KEYS = {
     "name", "variant", "devices", "sm_min", "sm_max", "dtypes", "shape", "features", "layouts",
-    "requires", "requires_any", "cpu_under_triton_interpret", "verified", "deterministic", "note",
+    "requires", "requires_any", "cpu_under_triton_interpret", "verified", "verified_on",
+    "deterministic", "note",
 }
 _SHAPE_KEYS = {"values", "min", "max", "multiple_of"}
 
@@ -104,6 +107,7 @@ class Record:
     requires_any: tuple[str, ...]
     cpu_under_triton_interpret: bool
     verified: bool
+    verified_on: tuple[tuple[int, int], ...] | None
     deterministic: bool
     note: str
     source: str = field(compare=False, default="")
@@ -111,6 +115,12 @@ class Record:
     @property
     def key(self) -> str:
         return f"{self.backend}:{self.variant}"
+
+    def verified_for(self, sm: tuple[int, int] | None) -> bool:
+        """Has this kernel been run against the reference on this SM (or anywhere, for CPU)?"""
+        if not self.verified:
+            return False
+        return self.verified_on is None or sm is None or sm in self.verified_on
 
     def check(self, problem, *, assume_installed: bool = False, triton_interpret: bool = False
               ) -> list[Reason]:
@@ -245,6 +255,15 @@ def _parse_record(backend: str, raw: dict, source: str, index: int) -> Record:
                                        limit.get("min"), limit.get("max"), limit.get("multiple_of"))))
     features = _str_list(raw.get("features", []), source, f"{where}.features", spec.features)
     layouts = _str_list(raw.get("layouts", list(spec.layouts)), source, f"{where}.layouts", spec.layouts)
+    verified_on = None
+    if "verified_on" in raw:
+        try:
+            verified_on = tuple(parse_sm(sm) for sm in _str_list(raw["verified_on"], source,
+                                                                  f"{where}.verified_on"))
+        except ValueError as exc:
+            raise _fail(source, f"{where}.verified_on", str(exc)) from None
+        if not raw["verified"]:
+            raise _fail(source, f"{where}.verified_on", "only meaningful with verified = true")
     return Record(
         backend=backend,
         op=op,
@@ -260,6 +279,7 @@ def _parse_record(backend: str, raw: dict, source: str, index: int) -> Record:
         requires_any=_str_list(raw.get("requires_any", []), source, f"{where}.requires_any"),
         cpu_under_triton_interpret=bool(raw.get("cpu_under_triton_interpret", False)),
         verified=raw["verified"],
+        verified_on=verified_on,
         deterministic=bool(raw.get("deterministic", True)),
         note=str(raw.get("note", "")),
         source=source,

@@ -3,9 +3,10 @@
 The kernels follow the canonical signature of :mod:`flashinfer.attention_params`
 (``out, lse = kernel(q, k, v, params)``) and serve what ``capability_db/cudnn.toml`` declares:
 fp16/bf16, causal (bottom-right), GQA/MQA, sliding window, base-2 lse, NHD or HND views.
-How the work is split into graphs is in :mod:`.plan`; per-SM head-dim limits and cuDNN version
-gates (the adapter checks) in :mod:`.support`; building and running graphs in :mod:`._graphs`,
-the only module that imports ``cudnn`` and the only one imported lazily, inside the kernels.
+How a call is split into graphs and planned once per geometry is in :mod:`.plan`; per-SM
+head-dim limits and cuDNN version gates (the adapter checks) in :mod:`.support`; building,
+caching and running graphs in :mod:`._graphs`, the only module that imports ``cudnn`` and the
+only one imported lazily, inside the kernels.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def _check_decode(problem):
 
 
 def graph_cache_state() -> dict:
-    """Hits, misses, size of the graph cache and the dynamic-shape state; {} before first use."""
+    """Hits, misses, evictions and size of the graph cache (one entry per call geometry, holding
+    its one or two graphs); {} before first use."""
     graphs = sys.modules.get(__name__ + "._graphs")
     return graphs.state() if graphs is not None else {}

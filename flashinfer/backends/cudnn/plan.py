@@ -1,4 +1,5 @@
-"""Pure-Python planning for the cuDNN attention kernels: row segments, graph keys, the LRU cache.
+"""Pure-Python planning for the cuDNN attention kernels: row segments, graph keys, call plans,
+the LRU cache.
 
 Nothing here imports ``cudnn`` or touches a GPU, so all of it is unit-tested on CPU.
 
@@ -18,7 +19,14 @@ its own graph on a row slice of ``q`` / ``out`` (views, no copy):
   ``kv_len`` rows run with the left bound only.
 
 A window that can hide nothing (``window_left >= kv_len - 1``) is dropped, and a single query
-row (decode) needs no causal mask: the graph cache then holds fewer variants.
+row (decode) needs no causal mask: fewer graph variants.
+
+Call plans
+----------
+:func:`plan_call` turns one call's geometry (shapes, strides, mask, scale) into a
+:class:`CallPlan`: the segments, the :class:`GraphSpec` of each, and every ``[1, H, S, D]`` view
+as ``(size, stride, offset)``. The kernel caches it with the built graphs under that geometry, so
+a repeated call only re-applies the views (:func:`apply_view`) to its new tensors.
 """
 
 from __future__ import annotations
@@ -96,12 +104,10 @@ class GraphSpec:
     left_bound: int | None
     stats: bool
     sm_scale: float
-    dynamic_shapes: bool
 
     @staticmethod
     def make(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, o4: torch.Tensor,
-             segment: Segment, *, stats: bool, sm_scale: float, dynamic_shapes: bool
-             ) -> "GraphSpec":
+             segment: Segment, *, stats: bool, sm_scale: float) -> "GraphSpec":
         """Key of the graph for BHSD views ``q4 [1,Hq,S,Dqk]``, ``k4``/``v4 [1,Hkv,L,D]``, ``o4``."""
         index = q4.device.index if q4.device.type == "cuda" else -1
         return GraphSpec(
@@ -113,7 +119,7 @@ class GraphSpec:
             q_stride=tuple(q4.stride()), k_stride=tuple(k4.stride()),
             v_stride=tuple(v4.stride()), o_stride=tuple(o4.stride()),
             causal=segment.causal, left_bound=segment.left_bound,
-            stats=stats, sm_scale=float(sm_scale), dynamic_shapes=dynamic_shapes,
+            stats=stats, sm_scale=float(sm_scale),
         )
 
     def q_dims(self) -> list[int]:
@@ -132,7 +138,8 @@ class GraphSpec:
         return [1, self.num_qo_heads, self.qo_rows, 1]
 
     def stats_stride(self) -> list[int]:
-        """Contiguous ``[1, H, S, 1]``, cuDNN's usual stats layout (see :func:`stats_buffer`)."""
+        """Contiguous ``[1, H, S, 1]`` (head-major), the layout every dense cuDNN SDPA caller uses;
+        the kernel then writes ``stats.t() * log2(e)`` into the caller's ``[S, H]`` lse rows."""
         return [self.num_qo_heads * self.qo_rows, self.qo_rows, 1, 1]
 
     def describe(self) -> str:
@@ -140,8 +147,7 @@ class GraphSpec:
             f", left bound {self.left_bound}" if self.left_bound is not None else "")
         return (f"{self.dtype} q[1,{self.num_qo_heads},{self.qo_rows},{self.head_dim_qk}] "
                 f"kv[1,{self.num_kv_heads},{self.kv_len},{self.head_dim_qk}/{self.head_dim_vo}] "
-                f"{band}, stats={self.stats}, scale={self.sm_scale:g}, "
-                f"dynamic_shapes={self.dynamic_shapes}, cuda:{self.device_index}")
+                f"{band}, stats={self.stats}, scale={self.sm_scale:g}, cuda:{self.device_index}")
 
 
 def bhsd(t: torch.Tensor) -> torch.Tensor:
@@ -161,13 +167,70 @@ def bhsd(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((1, h, s, d), (span, sh, ss, sd))
 
 
-def stats_buffer(rows: int, heads: int, device: torch.device) -> torch.Tensor:
-    """The ``[1, H, S, 1]`` float32 buffer cuDNN writes the stats of ``rows`` query rows into.
+#: ``(size, stride, storage offset relative to the base tensor)`` of a view
+View = tuple[tuple[int, ...], tuple[int, ...], int]
 
-    Head-major, the layout every dense cuDNN SDPA caller uses; the kernel then writes
-    ``stats.t() * log2(e)`` into the caller's ``[S, H]`` lse rows in one op.
+
+def view_of(t: torch.Tensor, base: torch.Tensor) -> View:
+    """The geometry of ``t``, a view of ``base``, as :func:`apply_view` re-applies it."""
+    return tuple(t.shape), tuple(t.stride()), t.storage_offset() - base.storage_offset()
+
+
+def apply_view(base: torch.Tensor, view: View) -> torch.Tensor:
+    """The view of ``base`` that :func:`view_of` recorded on a tensor of the same geometry."""
+    size, stride, offset = view
+    return base.as_strided(size, stride, base.storage_offset() + offset)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One graph of a call: rows ``[start, stop)`` of q/out, as the views the graph reads."""
+
+    spec: GraphSpec
+    start: int
+    stop: int
+    q: View
+    o: View
+    stats_shape: tuple[int, ...] | None  # the contiguous ``[1, H, S, 1]`` float32 stats buffer
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """Everything a call needs beyond its tensors: empty rows, out shape, k/v views, steps."""
+
+    empty_rows: int
+    out_shape: tuple[int, int, int]  # ``[qo_len, Hq, D_vo]``, contiguous; lse is ``out_shape[:2]``
+    k: View
+    v: View
+    steps: tuple[Step, ...]
+
+
+def plan_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+              window_left: int, stats: bool, sm_scale: float) -> CallPlan:
+    """Plan a call on ``q [qo_len, Hq, Dqk]``, ``k/v [kv_len, Hkv, D]`` (cuDNN-ready operands).
+
+    Depends only on the tensors' dtype, device, shapes and strides and on the other arguments,
+    never on the data, so the result is reused for every call with the same geometry.
     """
-    return torch.empty(1, heads, rows, 1, dtype=torch.float32, device=device)
+    qo_len, num_qo_heads, _ = q.shape
+    out_shape = (qo_len, num_qo_heads, v.shape[2])
+    out = torch.empty(out_shape, dtype=q.dtype, device="meta")  # the kernel's out: contiguous
+    empty_rows, segments = plan_segments(qo_len, k.shape[0], causal, window_left)
+    k4, v4 = bhsd(k), bhsd(v)
+    steps = []
+    for seg in segments:
+        q4, o4 = bhsd(q[seg.start:seg.stop]), bhsd(out[seg.start:seg.stop])
+        spec = GraphSpec.make(q4, k4, v4, o4, seg, stats=stats, sm_scale=sm_scale)
+        steps.append(Step(spec, seg.start, seg.stop, view_of(q4, q), view_of(o4, out),
+                          tuple(spec.stats_dims()) if stats else None))
+    return CallPlan(empty_rows, out_shape, view_of(k4, k), view_of(v4, v), tuple(steps))
+
+
+def call_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+              window_left: int, stats: bool, sm_scale: float) -> tuple:
+    """The cache key of :func:`plan_call` for these arguments: everything it depends on."""
+    return (q.device, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+            causal, window_left, stats, sm_scale)
 
 
 def needs_copy(t: torch.Tensor) -> bool:
