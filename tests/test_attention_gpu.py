@@ -73,7 +73,8 @@ def _call_or_skip(fn, *args, **kw):
     try:
         return fn(*args, **kw)
     except BackendUnavailableError as exc:
-        pytest.skip(f"rejected by the dispatcher: {exc}")
+        reasons = "; ".join(r.message for c in exc.candidates for r in c.reasons)
+        pytest.skip(f"rejected by the dispatcher: {reasons}")
 
 
 def _compare(got, expected, dtype):
