@@ -29,6 +29,21 @@ ATTENTION_FEATURES = (
     "o_dtype_differs",   # output dtype differs from q dtype
 )
 
+BATCH_ATTENTION_FEATURES = (
+    "causal",          # bottom-right aligned causal mask per request
+    "gqa",             # num_qo_heads > num_kv_heads
+    "window",          # window_left >= 0
+    "soft_cap",        # logits_soft_cap > 0
+    "sinks",           # per-head attention-sink logits (run(sinks=...))
+    "custom_mask",     # flattened per-request boolean masks (prefill)
+    "lse",             # return_lse=True (base-2 log-sum-exp)
+    "fp8_kv",          # KV cache in float8_e4m3fn / float8_e5m2, k_scale / v_scale applied
+    "multi_query",     # decode with q_len_per_req > 1 (causal inside each request)
+    "head_dim_differs",  # head_dim_qk != head_dim_vo (ragged, e.g. 192/128)
+    "o_dtype_differs",   # output dtype differs from q dtype
+    "cuda_graph",      # wrapper built with use_cuda_graph=True (fixed buffers, capturable run)
+)
+
 
 @dataclass(frozen=True)
 class OpSpec:
@@ -42,6 +57,9 @@ class OpSpec:
 
 
 _ATTN_SHAPE = ("head_dim_qk", "head_dim_vo", "num_qo_heads", "num_kv_heads", "qo_len", "kv_len")
+# batch_size, max_qo_len, max_kv_len and total_qo_len are bucketed to powers of two
+_BATCH_SHAPE = ("head_dim_qk", "head_dim_vo", "num_qo_heads", "num_kv_heads", "batch_size",
+                "max_qo_len", "max_kv_len", "total_qo_len", "page_size", "q_len_per_req")
 
 OPS: dict[str, OpSpec] = {
     spec.name: spec
@@ -50,6 +68,12 @@ OPS: dict[str, OpSpec] = {
                ("NHD", "HND"), "one request, one query token against a contiguous KV"),
         OpSpec("single_prefill", "attention", ("q", "kv", "o"), _ATTN_SHAPE, ATTENTION_FEATURES,
                ("NHD", "HND"), "one request, qo_len query tokens against a contiguous KV"),
+        OpSpec("batch_decode", "attention", ("q", "kv", "o"), _BATCH_SHAPE, BATCH_ATTENTION_FEATURES,
+               ("NHD", "HND"), "paged KV cache, q_len_per_req query tokens per request"),
+        OpSpec("batch_prefill_paged", "attention", ("q", "kv", "o"), _BATCH_SHAPE,
+               BATCH_ATTENTION_FEATURES, ("NHD", "HND"), "ragged queries against a paged KV cache"),
+        OpSpec("batch_prefill_ragged", "attention", ("q", "kv", "o"), _BATCH_SHAPE,
+               BATCH_ATTENTION_FEATURES, ("NHD", "HND"), "ragged queries against ragged K/V"),
         OpSpec("rmsnorm", "norm", ("input", "weight"), ("hidden_size", "num_rows"),
                ("fused_add", "gemma_weight", "per_head"), (), "RMSNorm, optionally fused residual add"),
         OpSpec("layernorm", "norm", ("input", "weight"), ("hidden_size", "num_rows"), (), (),

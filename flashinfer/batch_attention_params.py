@@ -1,0 +1,110 @@
+"""The contract between the batch attention wrappers and the backends: plan once, run many.
+
+Ops (op_catalog): ``batch_decode`` (paged KV, ``q_len_per_req`` queries per request),
+``batch_prefill_paged`` (ragged queries, paged KV) and ``batch_prefill_ragged`` (ragged queries,
+ragged K/V). The wrappers (``BatchDecodeWithPagedKVCacheWrapper``, ...) validate the user's
+arguments in ``plan()``, build a :class:`BatchPlan`, make the Decision, and ask the chosen
+backend for a runner::
+
+    runner = decision.kernel(plan)          # host work: splits, graph builds, metadata copies
+    runner(q, kv, out, lse, scales)         # every run(): no host sync, no data-dependent
+                                            # allocation, no decision; capturable in a CUDA
+                                            # graph when plan.cuda_graph is True
+
+A backend registers one *planner* per op: ``@KERNELS.kernel("batch_decode")`` taking a
+:class:`BatchPlan` and returning a :class:`Runner`. Anything a planner allocates (split-K
+scratch, cuDNN workspace) is allocated in the planner, or carved from ``plan.workspace``.
+
+Runner call (all tensors on ``plan.device``):
+
+* ``q``: ``[total_qo, num_qo_heads, head_dim_qk]`` (decode: ``total_qo = batch * q_len_per_req``)
+* ``kv``: :class:`KVInput` — paged ops: ``k_cache``/``v_cache`` as ``[pages, page_size, H_kv, D]``
+  (NHD) or ``[pages, H_kv, page_size, D]`` (HND) views (a 5-D cache arrives split, no copy);
+  ragged op: ``k [total_kv, H_kv, D_qk]`` and ``v [total_kv, H_kv, D_vo]`` (NHD views; HND input
+  arrives transposed)
+* ``out``: ``[total_qo, num_qo_heads, head_dim_vo]`` in ``plan.o_dtype``, to be fully written
+* ``lse``: ``[total_qo, num_qo_heads]`` float32 base 2, or ``None`` when not requested
+* ``scales``: :class:`RunScales` (floats, already validated)
+
+Semantics are those of the single-request ops (attention_params.py) applied per request ``b``:
+its queries ``q[qo_indptr[b]:qo_indptr[b+1]]`` attend to its ``kv_lens[b]`` keys, read for paged
+ops from pages ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` (the last page holding
+``kv_last_page_len[b]`` entries) and for ragged ops from rows ``kv_indptr[b]:kv_indptr[b+1]``.
+Causal masks are bottom-right aligned per request; ``window_left`` as in single prefill;
+``logits_soft_cap`` caps ``sm_scale * q.k``; FP8 KV is dequantised as ``k * k_scale``,
+``v * v_scale`` (``k_scale`` multiplies into the softmax scale, ``v_scale`` into the output);
+``q_scale`` multiplies into the softmax scale; ``sinks[h]`` adds ``exp(sink_h - m)`` to the
+softmax denominator of head ``h`` (natural-log logit, not added to the lse); a custom mask
+(prefill) is the flattened per-request ``qo_len x kv_len`` boolean blocks, True = keep, and
+replaces causal. A query row that sees no key gets output 0 and lse -inf.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True, eq=False)
+class BatchPlan:
+    """Everything ``plan()`` fixed. Host arrays are CPU int32 tensors; device arrays are the
+    same values on ``device`` (for a CUDA-graph wrapper, its fixed buffers)."""
+
+    op: str  # "batch_decode" | "batch_prefill_paged" | "batch_prefill_ragged"
+    device: torch.device
+    batch_size: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim_qk: int
+    head_dim_vo: int
+    page_size: int  # 0 for the ragged op
+    kv_layout: str  # "NHD" | "HND"
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype
+    o_dtype: torch.dtype
+    causal: bool
+    window_left: int  # -1: unlimited
+    logits_soft_cap: float  # 0: off
+    sm_scale: float  # before q_scale / k_scale
+    q_len_per_req: int  # decode only (1 for plain decode); 0 for prefill
+    # host copies (CPU int32)
+    qo_indptr_host: torch.Tensor  # [B+1]
+    kv_indptr_host: torch.Tensor  # [B+1] (paged: page indptr; ragged: row indptr)
+    kv_lens_host: torch.Tensor  # [B]
+    kv_last_page_len_host: torch.Tensor | None  # [B], paged only
+    # device copies (int32 on ``device``)
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor | None  # [kv_indptr[-1]] page ids, paged only
+    kv_lens: torch.Tensor
+    kv_last_page_len: torch.Tensor | None
+    total_qo: int
+    max_qo_len: int
+    max_kv_len: int
+    custom_mask: torch.Tensor | None = None  # flattened bool on device, prefill only
+    mask_indptr_host: torch.Tensor | None = None  # [B+1] offsets into custom_mask
+    cuda_graph: bool = False
+    workspace: torch.Tensor | None = None  # the user's float workspace buffer (uint8)
+
+
+@dataclass(frozen=True)
+class RunScales:
+    q_scale: float = 1.0
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+    sinks: torch.Tensor | None = None  # [num_qo_heads] float32 on the plan's device
+
+
+@dataclass(frozen=True, eq=False)
+class KVInput:
+    """Paged ops: ``k_cache``/``v_cache`` page views; ragged op: ``k``/``v`` row tensors."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+class Runner(Protocol):
+    def __call__(self, q: torch.Tensor, kv: KVInput, out: torch.Tensor,
+                 lse: torch.Tensor | None, scales: RunScales) -> None: ...
