@@ -30,3 +30,13 @@ from .rope import (  # noqa: F401
     apply_rope_pos_ids_inplace, apply_rope_with_cos_sin_cache,
     apply_rope_with_cos_sin_cache_inplace,
 )
+from . import page  # noqa: F401,E402
+from .decode import (  # noqa: F401,E402
+    BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+)
+from .page import (  # noqa: F401,E402
+    append_paged_kv_cache, get_batch_indices_positions, get_seq_lens,
+)
+from .prefill import (  # noqa: F401,E402
+    BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper,
+)

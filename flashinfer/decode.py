@@ -96,3 +96,7 @@ def single_decode_with_kv_cache(
     out, lse = _single_decode_op(q, k, v, layout, mode, scale, window_left, cap, rope_scale,
                                  rope_theta, bool(return_lse), out_scale, backend)
     return (out, lse) if return_lse else out
+
+from .batch_decode import (  # noqa: E402,F401  (upstream module name)
+    BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+)

@@ -349,3 +349,7 @@ single_prefill_with_kv_cache_return_lse = functools.partial(single_prefill_with_
                                                             return_lse=True)
 single_prefill_with_kv_cache_return_lse.__doc__ = (
     "``single_prefill_with_kv_cache(..., return_lse=True)``: returns ``(out, lse)``.")
+
+from .batch_prefill import (  # noqa: E402,F401  (upstream module name)
+    BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper,
+)

@@ -12,3 +12,4 @@ from .. import KernelTable
 KERNELS = KernelTable("triton")
 
 from . import activation, norm, rope  # noqa: E402,F401  (fill KERNELS)
+from . import batch_decode  # noqa: E402,F401

@@ -1,0 +1,231 @@
+"""Triton split-K paged decode (flash-decoding): the ``batch_decode`` planner and its runner.
+
+Contract: :mod:`flashinfer.batch_attention_params`. The planner fixes the launch shape and
+allocates (or carves from ``plan.workspace``) the fp32 split scratch; the runner launches two
+kernels (``_paged_decode_kernels.py``) and does nothing else: no host sync, no allocation, so it
+can be captured in a CUDA graph.
+
+Launch shape, from the plan:
+
+* query rows: the ``q_len_per_req * group`` rows of a request that share one KV head form one
+  tile of ``BLOCK_M`` (a power of two, at least 16 so ``tl.dot`` runs on tensor cores, at most
+  ``MAX_BLOCK_M``; more rows take several tiles);
+* splits: enough ``(request, kv head, row tile, split)`` programs to give every SM
+  ``PROGRAMS_PER_SM`` of them, each split covering at least ``MIN_KEYS_PER_SPLIT`` keys of the
+  longest request (at most ``MAX_SPLITS``). A CUDA-graph plan ignores the lengths (the graph is
+  replayed with other ones): it takes the SM-filling count. Every launch cuts each request's
+  visible keys into that many chunks on the device, from the ``kv_lens`` buffer.
+
+Semantics beyond the contract: with ``q_len_per_req > 1`` the mask is causal inside each request
+(query ``r`` of ``L`` sees keys ``j <= kv_len - L + r``) whether or not ``plan.causal`` is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from ...batch_attention_params import BatchPlan, KVInput, RunScales
+from ...reasons import Reason
+from . import KERNELS
+
+#: programs per SM the split count aims for.
+PROGRAMS_PER_SM = 2
+#: fewest keys of the longest request one split should cover.
+MIN_KEYS_PER_SPLIT = 256
+#: most splits (the merge holds them in one tile).
+MAX_SPLITS = 64
+#: largest query-row tile.
+MAX_BLOCK_M = 64
+#: SM count assumed when the plan is not on a GPU (an H200).
+DEFAULT_SM_COUNT = 132
+#: byte alignment of each scratch buffer carved from the workspace.
+ALIGN = 256
+
+_LOG2E = 1.4426950408889634
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_m: int
+    row_tiles: int
+    block_n: int
+    block_dqk: int
+    block_dvo: int
+    num_splits: int
+    num_warps: int
+    num_stages: int
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return DEFAULT_SM_COUNT
+
+
+def launch_config(plan: BatchPlan, num_splits: int | None = None) -> LaunchConfig:
+    """The launch shape for ``plan``; ``num_splits`` forces the split count (tests, tuning)."""
+    group = plan.num_qo_heads // plan.num_kv_heads
+    rows = max(1, plan.q_len_per_req) * group
+    block_m = min(MAX_BLOCK_M, max(16, _pow2(rows)))
+    row_tiles = _cdiv(rows, block_m)
+    block_dqk = max(16, _pow2(plan.head_dim_qk))
+    block_dvo = max(16, _pow2(plan.head_dim_vo))
+    widest = max(block_dqk, block_dvo)
+    block_n = 64 if widest <= 128 else 32
+    if num_splits is None:
+        programs = plan.batch_size * plan.num_kv_heads * row_tiles
+        num_splits = _cdiv(PROGRAMS_PER_SM * sm_count(plan.device), max(1, programs))
+        if not plan.cuda_graph:
+            num_splits = min(num_splits, _cdiv(max(1, plan.max_kv_len), MIN_KEYS_PER_SPLIT))
+    num_splits = max(1, min(MAX_SPLITS, int(num_splits)))
+    return LaunchConfig(block_m, row_tiles, block_n, block_dqk, block_dvo, num_splits,
+                        num_warps=4, num_stages=2 if widest > 128 else 3)
+
+
+def scratch_bytes(plan: BatchPlan, num_splits: int) -> int:
+    """Bytes of split scratch (partial outputs, then partial lse) the plan needs."""
+    parts = plan.total_qo * plan.num_qo_heads * num_splits
+    return _round_up(parts * plan.head_dim_vo * 4, ALIGN) + _round_up(parts * 4, ALIGN)
+
+
+def _round_up(n: int, m: int) -> int:
+    return _cdiv(n, m) * m
+
+
+def _scratch(plan: BatchPlan, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    parts = plan.total_qo * plan.num_qo_heads * num_splits
+    o_bytes = _round_up(parts * plan.head_dim_vo * 4, ALIGN)
+    need = scratch_bytes(plan, num_splits)
+    ws = plan.workspace
+    if ws is None:
+        buf = torch.empty(need, dtype=torch.uint8, device=plan.device)
+    else:
+        if ws.device != plan.device or ws.dtype != torch.uint8 or not ws.is_contiguous():
+            raise ValueError(f"workspace must be a contiguous uint8 tensor on {plan.device}, got "
+                             f"{ws.dtype} on {ws.device} (contiguous={ws.is_contiguous()})")
+        ws = ws.reshape(-1)
+        shift = -ws.data_ptr() % ALIGN  # start the scratch on an ALIGN-byte boundary
+        if ws.numel() < shift + need:
+            raise ValueError(
+                f"workspace too small for the triton batch_decode split-K scratch: needs "
+                f"{shift + need} bytes (total_qo={plan.total_qo} x heads={plan.num_qo_heads} x "
+                f"splits={num_splits} x (head_dim_vo={plan.head_dim_vo} + 1) fp32 values, "
+                f"{ALIGN}-byte aligned), workspace has {ws.numel()} bytes")
+        buf = ws[shift:shift + need]
+    part_o = buf[:parts * plan.head_dim_vo * 4].view(torch.float32)
+    part_lse = buf[o_bytes:o_bytes + parts * 4].view(torch.float32)
+    return part_o, part_lse
+
+
+def _device_of(t: torch.Tensor):
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _require_unit_stride(name: str, t: torch.Tensor) -> None:
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a unit-stride last dim, got strides {tuple(t.stride())}")
+
+
+class PagedDecodeRunner:
+    """``runner(q, kv, out, lse, scales)`` for one :class:`BatchPlan` (see the module note)."""
+
+    def __init__(self, plan: BatchPlan, config: LaunchConfig):
+        if plan.op != "batch_decode":
+            raise ValueError(f"plan.op is {plan.op!r}; this planner serves 'batch_decode'")
+        if plan.num_qo_heads % plan.num_kv_heads:
+            raise ValueError(f"num_qo_heads={plan.num_qo_heads} is not a multiple of "
+                             f"num_kv_heads={plan.num_kv_heads}")
+        if plan.kv_layout not in ("NHD", "HND"):
+            raise ValueError(f"kv_layout must be 'NHD' or 'HND', got {plan.kv_layout!r}")
+        if not 1 <= plan.page_size:
+            raise ValueError(f"page_size must be >= 1, got {plan.page_size}")
+        self.plan = plan
+        self.config = config
+        self.part_o, self.part_lse = _scratch(plan, config.num_splits)
+        self.group = plan.num_qo_heads // plan.num_kv_heads
+        self.causal = plan.causal or plan.q_len_per_req > 1
+        self.kv_indices = plan.kv_indices if plan.kv_indices is not None else plan.kv_indptr
+
+    def __call__(self, q: torch.Tensor, kv: KVInput, out: torch.Tensor,
+                 lse: torch.Tensor | None, scales: RunScales) -> None:
+        from . import _paged_decode_kernels as K
+
+        plan, cfg = self.plan, self.config
+        for name, t in (("q", q), ("k_cache", kv.k), ("v_cache", kv.v), ("out", out)):
+            _require_unit_stride(name, t)
+        if lse is not None and lse.stride() != (plan.num_qo_heads, 1):
+            raise ValueError(f"lse must be contiguous [total_qo, num_qo_heads], got strides "
+                             f"{tuple(lse.stride())}")
+        # page views: NHD [pages, page, H, D], HND [pages, H, page, D]
+        tok_dim, head_dim = (1, 2) if plan.kv_layout == "NHD" else (2, 1)
+        k, v = kv.k, kv.v
+        qk_scale = plan.sm_scale * scales.q_scale * scales.k_scale
+        cap = plan.logits_soft_cap
+        window = plan.window_left
+        with _device_of(q):
+            K.decode_split_kernel[(plan.batch_size, plan.num_kv_heads * cfg.row_tiles,
+                                   cfg.num_splits)](
+                q, k, v, self.part_o, self.part_lse,
+                plan.qo_indptr, plan.kv_indptr, self.kv_indices, plan.kv_lens,
+                q.stride(0), q.stride(1),
+                k.stride(0), k.stride(tok_dim), k.stride(head_dim),
+                v.stride(0), v.stride(tok_dim), v.stride(head_dim),
+                qk_scale * _LOG2E, cap if cap > 0 else 1.0, (cap if cap > 0 else 1.0) * _LOG2E,
+                max(window, 0),
+                NUM_QO_HEADS=plan.num_qo_heads, GROUP=self.group,
+                ROWS=max(1, plan.q_len_per_req) * self.group, ROW_TILES=cfg.row_tiles,
+                NUM_SPLITS=cfg.num_splits, PAGE=plan.page_size,
+                D_QK=plan.head_dim_qk, D_VO=plan.head_dim_vo,
+                BLOCK_DQK=cfg.block_dqk, BLOCK_DVO=cfg.block_dvo,
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                CAUSAL=self.causal, HAS_WINDOW=window >= 0, HAS_SOFT_CAP=cap > 0,
+                DOT_F32=not q.is_cuda,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )
+            sinks = scales.sinks
+            K.decode_merge_kernel[(plan.total_qo, plan.num_qo_heads)](
+                self.part_o, self.part_lse, out, self.part_lse if lse is None else lse,
+                self.part_lse if sinks is None else sinks,
+                out.stride(0), out.stride(1), scales.v_scale,
+                NUM_QO_HEADS=plan.num_qo_heads, NUM_SPLITS=cfg.num_splits,
+                BLOCK_S=max(2, _pow2(cfg.num_splits)),
+                D_VO=plan.head_dim_vo, BLOCK_DVO=cfg.block_dvo,
+                HAS_SINKS=sinks is not None, WRITE_LSE=lse is not None,
+                num_warps=4 if cfg.block_dvo >= 128 else 2,
+            )
+
+
+def make_runner(plan: BatchPlan, num_splits: int | None = None) -> PagedDecodeRunner:
+    """The runner for ``plan``; ``num_splits`` forces the split count (tests, tuning)."""
+    return PagedDecodeRunner(plan, launch_config(plan, num_splits))
+
+
+@KERNELS.kernel("batch_decode")
+def batch_decode(plan: BatchPlan) -> PagedDecodeRunner:
+    return make_runner(plan)
+
+
+@KERNELS.check("batch_decode")
+def _check(problem) -> list[Reason]:
+    """FP8 KV needs Triton's native fp8 conversions (SM 8.9 and newer)."""
+    if "fp8_kv" in problem.features and problem.sm is not None and problem.sm < (8, 9):
+        sm = f"{problem.sm[0]}.{problem.sm[1]}"
+        return [Reason("sm", sm, ">=8.9 for fp8_kv",
+                       f"fp8 KV needs SM 8.9 or newer (Triton fp8 conversions), device is SM {sm}")]
+    return []
+
+
+__all__ = ["LaunchConfig", "PagedDecodeRunner", "launch_config", "make_runner", "scratch_bytes",
+           "sm_count"]

@@ -1,0 +1,224 @@
+"""Batch decode against a paged KV cache (upstream ``BatchDecodeWithPagedKVCacheWrapper``).
+
+``plan()`` validates the page table on host copies, builds a
+:class:`~flashinfer.batch_attention_params.BatchPlan` for op ``batch_decode`` (``q_len_per_req``
+queries per request, causal inside a request when > 1), decides, and gets the backend's runner;
+``run(q [batch * q_len_per_req, H_qo, D], paged_kv_cache)`` only checks metadata and runs it.
+See :mod:`flashinfer.batch_plan` for the shared rules.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .batch_attention_params import BatchPlan, KVInput
+from .batch_plan import (
+    KV_DTYPES, Q_DTYPES, BatchWrapperBase, canonical_dtype, check_fixed_buffer, check_indptr,
+    index_array, paged_kv_lens, positive_int, set_plan_attributes, to_device,
+)
+from .page import unpack_paged_kv_cache
+
+__all__ = ["BatchDecodeWithPagedKVCacheWrapper", "CUDAGraphBatchDecodeWithPagedKVCacheWrapper"]
+
+#: decode plan()'s legacy positional tail after page_size (upstream order)
+_LEGACY_ORDER = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_data_type",
+                 "kv_data_type", "o_data_type", "data_type", "sm_scale", "rope_scale", "rope_theta",
+                 "non_blocking", "block_tables", "seq_lens", "fixed_split_size", "disable_split_kv",
+                 "q_len_per_req")
+
+
+class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
+    """Decode attention for a batch of requests whose KV lives in a paged cache."""
+
+    _op = "batch_decode"
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
+                 use_cuda_graph: bool = False, use_tensor_cores: bool = False,
+                 paged_kv_indptr_buffer: torch.Tensor | None = None,
+                 paged_kv_indices_buffer: torch.Tensor | None = None,
+                 paged_kv_last_page_len_buffer: torch.Tensor | None = None,
+                 backend: str = "auto", jit_args=None):
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
+        if jit_args is not None:
+            raise NotImplementedError("jit_args (JIT attention variants) are not supported")
+        self._use_tensor_cores = bool(use_tensor_cores) or backend in ("trtllm-gen", "cute-dsl")
+        self._fixed_batch_size = 0
+        self._paged_kv_indptr_buf = paged_kv_indptr_buffer
+        self._paged_kv_indices_buf = paged_kv_indices_buffer
+        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
+        if self._use_cuda_graph:
+            last = check_fixed_buffer("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer,
+                                      self.device)
+            self._fixed_batch_size = last.shape[0]
+            check_fixed_buffer("paged_kv_indptr_buffer", paged_kv_indptr_buffer, self.device,
+                               self._fixed_batch_size + 1)
+            check_fixed_buffer("paged_kv_indices_buffer", paged_kv_indices_buffer, self.device)
+            self._qo_indptr_buf = torch.empty_like(paged_kv_indptr_buffer)
+            self._kv_lens_buf = torch.empty_like(last)
+
+    @property
+    def use_tensor_cores(self) -> bool:
+        return self._use_tensor_cores
+
+    def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
+             num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
+             *deprecated_positional_args, pos_encoding_mode: str = "NONE", window_left: int = -1,
+             window_right: int = 0, logits_soft_cap: float | None = None,
+             q_data_type="float16", kv_data_type=None, o_data_type=None, data_type=None,
+             sm_scale: float | None = None, rope_scale: float | None = None,
+             rope_theta: float | None = None, non_blocking: bool = True, block_tables=None,
+             seq_lens=None, fixed_split_size=None, disable_split_kv: bool = False,
+             q_len_per_req: int = 1) -> None:
+        """Plan decode for ``batch = len(last_page_len)`` requests (host work; call once per step)."""
+        kwargs = dict(pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                      logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
+                      kv_data_type=kv_data_type, o_data_type=o_data_type, data_type=data_type,
+                      sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
+                      non_blocking=non_blocking, block_tables=block_tables, seq_lens=seq_lens,
+                      fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
+                      q_len_per_req=q_len_per_req)
+        if deprecated_positional_args:
+            if len(deprecated_positional_args) > len(_LEGACY_ORDER):
+                raise TypeError(f"plan() takes at most {7 + len(_LEGACY_ORDER)} positional arguments")
+            warnings.warn("passing plan() arguments after page_size positionally is deprecated; use "
+                          "keywords", DeprecationWarning, stacklevel=2)
+            kwargs.update(zip(_LEGACY_ORDER, deprecated_positional_args))
+        replay = ((indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size),
+                  {**kwargs, "window_right": window_right})
+        self._plan_decode(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
+                          page_size, window_right=window_right, replay=replay, **kwargs)
+
+    def _plan_decode(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
+                     page_size, *, pos_encoding_mode, window_left, window_right, logits_soft_cap,
+                     q_data_type, kv_data_type, o_data_type, data_type, sm_scale, rope_scale,
+                     rope_theta, non_blocking, block_tables, seq_lens, fixed_split_size,
+                     disable_split_kv, q_len_per_req, replay) -> None:
+        self._check_unsupported(pos_encoding_mode, window_right=window_right)
+        num_qo_heads = positive_int("num_qo_heads", num_qo_heads)
+        num_kv_heads = positive_int("num_kv_heads", num_kv_heads)
+        head_dim = positive_int("head_dim", head_dim)
+        page_size = positive_int("page_size", page_size)
+        q_len_per_req = positive_int("q_len_per_req", q_len_per_req)
+        if num_qo_heads % num_kv_heads:
+            raise ValueError(f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        if data_type is not None:
+            warnings.warn("data_type is deprecated; use q_data_type / kv_data_type",
+                          DeprecationWarning, stacklevel=3)
+            q_data_type = kv_data_type = data_type if kv_data_type is None else kv_data_type
+        q_dtype = canonical_dtype("q_data_type", q_data_type, torch.float16, Q_DTYPES)
+        kv_dtype = canonical_dtype("kv_data_type", kv_data_type, q_dtype, KV_DTYPES)
+        o_dtype = canonical_dtype("o_data_type", o_data_type, q_dtype, Q_DTYPES)
+        window_left, cap, scale = self._common_scalars(window_left, logits_soft_cap, sm_scale, head_dim)
+
+        last_h = index_array("last_page_len", last_page_len)
+        batch = last_h.shape[0]
+        if batch < 1:
+            raise ValueError("last_page_len must hold at least one request")
+        indptr_h = index_array("indptr", indptr)
+        check_indptr("indptr", indptr_h, batch)
+        indices_h = index_array("indices", indices)
+        n_pages = int(indptr_h[-1])
+        if indices_h.shape[0] < n_pages:
+            raise ValueError(f"indices must hold indptr[-1]={n_pages} page ids, got {indices_h.shape[0]}")
+        indices_h = indices_h[:n_pages]
+        if n_pages and int(indices_h.min()) < 0:
+            raise ValueError("indices must be >= 0 (page ids into the cache)")
+        kv_lens_h = paged_kv_lens(indptr_h, last_h, page_size)
+        if q_len_per_req > 1 and bool((kv_lens_h < q_len_per_req).any()):
+            raise ValueError(f"q_len_per_req={q_len_per_req} needs every kv length >= q_len_per_req, "
+                             f"got {kv_lens_h.tolist()[:16]}")
+        if self._use_cuda_graph and batch != self._fixed_batch_size:
+            raise ValueError(f"this CUDA-graph wrapper has a fixed batch size {self._fixed_batch_size} "
+                             f"(len(paged_kv_last_page_len_buffer)); plan() got {batch}")
+        qo_h = torch.arange(batch + 1, dtype=torch.int32) * q_len_per_req
+        dev, graph = self.device, self._use_cuda_graph
+        buf = (lambda name: getattr(self, name)) if graph else (lambda name: None)
+        plan = BatchPlan(
+            op=self._op, device=dev, batch_size=batch, num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads, head_dim_qk=head_dim, head_dim_vo=head_dim,
+            page_size=page_size, kv_layout=self._kv_layout, q_dtype=q_dtype, kv_dtype=kv_dtype,
+            o_dtype=o_dtype, causal=q_len_per_req > 1, window_left=window_left,
+            logits_soft_cap=cap, sm_scale=scale, q_len_per_req=q_len_per_req,
+            qo_indptr_host=qo_h, kv_indptr_host=indptr_h, kv_lens_host=kv_lens_h,
+            kv_last_page_len_host=last_h,
+            qo_indptr=to_device(qo_h, dev, non_blocking, buf("_qo_indptr_buf"), "qo_indptr"),
+            kv_indptr=to_device(indptr_h, dev, non_blocking, buf("_paged_kv_indptr_buf"),
+                                "paged_kv_indptr_buffer"),
+            kv_indices=to_device(indices_h, dev, non_blocking, buf("_paged_kv_indices_buf"),
+                                 "paged_kv_indices_buffer"),
+            kv_lens=to_device(kv_lens_h, dev, non_blocking, buf("_kv_lens_buf"), "kv_lens"),
+            kv_last_page_len=to_device(last_h, dev, non_blocking,
+                                       buf("_paged_kv_last_page_len_buf"),
+                                       "paged_kv_last_page_len_buffer"),
+            total_qo=batch * q_len_per_req, max_qo_len=q_len_per_req,
+            max_kv_len=int(kv_lens_h.max()), cuda_graph=graph,
+            workspace=self._float_workspace_buffer)
+        self._finish_plan(plan, int(indices_h.max()) if n_pages else -1)
+        set_plan_attributes(self, plan, window_left, replay)
+        self._pos_encoding_mode = "NONE"
+        self._rope_scale = 1.0 if rope_scale is None else rope_scale
+        self._rope_theta = 1e4 if rope_theta is None else rope_theta
+        self._plan_info = (batch, n_pages)
+
+    def run(self, q: torch.Tensor, paged_kv_cache, *args, q_scale=None, k_scale=None,
+            v_scale=None, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+            return_lse: bool = False, enable_pdl=None, window_left: int | None = None,
+            sinks: torch.Tensor | None = None, q_len_per_req: int | None = None,
+            skip_softmax_threshold_scale_factor=None, kv_cache_sf=None):
+        """``out [batch * q_len_per_req, H_qo, D]`` (and ``lse [.., H_qo]`` float32 base 2)."""
+        if args or kv_cache_sf is not None or skip_softmax_threshold_scale_factor is not None:
+            raise NotImplementedError("extra run() tensors, kv_cache_sf (NVFP4) and skip-softmax "
+                                      "are not supported")
+        plan = self._check_run(q, window_left)
+        if q_len_per_req is not None and q_len_per_req != plan.q_len_per_req:
+            raise ValueError(f"q_len_per_req={q_len_per_req} differs from the planned {plan.q_len_per_req}")
+        k_cache, v_cache = paged_kv_pages(paged_kv_cache, plan, self._max_page, self._check_kv)
+        return self._execute(plan, q, KVInput(k_cache, v_cache), q_scale, k_scale, v_scale, out,
+                             lse, return_lse, sinks)
+
+    def forward(self, q, paged_kv_cache, pos_encoding_mode="NONE", q_scale=None, k_scale=None,
+                v_scale=None, window_left=-1, logits_soft_cap=None, sm_scale=None,
+                rope_scale=None, rope_theta=None, return_lse=False):
+        """Deprecated: ``run()`` after re-planning when a planned value changed."""
+        changes = {"pos_encoding_mode": pos_encoding_mode, "window_left": window_left,
+                   "logits_soft_cap": 0.0 if logits_soft_cap is None else float(logits_soft_cap)}
+        return self._forward(self.run, q, paged_kv_cache, changes=changes, sm_scale=sm_scale,
+                             run_kwargs=dict(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                                             return_lse=return_lse))
+
+    def forward_return_lse(self, q, paged_kv_cache, *args, **kwargs):
+        return self.forward(q, paged_kv_cache, *args, **kwargs, return_lse=True)
+
+
+def paged_kv_pages(paged_kv_cache, plan: BatchPlan, max_page: int, check_kv):
+    """Split the cache into page views and check them against the plan (metadata only)."""
+    k_cache, v_cache = unpack_paged_kv_cache(paged_kv_cache, plan.kv_layout)
+    check_kv("k_cache", k_cache, plan)
+    check_kv("v_cache", v_cache, plan)
+    nhd = plan.kv_layout == "NHD"
+    page_size, heads = (k_cache.shape[1], k_cache.shape[2]) if nhd else (k_cache.shape[2], k_cache.shape[1])
+    if page_size != plan.page_size:
+        raise ValueError(f"paged_kv_cache page_size {page_size} differs from the planned {plan.page_size}")
+    if heads != plan.num_kv_heads:
+        raise ValueError(f"paged_kv_cache has {heads} kv heads, the plan {plan.num_kv_heads}")
+    if k_cache.shape[-1] != plan.head_dim_qk or v_cache.shape[-1] != plan.head_dim_vo:
+        raise ValueError(f"paged_kv_cache head dims ({k_cache.shape[-1]}, {v_cache.shape[-1]}) differ "
+                         f"from the planned ({plan.head_dim_qk}, {plan.head_dim_vo})")
+    if max_page >= k_cache.shape[0]:
+        raise ValueError(f"page index {max_page} in the planned indices is beyond the cache "
+                         f"({k_cache.shape[0]} pages)")
+    return k_cache, v_cache
+
+
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    """Legacy form: ``use_cuda_graph=True`` with the three fixed buffers, positional."""
+
+    def __init__(self, workspace_buffer: torch.Tensor, indptr_buffer: torch.Tensor,
+                 indices_buffer: torch.Tensor, last_page_len_buffer: torch.Tensor,
+                 kv_layout: str = "NHD", use_tensor_cores: bool = False, backend: str = "auto"):
+        super().__init__(workspace_buffer, kv_layout, use_cuda_graph=True,
+                         use_tensor_cores=use_tensor_cores, paged_kv_indptr_buffer=indptr_buffer,
+                         paged_kv_indices_buffer=indices_buffer,
+                         paged_kv_last_page_len_buffer=last_page_len_buffer, backend=backend)

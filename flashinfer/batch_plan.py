@@ -1,0 +1,405 @@
+"""From the user's index arrays to a :class:`~flashinfer.batch_attention_params.BatchPlan`, and
+the plan/run machinery the three batch wrappers share.
+
+Validation happens in ``plan()`` on *host* copies (CPU int32): dtype int32, rank 1, lengths,
+``indptr[0] == 0`` and monotone, ``last_page_len`` in ``[1, page_size]`` (``[0, page_size]`` for a
+request with no page), page indices ``>= 0``. An index array given on the host is used as is (no
+device-to-host copy) and copied to the device with ``non_blocking``; an array given on the device
+is copied to the host once (a synchronisation, as upstream does for ``indptr``) so that it can be
+checked. Page indices are checked against the *cache size* in ``run()``: plan() does not see the
+cache, so it keeps the largest index (a Python int) and every run() compares it with
+``k_cache.shape[0]`` — an int comparison, no device work.
+
+``run()`` only checks metadata (shapes, dtypes, devices), allocates ``out``/``lse`` whose sizes
+the plan fixed, and calls the runner the plan made: no host sync, no decision.
+
+Run-time features. ``return_lse`` and ``sinks`` are ``run()`` arguments, but the Decision is
+made in ``plan()``. plan() therefore decides once per combination of these two features (the
+Decision cache makes that a few dict lookups) and builds the runner of the combination the last
+run() used (none at first). A run() that needs another combination reuses that runner when the
+same kernel serves it, else builds the other kernel's runner once — never while a CUDA graph is
+being captured (that raises: run it once eagerly first).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+
+import torch
+
+from . import dispatch
+from .batch_attention_params import BatchPlan, KVInput, RunScales
+from .prefill import check_kv_layout
+
+Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+KV_DTYPES = Q_DTYPES + FP8_DTYPES
+RUN_FEATURES = ("lse", "sinks")
+
+
+# ------------------------------------------------------------------------------------------
+# argument checks
+
+def canonical_dtype(name: str, value, default, allowed) -> torch.dtype:
+    """``torch.dtype`` or its string spelling (``"bfloat16"``, ``"torch.float16"``)."""
+    if value is None:
+        value = default
+    if isinstance(value, str):
+        value = getattr(torch, value.removeprefix("torch."), value)
+    if not isinstance(value, torch.dtype) or value not in allowed:
+        raise ValueError(f"{name}={value!r} is not supported; allowed: "
+                         f"{', '.join(str(d).removeprefix('torch.') for d in allowed)}")
+    return value
+
+
+def positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def index_array(name: str, t, length: int | None = None) -> torch.Tensor:
+    """Validate an int32 index array and return its host (CPU) copy."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be an int32 torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise ValueError(f"{name} must be int32 (int64 indexes wrongly upstream), got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    if length is not None and t.shape[0] != length:
+        raise ValueError(f"{name} must have length {length}, got {t.shape[0]}")
+    return t.clone() if t.device.type == "cpu" else t.to("cpu")
+
+
+def check_indptr(name: str, host: torch.Tensor, batch_size: int | None = None) -> None:
+    if host.shape[0] < 1 or (batch_size is not None and host.shape[0] != batch_size + 1):
+        want = "batch_size + 1" if batch_size is None else str(batch_size + 1)
+        raise ValueError(f"{name} must have length {want}, got {host.shape[0]}")
+    if host[0].item() != 0:
+        raise ValueError(f"{name}[0] must be 0, got {host[0].item()}")
+    if host.shape[0] > 1 and bool((host[1:] < host[:-1]).any()):
+        raise ValueError(f"{name} must be non-decreasing (monotone), got {host.tolist()[:16]}")
+
+
+def paged_kv_lens(indptr: torch.Tensor, last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
+    """kv length per request on the host; checks ``last_page_len`` against ``page_size``."""
+    pages = indptr[1:] - indptr[:-1]
+    lo = torch.where(pages > 0, 1, 0)
+    if bool(((last_page_len < lo) | (last_page_len > page_size)).any()):
+        raise ValueError(f"paged_kv_last_page_len must be in [1, page_size={page_size}] for every "
+                         f"request with pages, got {last_page_len.tolist()[:16]}")
+    return torch.where(pages > 0, (pages - 1).clamp_min(0) * page_size + last_page_len, 0).to(torch.int32)
+
+
+def check_fixed_buffer(name: str, buf, device: torch.device, length: int | None = None) -> torch.Tensor:
+    if buf is None:
+        raise ValueError(f"use_cuda_graph=True requires {name} (a fixed int32 buffer on the device)")
+    if not isinstance(buf, torch.Tensor) or buf.dtype != torch.int32 or buf.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D int32 tensor, got "
+                         f"{getattr(buf, 'dtype', type(buf).__name__)} {tuple(getattr(buf, 'shape', ()))}")
+    if buf.device != device:
+        raise ValueError(f"{name} is on {buf.device} but the workspace buffer is on {device}")
+    if length is not None and buf.shape[0] != length:
+        raise ValueError(f"{name} must have length {length}, got {buf.shape[0]}")
+    return buf
+
+
+def to_device(host: torch.Tensor, device: torch.device, non_blocking: bool,
+              buf: torch.Tensor | None = None, name: str = "") -> torch.Tensor:
+    """Device copy of a host array; into the prefix of a fixed buffer when given."""
+    if buf is None:
+        return host.to(device, non_blocking=non_blocking)
+    if host.shape[0] > buf.shape[0]:
+        raise ValueError(f"{name} holds {buf.shape[0]} entries, the plan needs {host.shape[0]}")
+    buf[:host.shape[0]].copy_(host, non_blocking=non_blocking)
+    return buf[:host.shape[0]]
+
+
+def require_workspace(plan: BatchPlan, nbytes: int, who: str) -> torch.Tensor:
+    """For planners: ``nbytes`` of ``plan.workspace`` as uint8, or a ValueError stating the need."""
+    ws = plan.workspace
+    have = 0 if ws is None else ws.numel() * ws.element_size()
+    if have < nbytes:
+        raise ValueError(f"float_workspace_buffer too small for {who}: needs {nbytes} bytes "
+                         f"({nbytes / 2**20:.1f} MiB), has {have}")
+    return ws.view(torch.uint8)[:nbytes]
+
+
+def scale_arg(name: str, value) -> float:
+    if value is None:
+        return 1.0
+    if isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} as a tensor is not supported yet; pass a Python float")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"{name} must be a finite float or None, got {value!r}")
+    return float(value)
+
+
+def unpack_segments(packed: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """Per-request little-bit-order packed masks (``segment_packbits``) -> flat bool mask."""
+    bits = ((packed.to(torch.int32)[:, None] >> torch.arange(8, device=packed.device)) & 1).flatten()
+    index, byte = [], 0
+    for n in sizes:
+        index.append(torch.arange(byte * 8, byte * 8 + n))
+        byte += (n + 7) // 8
+    if byte != packed.shape[0]:
+        raise ValueError(f"packed_custom_mask must hold {byte} bytes for these lengths, got {packed.shape[0]}")
+    return bits[torch.cat(index).to(packed.device)].to(torch.bool)
+
+
+# ------------------------------------------------------------------------------------------
+# the shared wrapper
+
+class BatchWrapperBase:
+    """plan()/run() machinery of the batch wrappers (subclasses define the public signatures)."""
+
+    _op = ""
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str, use_cuda_graph: bool,
+                 backend: str):
+        if not isinstance(float_workspace_buffer, torch.Tensor):
+            raise TypeError("float_workspace_buffer must be a torch.Tensor (uint8, e.g. 128 MiB), "
+                            f"got {type(float_workspace_buffer).__name__}")
+        if not isinstance(backend, str):
+            raise TypeError(f"backend must be a str, got {type(backend).__name__}")
+        self._float_workspace_buffer = float_workspace_buffer
+        self._int_workspace_buffer = None
+        self._pin_memory_int_workspace_buffer = None
+        self.device = float_workspace_buffer.device
+        self._kv_layout = check_kv_layout(kv_layout)
+        self._use_cuda_graph = bool(use_cuda_graph)
+        self._backend = backend
+        self._plan: BatchPlan | None = None
+        self._plan_info = None
+        self._cached_module = None
+        self.decision: dispatch.Decision | None = None
+        self._choices: dict = {}
+        self._runners: dict = {}
+        self._last_run_features: frozenset = frozenset()
+        self._max_page = -1
+        self._planned_window_left = -1
+        self._replay_args = None
+        self._pos_encoding_mode = "NONE"
+        self._rope_scale = 1.0
+        self._rope_theta = 1e4
+        self._causal = False
+        self._window_left = -1
+        self._logits_soft_cap = 0.0
+        self._sm_scale = None
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None) -> None:
+        self._float_workspace_buffer = float_workspace_buffer
+        self._int_workspace_buffer = int_workspace_buffer
+
+    def end_forward(self) -> None:
+        """Upstream no-op."""
+
+    # ---- plan ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_unsupported(pos_encoding_mode, **extras) -> None:
+        if pos_encoding_mode not in (None, "NONE", 0):
+            raise ValueError(f"pos_encoding_mode={pos_encoding_mode!r} is not supported by the batch "
+                             "wrappers (apply RoPE before the call); allowed: 'NONE'")
+        for name, value in extras.items():
+            if value not in (None, 0, False):
+                raise NotImplementedError(f"{name} is not supported by this wrapper yet")
+
+    @staticmethod
+    def _common_scalars(window_left, logits_soft_cap, sm_scale, head_dim_qk: int):
+        if isinstance(window_left, bool) or not isinstance(window_left, int) or window_left < -1:
+            raise ValueError(f"window_left must be an int >= -1 (-1 = no window), got {window_left!r}")
+        cap = 0.0 if logits_soft_cap is None else float(logits_soft_cap)
+        if not math.isfinite(cap) or cap < 0:
+            raise ValueError(f"logits_soft_cap={logits_soft_cap!r} must be >= 0 (0 or None disables it)")
+        scale = 1.0 / math.sqrt(head_dim_qk) if sm_scale is None else float(sm_scale)
+        if not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"sm_scale={sm_scale!r} must be a finite float > 0")
+        return window_left, cap, scale
+
+    def _finish_plan(self, plan: BatchPlan, max_page: int = -1) -> None:
+        """Decide for every run-time feature combination, build the runner, keep the plan."""
+        base = set()
+        if plan.causal:
+            base.add("causal")
+        if plan.num_qo_heads != plan.num_kv_heads:
+            base.add("gqa")
+        if plan.window_left >= 0:
+            base.add("window")
+        if plan.logits_soft_cap > 0:
+            base.add("soft_cap")
+        if plan.custom_mask is not None:
+            base.add("custom_mask")
+        if plan.kv_dtype in FP8_DTYPES:
+            base.add("fp8_kv")
+        if plan.q_len_per_req > 1:
+            base.add("multi_query")
+        if plan.head_dim_qk != plan.head_dim_vo:
+            base.add("head_dim_differs")
+        if plan.o_dtype != plan.q_dtype:
+            base.add("o_dtype_differs")
+        if plan.cuda_graph and plan.device.type == "cuda":
+            base.add("cuda_graph")
+        lb = dispatch.length_bucket
+        shape = {"head_dim_qk": plan.head_dim_qk, "head_dim_vo": plan.head_dim_vo,
+                 "num_qo_heads": plan.num_qo_heads, "num_kv_heads": plan.num_kv_heads,
+                 "batch_size": lb(plan.batch_size), "max_qo_len": lb(plan.max_qo_len),
+                 "max_kv_len": lb(plan.max_kv_len), "total_qo_len": lb(plan.total_qo),
+                 "page_size": plan.page_size, "q_len_per_req": plan.q_len_per_req}
+        dtypes = {"q": plan.q_dtype, "kv": plan.kv_dtype, "o": plan.o_dtype}
+        choices = {}
+        for n in range(len(RUN_FEATURES) + 1):
+            for extra in itertools.combinations(RUN_FEATURES, n):
+                problem = dispatch.Problem.make(self._op, plan.device, dtypes=dtypes, shape=shape,
+                                                features=base | set(extra), layout=plan.kv_layout)
+                try:
+                    choices[frozenset(extra)] = dispatch.decide(problem, self._backend)
+                except (dispatch.NoBackendError, dispatch.BackendUnavailableError) as err:
+                    choices[frozenset(extra)] = err
+        first = choices[self._last_run_features]
+        if isinstance(first, Exception):
+            first = choices[frozenset()]
+            if isinstance(first, Exception):
+                raise first
+        runner = first.kernel(plan)
+        self._plan, self._choices, self.decision = plan, choices, first
+        self._runners = {(first.backend, first.variant): runner}
+        self._max_page = max_page
+
+    # ---- run -----------------------------------------------------------------------------
+
+    def _runner_for(self, features: frozenset):
+        choice = self._choices[features]
+        if isinstance(choice, Exception):
+            raise type(choice)(f"run() with {', '.join(sorted(features))}: {choice}") from choice
+        key = (choice.backend, choice.variant)
+        runner = self._runners.get(key)
+        if runner is None:
+            if self._capturing():
+                raise RuntimeError(f"run() with {', '.join(sorted(features))} needs backend "
+                                   f"{choice.name}, whose runner is built on first use; run it once "
+                                   "before capturing a CUDA graph")
+            runner = self._runners[key] = choice.kernel(self._plan)
+        self._last_run_features = features
+        return runner
+
+    def _capturing(self) -> bool:
+        return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+    def _check_run(self, q: torch.Tensor, window_left) -> BatchPlan:
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError(f"{type(self).__name__}.run() called before plan()")
+        if not self._use_cuda_graph and self._capturing():
+            raise RuntimeError(
+                f"{type(self).__name__}.run() is being captured in a CUDA graph, but the wrapper was "
+                "built with use_cuda_graph=False: its index arrays are not fixed buffers, so a replay "
+                "would read the arrays of the captured plan. Build it with use_cuda_graph=True and the "
+                "fixed buffers (or CUDAGraphBatchDecodeWithPagedKVCacheWrapper)")
+        if not isinstance(q, torch.Tensor):
+            raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+        want = (plan.total_qo, plan.num_qo_heads, plan.head_dim_qk)
+        if tuple(q.shape) != want:
+            raise ValueError(f"q must have shape [total_qo, num_qo_heads, head_dim_qk] = {list(want)} "
+                             f"as planned, got {tuple(q.shape)}")
+        if q.dtype != plan.q_dtype:
+            raise ValueError(f"q dtype {q.dtype} differs from the planned q_data_type {plan.q_dtype}")
+        if q.device != plan.device:
+            raise ValueError(f"q is on {q.device} but the plan is on {plan.device}")
+        if window_left is not None and window_left != self._planned_window_left:
+            raise ValueError(f"window_left={window_left} differs from the planned "
+                             f"window_left={self._planned_window_left}; pass it to plan()")
+        return plan
+
+    def _check_kv(self, name: str, t, plan: BatchPlan) -> None:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != plan.kv_dtype:
+            raise ValueError(f"{name} dtype {t.dtype} differs from the planned kv_data_type {plan.kv_dtype}")
+        if t.device != plan.device:
+            raise ValueError(f"{name} is on {t.device} but the plan is on {plan.device}")
+
+    def _execute(self, plan: BatchPlan, q, kv: KVInput, q_scale, k_scale, v_scale, out, lse,
+                 return_lse: bool, sinks):
+        scales = RunScales(scale_arg("q_scale", q_scale), scale_arg("k_scale", k_scale),
+                           scale_arg("v_scale", v_scale), self._sinks(sinks, plan))
+        o_shape = (plan.total_qo, plan.num_qo_heads, plan.head_dim_vo)
+        if out is None:
+            out = torch.empty(o_shape, dtype=plan.o_dtype, device=plan.device)
+        elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != o_shape
+              or out.dtype != plan.o_dtype or out.device != plan.device):
+            raise ValueError(f"out must be a {plan.o_dtype} tensor of shape {list(o_shape)} on "
+                             f"{plan.device}, got {getattr(out, 'dtype', None)} {tuple(getattr(out, 'shape', ()))}")
+        lse_buf = None
+        if return_lse:
+            l_shape = (plan.total_qo, plan.num_qo_heads)
+            if lse is None:
+                lse_buf = torch.empty(l_shape, dtype=torch.float32, device=plan.device)
+            elif (not isinstance(lse, torch.Tensor) or tuple(lse.shape) != l_shape
+                  or lse.dtype != torch.float32 or lse.device != plan.device):
+                raise ValueError(f"lse must be a float32 tensor of shape {list(l_shape)} on "
+                                 f"{plan.device}, got {getattr(lse, 'dtype', None)} {tuple(getattr(lse, 'shape', ()))}")
+            else:
+                lse_buf = lse
+        features = frozenset(f for f, on in (("lse", return_lse), ("sinks", sinks is not None)) if on)
+        self._runner_for(features)(q, kv, out, lse_buf, scales)
+        return (out, lse_buf) if return_lse else out
+
+    @staticmethod
+    def _sinks(sinks, plan: BatchPlan):
+        if sinks is None:
+            return None
+        if not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (plan.num_qo_heads,):
+            raise ValueError(f"sinks must be a tensor of shape [num_qo_heads={plan.num_qo_heads}], got "
+                             f"{tuple(getattr(sinks, 'shape', ())) or type(sinks).__name__}")
+        if not sinks.is_floating_point() or sinks.device != plan.device:
+            raise ValueError(f"sinks must be a float tensor on {plan.device}, got {sinks.dtype} on {sinks.device}")
+        return sinks if sinks.dtype == torch.float32 else sinks.float()
+
+    # ---- deprecated forward(): re-plans when a planned value changes ----------------------
+
+    def _forward(self, run, q, *kv, changes: dict, sm_scale, run_kwargs: dict):
+        if self._plan is None:
+            raise RuntimeError(f"{type(self).__name__}.forward() called before plan()")
+        self._check_unsupported(changes.pop("pos_encoding_mode", "NONE"))
+        changed = {k: v for k, v in changes.items() if getattr(self, "_" + k) != v}
+        if changed:
+            if self._capturing():
+                raise RuntimeError(f"forward() changes planned values {sorted(changed)} while a CUDA "
+                                   "graph is being captured; pass them to plan()")
+            warnings.warn(f"forward() re-plans with {changed}; pass these values to plan() instead",
+                          DeprecationWarning, stacklevel=3)
+            args, kwargs = self._replay_args
+            self.plan(*args, **{**kwargs, **changed})
+        q_scale = run_kwargs.pop("q_scale", None)
+        if sm_scale is not None:
+            q_scale = scale_arg("q_scale", q_scale) * float(sm_scale) / self._sm_scale
+        return run(q, *kv, q_scale=q_scale, **run_kwargs)
+
+    def begin_forward(self, *args, **kwargs):
+        return self.plan(*args, **kwargs)
+
+    def run_return_lse(self, *args, **kwargs):
+        return self.run(*args, **kwargs, return_lse=True)
+
+
+def set_plan_attributes(wrapper: BatchWrapperBase, plan: BatchPlan, window_left: int,
+                        replay_args) -> None:
+    """The upstream private attributes engines read after plan()."""
+    wrapper._causal = plan.causal
+    wrapper._window_left = window_left
+    wrapper._planned_window_left = window_left
+    wrapper._logits_soft_cap = plan.logits_soft_cap
+    wrapper._sm_scale = plan.sm_scale
+    wrapper._replay_args = replay_args
+
+
+__all__ = ["BatchWrapperBase", "canonical_dtype", "index_array", "check_indptr", "paged_kv_lens",
+           "check_fixed_buffer", "to_device", "require_workspace", "unpack_segments",
+           "set_plan_attributes"]

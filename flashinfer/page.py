@@ -1,0 +1,116 @@
+"""Paged KV-cache utilities (upstream module ``flashinfer.page``).
+
+The paged cache is either one tensor ``[pages, 2, page_size, H_kv, D]`` (NHD) /
+``[pages, 2, H_kv, page_size, D]`` (HND), with ``[:, 0]`` = K and ``[:, 1]`` = V, or a tuple
+``(k_cache, v_cache)`` of ``[pages, page_size, H_kv, D]`` / ``[pages, H_kv, page_size, D]``.
+A 4-D single tensor (3-D tuple members) means ``page_size = 1``. Every function here is pure
+torch on the tensors' device: no host synchronisation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .prefill import check_kv_layout
+
+__all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens",
+           "unpack_paged_kv_cache"]
+
+
+def _page_dim(layout: str) -> int:
+    return 1 if layout == "NHD" else 2  # page_size axis of a 4-D [pages, ..., D] view
+
+
+def unpack_paged_kv_cache(paged_kv_cache, kv_layout: str = "NHD") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(k_cache, v_cache)`` 4-D views (no copy) of any accepted cache form."""
+    layout = check_kv_layout(kv_layout)
+    if isinstance(paged_kv_cache, torch.Tensor):
+        t = paged_kv_cache
+        if t.dim() == 4:  # [pages, 2, H, D]: page_size 1
+            return t[:, 0].unsqueeze(_page_dim(layout)), t[:, 1].unsqueeze(_page_dim(layout))
+        if t.dim() != 5 or t.shape[1] != 2:
+            raise ValueError(f"paged_kv_cache as one tensor must be [pages, 2, page_size, H_kv, D] "
+                             f"(NHD) or [pages, 2, H_kv, page_size, D] (HND), got shape {tuple(t.shape)}")
+        return t[:, 0], t[:, 1]
+    if isinstance(paged_kv_cache, (tuple, list)) and len(paged_kv_cache) == 2:
+        k, v = paged_kv_cache
+        if not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor):
+            raise TypeError("paged_kv_cache tuple must hold two tensors (k_cache, v_cache)")
+        if k.dim() != v.dim() or k.dim() not in (3, 4):
+            raise ValueError(f"paged_kv_cache (k_cache, v_cache) must be 4-D (3-D for page_size 1), "
+                             f"got {tuple(k.shape)} and {tuple(v.shape)}")
+        if k.dim() == 3:
+            k, v = k.unsqueeze(_page_dim(layout)), v.unsqueeze(_page_dim(layout))
+        if k.shape[:3] != v.shape[:3]:
+            raise ValueError(f"k_cache {tuple(k.shape)} and v_cache {tuple(v.shape)} must agree in "
+                             "pages, page_size and heads")
+        return k, v
+    raise TypeError(f"paged_kv_cache must be a tensor or a (k_cache, v_cache) tuple, "
+                    f"got {type(paged_kv_cache).__name__}")
+
+
+def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
+    """kv length per request: ``clamp(pages - 1, 0) * page_size + last_page_len`` (int32)."""
+    pages = kv_indptr[1:] - kv_indptr[:-1]
+    return ((pages - 1).clamp_min(0) * page_size + kv_last_page_len).to(torch.int32)
+
+
+def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Tensor, nnz: int,
+                                batch_indices: torch.Tensor | None = None,
+                                positions: torch.Tensor | None = None
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """CSR -> COO for appended tokens: token ``j`` of request ``b`` (``L_b`` appended tokens, total
+    length ``seq_lens[b]`` after the append) gets ``batch_indices = b`` and
+    ``positions = seq_lens[b] - L_b + j``. Both int32 ``[nnz]``; written into the given buffers."""
+    device = append_indptr.device
+    lens = (append_indptr[1:] - append_indptr[:-1]).long()
+    batch = torch.arange(lens.shape[0], device=device)
+    b = torch.repeat_interleave(batch, lens, output_size=int(nnz))
+    start = append_indptr.long()[b]
+    pos = torch.arange(int(nnz), device=device) - start + seq_lens.long()[b] - lens[b]
+    if batch_indices is None:
+        batch_indices = b.to(torch.int32)
+    else:
+        batch_indices.copy_(b)
+    if positions is None:
+        positions = pos.to(torch.int32)
+    else:
+        positions.copy_(pos)
+    return batch_indices, positions
+
+
+def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
+                          batch_indices: torch.Tensor, positions: torch.Tensor, paged_kv_cache,
+                          kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
+                          kv_last_page_len: torch.Tensor, kv_layout: str = "NHD") -> None:
+    """Scatter ``append_key/value [nnz, H_kv, D]`` into the cache: token ``t`` goes to page
+    ``kv_indices[kv_indptr[batch_indices[t]] + positions[t] // page_size]``, slot
+    ``positions[t] % page_size``. The page table must already include the appended tokens."""
+    layout = check_kv_layout(kv_layout)
+    k_cache, v_cache = unpack_paged_kv_cache(paged_kv_cache, layout)
+    page_size = k_cache.shape[_page_dim(layout)]
+    heads = k_cache.shape[2 if layout == "NHD" else 1]
+    for name, t, cache in (("append_key", append_key, k_cache), ("append_value", append_value, v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"{name} must be a [nnz, H_kv, D] tensor, got {tuple(getattr(t, 'shape', ()))}")
+        if tuple(t.shape[1:]) != (heads, cache.shape[-1]) or t.shape[0] != append_key.shape[0]:
+            raise ValueError(f"{name} shape {tuple(t.shape)} does not match the cache "
+                             f"[nnz, H_kv={heads}, D={cache.shape[-1]}]")
+        if t.device != cache.device:
+            raise ValueError(f"{name} is on {t.device} but the cache is on {cache.device}")
+    for name, t in (("batch_indices", batch_indices), ("positions", positions),
+                    ("kv_indices", kv_indices), ("kv_indptr", kv_indptr)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
+            raise ValueError(f"{name} must be a 1-D int32 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    if batch_indices.shape[0] != append_key.shape[0] or positions.shape[0] != append_key.shape[0]:
+        raise ValueError(f"batch_indices and positions must have nnz={append_key.shape[0]} entries, "
+                         f"got {batch_indices.shape[0]} and {positions.shape[0]}")
+    pos = positions.long()
+    page = kv_indices.long()[kv_indptr.long()[batch_indices.long()] + pos // page_size]
+    slot = pos % page_size
+    if layout == "NHD":
+        k_cache[page, slot] = append_key.to(k_cache.dtype)
+        v_cache[page, slot] = append_value.to(v_cache.dtype)
+    else:
+        k_cache[page, :, slot] = append_key.to(k_cache.dtype)
+        v_cache[page, :, slot] = append_value.to(v_cache.dtype)
