@@ -20,7 +20,7 @@ for a GPU that is not here (``flashinfer explain --sm 9.0``).
    :class:`BackendUnavailableError` with their reasons (explicit is strict).
 3. **Order** — without an override, the usable kernels are ordered by a tuned rule
    (``FLASHINFER_TUNED_RULES``), else a named shape threshold, else the per-SM-family priority
-   of ``dispatch_rules/<op>.toml``; unlisted usable kernels follow, the reference always last.
+   of ``dispatch_rules/<op>.toml``; unlisted usable kernels go just before the reference.
 4. **Strict** — with ``FLASHINFER_STRICT=1`` a fall back to ``reference`` for a CUDA problem
    raises instead of silently running the slow path.
 
@@ -236,13 +236,18 @@ def evaluate_candidates(problem: Problem, *, assume_installed: bool = False,
 
 
 def _ordered(usable: list[Candidate], order: tuple[str, ...]) -> list[Candidate]:
-    def rank(cand: Candidate) -> tuple[int, int]:
+    """Listed kernels in list order; unlisted ones just before the reference (so a rule that
+    forgets a new backend never ranks it below the slow path); the reference last unless the
+    list puts something after it (e.g. ``cpu = ["reference", "triton"]``)."""
+    ref_pos = order.index("reference") if "reference" in order else len(order)
+
+    def rank(cand: Candidate) -> tuple[float, int]:
         for i, spec in enumerate(order):
             if spec == cand.backend or spec == f"{cand.backend}:{cand.variant}":
                 return (i, 0)
-        if cand.backend == "reference":  # unlisted: the reference is always the last resort
+        if cand.backend == "reference":
             return (len(order) + 1, 0)
-        return (len(order), BACKEND_NAMES.index(cand.backend))
+        return (ref_pos - 0.5, BACKEND_NAMES.index(cand.backend))
     return sorted(usable, key=rank)  # stable: variants keep their declaration order
 
 

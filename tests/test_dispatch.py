@@ -208,7 +208,7 @@ def test_threshold_rule_reorders(tmp_path, monkeypatch):
     rules = tmp_path / "tuned.json"
     rules.write_text(json.dumps({"rules": [{
         "op": "rmsnorm", "name": "small_rows_reference", "families": ["9.0"],
-        "when": {"hidden_size": {"max": 4096}}, "order": ["reference"], "basis": "test"}]}))
+        "when": {"hidden_size": {"max": 4096}}, "order": ["reference", "triton"], "basis": "test"}]}))
     big = Problem.make("rmsnorm", simulated("9.0"), dtypes={"input": "bfloat16"},
                        shape={"hidden_size": 8192, "num_rows": 16})
     d = select(norm_problem(), tuned_path=str(rules), assume_installed=True)
@@ -250,3 +250,12 @@ def test_shipped_tuned_rules_example_flips_attention_to_cudnn():
     assert select(problem, assume_installed=True).name == "torch:flash_varlen"
     tuned = select(problem, tuned_path=str(path), assume_installed=True)
     assert (tuned.name, tuned.source, tuned.rule) == ("cudnn", "tuned", "repeated_shapes_prefer_cudnn")
+
+
+def test_unlisted_backends_rank_just_before_the_reference(tmp_path):
+    rules = tmp_path / "tuned.json"
+    rules.write_text(json.dumps({"rules": [{
+        "op": "rmsnorm", "name": "forgets_triton", "families": ["9.0"], "order": ["reference"],
+        "basis": "test"}]}))
+    d = select(norm_problem(), tuned_path=str(rules), assume_installed=True)
+    assert d.order == ("triton", "reference")

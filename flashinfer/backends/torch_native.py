@@ -19,6 +19,14 @@ Two variants serve ``single_decode`` and ``single_prefill`` (capability_db/torch
   where the softmax weight is (16-bit rounding of large biases would otherwise cost accuracy),
   and the per-row shift is added back to the lse. bfloat16 needs SM 8.0 (adapter check).
 
+``flash_varlen`` also plans ``batch_prefill_ragged`` (:func:`plan_ragged`): the same varlen call
+with ``cum_seq_q = plan.qo_indptr`` and ``cum_seq_k = plan.kv_indptr`` (the plan's device
+buffers, so a CUDA graph replays whatever the wrapper wrote there), ``max_q``/``max_k`` from the
+plan; ``q_scale * k_scale`` go into the softmax scale, ``v_scale`` multiplies the output. A left
+window is only declared together with causal: without it FA2 clamps the right edge of a window to
+``max_k`` keys past the diagonal, which hides keys from rows of a request with more queries than
+``max_k + 1`` keys (not what the contract says). No paged op: torch 2.11's op has no block_table.
+
 Both return natural-log lse; the adapter converts to base 2 and gives rows that see no key
 output 0 and lse ``-inf``. The aten entry points are reached through :func:`aten_flash` and
 :func:`aten_efficient`, and their schemas are probed once, so a torch whose op lacks an
@@ -33,6 +41,7 @@ import math
 import torch
 
 from ..attention_params import AttentionParams
+from ..batch_attention_params import BatchPlan, KVInput, RunScales
 from ..reasons import Reason
 from . import KernelTable
 from .reference.attention import visible_keys
@@ -232,6 +241,72 @@ def sdpa_efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: At
         lse = lse.masked_fill(~nonempty[None, :], float("-inf"))
     return out, finish_lse(lse)
 
+
+# ------------------------------------------------------------------------------------------
+# flash_varlen for batch_prefill_ragged
+
+
+def store_outputs(out: torch.Tensor, lse: torch.Tensor | None, result: torch.Tensor,
+                  lse_nat: torch.Tensor | None, v_scale: float) -> None:
+    """Write a varlen kernel's ``result [total_q, H, D]`` (times ``v_scale``) into ``out`` and its
+    natural-log ``lse_nat [H, total_q]`` (``+inf``/``-inf`` for empty rows) into ``lse``
+    ``[total_q, H]`` base 2. No host sync; temporaries have plan-fixed sizes."""
+    if v_scale != 1.0:
+        torch.mul(result, v_scale, out=out)
+    else:
+        out.copy_(result)
+    if lse is not None:
+        torch.mul(lse_nat.t(), _LOG2E, out=lse)
+        lse.masked_fill_(lse == float("inf"), float("-inf"))
+
+
+def fill_empty(out: torch.Tensor, lse: torch.Tensor | None) -> None:
+    """Every row sees no key (``max_kv_len == 0``): output 0, lse ``-inf``."""
+    out.zero_()
+    if lse is not None:
+        lse.fill_(float("-inf"))
+
+
+def window_needs_causal(problem) -> list[Reason]:
+    """FA2/FA3 clamp a non-causal window's right edge to ``max_k`` keys past the diagonal; only
+    the causal form is exact for every request (see the module docstring)."""
+    if "window" in problem.features and "causal" not in problem.features:
+        return [Reason("feature", "window", "window with causal",
+                       "a sliding window is served only together with causal=True")]
+    return []
+
+
+def _flash_ragged_reasons(problem) -> list[Reason]:
+    return _flash_reasons(problem) + window_needs_causal(problem)
+
+
+def plan_ragged(plan: BatchPlan):
+    """Runner for ``batch_prefill_ragged`` through aten's FA2 varlen entry (one launch)."""
+    causal = plan.causal
+    cu_q, cu_k = plan.qo_indptr, plan.kv_indptr
+    max_q, max_k = plan.max_qo_len, plan.max_kv_len
+    kwargs = {}
+    if 0 <= plan.window_left < max_k:
+        kwargs["window_size_left"] = plan.window_left
+
+    def run(q: torch.Tensor, kv: KVInput, out: torch.Tensor, lse: torch.Tensor | None,
+            scales: RunScales) -> None:
+        if q.shape[0] == 0:
+            return
+        if max_k == 0:
+            fill_empty(out, lse)
+            return
+        scale = plan.sm_scale * scales.q_scale * scales.k_scale
+        result = aten_flash(aligned(q), aligned(kv.k), aligned(kv.v), cu_q, cu_k, max_q, max_k,
+                            0.0, causal, False, scale=scale, **kwargs)
+        store_outputs(out, lse, result[0], result[1] if lse is not None else None,
+                      scales.v_scale)
+
+    return run
+
+
+KERNELS.kernel("batch_prefill_ragged", "flash_varlen")(plan_ragged)
+KERNELS.check("batch_prefill_ragged", "flash_varlen")(_flash_ragged_reasons)
 
 for _op in _ATTENTION_OPS:
     KERNELS.kernel(_op, "flash_varlen")(flash_varlen)

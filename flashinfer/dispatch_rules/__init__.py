@@ -25,8 +25,9 @@ Tuned rules (``FLASHINFER_TUNED_RULES=path.json``) have the threshold shape plus
                 "order": ["cudnn"], "basis": "flashinfer tune, 2026-11-30, H200"}]}
 
 and are consulted before the default rules. A backend missing from an order list is still
-usable: it is tried after the listed ones (the reference backend always last), so an order list
-states a preference and never hides a kernel.
+usable: it is tried just before the reference (so a list that forgets a new kernel never ranks
+it below the slow path); to prefer the reference over a kernel, list that kernel after it
+(``cpu = ["reference", "triton"]``).
 """
 
 from __future__ import annotations

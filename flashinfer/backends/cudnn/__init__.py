@@ -7,6 +7,11 @@ How a call is split into graphs and planned once per geometry is in :mod:`.plan`
 head-dim limits and cuDNN version gates (the adapter checks) in :mod:`.support`; building,
 caching and running graphs in :mod:`._graphs`, the only module that imports ``cudnn`` and the
 only one imported lazily, inside the kernels.
+
+Batch attention (:mod:`flashinfer.batch_attention_params`): planners for ``batch_decode``,
+``batch_prefill_paged`` and ``batch_prefill_ragged``; bucketed graph keys and padded metadata in
+:mod:`.batch_plan`, adapter checks in :mod:`.batch_support`, graphs and runners in
+:mod:`._batch_graphs` (imports ``cudnn``, imported lazily inside the planners).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import sys
 
 from .. import KernelTable
-from . import support
+from . import batch_support, support
 
 KERNELS = KernelTable("cudnn")
 
@@ -45,8 +50,31 @@ def _check_decode(problem):
     return support.reasons(problem, support.installed_versions())
 
 
+def _batch_planner(plan):
+    """A :class:`~flashinfer.batch_attention_params.BatchPlan` → its runner (host work here)."""
+    from . import _batch_graphs
+
+    return _batch_graphs.plan(plan)
+
+
+def _batch_check(problem):
+    return batch_support.reasons(problem, support.installed_versions())
+
+
+for _op in ("batch_decode", "batch_prefill_paged", "batch_prefill_ragged"):
+    KERNELS.kernel(_op)(_batch_planner)
+    KERNELS.check(_op)(_batch_check)
+
+
 def graph_cache_state() -> dict:
     """Hits, misses, evictions and size of the graph cache (one entry per call geometry, holding
     its one or two graphs); {} before first use."""
     graphs = sys.modules.get(__name__ + "._graphs")
+    return graphs.state() if graphs is not None else {}
+
+
+def batch_graph_cache_state() -> dict:
+    """Hits, misses, evictions and size of the batch graph cache (one entry per bucketed spec and
+    KV-operand geometry) and the number of CUDA-graph buffer stores; {} before first use."""
+    graphs = sys.modules.get(__name__ + "._batch_graphs")
     return graphs.state() if graphs is not None else {}

@@ -1,0 +1,277 @@
+"""cuDNN graphs for batch attention (paged decode, paged and ragged prefill). Imports ``cudnn``.
+
+Imported only from inside the registered planners. :func:`plan` (host work) buckets the batch
+(:mod:`.batch_plan`), fills the device metadata buffers and returns a :class:`BatchRunner`; the
+runner only looks its graph up (built once per bucketed spec and KV-operand geometry — the page
+pool is first seen at run) and executes: no host sync, no data-dependent allocation.
+
+Graphs use cuDNN's padding mask (``seq_len_q`` / ``seq_len_kv``), page tables
+(``paged_attention_k_table`` / ``_v_table``, ``paged_attention_max_seq_len_kv``) and ragged
+offsets on Q/O (prefill) and K/V (ragged op); built with heuristic A only and static shapes, as
+in :mod:`._graphs` (same handles and per-stream workspaces).
+
+CUDA-graph plans (``plan.cuda_graph``): the metadata buffers belong to a store keyed by the
+wrapper's fixed index buffers and are refilled in place at every plan (non-blocking copies from
+pinned memory), so a captured run replays with the new batch. The store's buckets are fixed by
+its first plan — pages per request from the capacity of the fixed ``kv_indices`` buffer — and a
+later plan that outgrows them raises (the captured graph would be stale).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+from dataclasses import dataclass
+
+import cudnn
+import torch
+
+from ._graphs import _DTYPES, _LOG2E, _binding, _workspace
+from .batch_plan import (RAGGED, BatchSpec, build_metadata, container, fill_page_table, fits,
+                         kv_key, make_spec, pack, unpack)
+from .plan import GraphCache
+
+BATCH_GRAPHS = GraphCache(maxsize=64)
+
+_stores: dict[tuple, "_Buffers"] = {}
+_stores_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A built graph, its tensor handles by name, and its workspace size."""
+
+    graph: object
+    handles: dict
+    workspace_size: int
+
+
+def _declare(spec: BatchSpec, geometry: tuple, handle) -> Entry:
+    io, i32 = _DTYPES[spec.dtype], cudnn.data_type.INT32
+    g = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
+                      compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+    h = {}
+
+    def column(name, n):
+        h[name] = g.tensor(name=name, dim=[n, 1, 1, 1], stride=[1, 1, 1, 1], data_type=i32)
+        return h[name]
+
+    bb = spec.batch_bucket
+    column("seq_len_q", bb)
+    column("seq_len_kv", bb)
+    q_off = column("q_offsets", bb + 1) if spec.ragged_q else None
+    o_off = column("o_offsets", bb + 1) if spec.ragged_q else None
+    h["q"] = g.tensor(name="q", dim=spec.q_dims(), stride=spec.q_stride(), data_type=io,
+                      ragged_offset=q_off)
+    extra = {}
+    if spec.page_size:
+        k_shape, k_stride, v_shape, v_stride = geometry
+        h["k"] = g.tensor(name="k", dim=list(k_shape), stride=list(k_stride), data_type=io)
+        h["v"] = g.tensor(name="v", dim=list(v_shape), stride=list(v_stride), data_type=io)
+        pb = spec.kv_bucket
+        for name in ("k_table", "v_table"):
+            h[name] = g.tensor(name=name, dim=spec.table_dims(), stride=[pb, pb, 1, 1], data_type=i32)
+        extra = dict(paged_attention_k_table=h["k_table"], paged_attention_v_table=h["v_table"],
+                     paged_attention_max_seq_len_kv=spec.max_kv_len)
+    else:
+        k_off, v_off = column("k_offsets", bb + 1), column("v_offsets", bb + 1)
+        h["k"] = g.tensor(name="k", dim=spec.ragged_kv_dims(spec.head_dim_qk),
+                          stride=spec.ragged_kv_stride(spec.head_dim_qk), data_type=io,
+                          ragged_offset=k_off)
+        h["v"] = g.tensor(name="v", dim=spec.ragged_kv_dims(spec.head_dim_vo),
+                          stride=spec.ragged_kv_stride(spec.head_dim_vo), data_type=io,
+                          ragged_offset=v_off)
+    if spec.causal or spec.left_bound is not None:
+        extra["diagonal_alignment"] = cudnn.diagonal_alignment.BOTTOM_RIGHT
+    if spec.causal:
+        extra["diagonal_band_right_bound"] = 0
+    if spec.left_bound is not None:
+        extra["diagonal_band_left_bound"] = spec.left_bound
+    o, stats = g.sdpa(h["q"], h["k"], h["v"], name="sdpa", attn_scale=spec.sm_scale,
+                      generate_stats=spec.stats, use_padding_mask=True,
+                      seq_len_q=h["seq_len_q"], seq_len_kv=h["seq_len_kv"], **extra)
+    o.set_output(True).set_dim(spec.o_dims()).set_stride(spec.o_stride()).set_data_type(io)
+    if o_off is not None:
+        o.set_ragged_offset(o_off)
+    h["o"] = o
+    if spec.stats:
+        stats.set_output(True).set_dim(spec.stats_dims()).set_stride(spec.stats_stride())
+        stats.set_data_type(cudnn.data_type.FLOAT)
+        h["stats"] = stats
+    return Entry(g, h, 0)
+
+
+def _build(spec: BatchSpec, geometry: tuple, handle) -> Entry:
+    try:
+        entry = _declare(spec, geometry, handle)
+        g = entry.graph
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A])  # A only: see _graphs
+        g.check_support()
+        g.build_plans()
+        size = int(g.get_workspace_size())
+    except Exception as exc:  # noqa: BLE001 - re-raised with the graph named
+        raise RuntimeError(f"cuDNN cannot build a batch SDPA graph for {spec.describe()} "
+                           f"(KV operands {geometry}): {type(exc).__name__}: {exc}") from exc
+    return Entry(entry.graph, entry.handles, size)
+
+
+class _Buffers:
+    """The device tensors one plan's graph reads beyond q/k/v/o: metadata, stats, scratch."""
+
+    def __init__(self, spec: BatchSpec, meta, device: torch.device, batch_size: int):
+        self.spec = spec
+        self.flats: dict[torch.dtype, torch.Tensor] = {}
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.pinned: list[torch.Tensor] = []
+        for dtype, (flat, layout) in pack(meta.device_tensors()).items():
+            self.flats[dtype] = dev = torch.empty_like(flat, device=device)
+            self.tensors.update(unpack(dev, layout))
+        self.refill(meta)
+        self.page_table = (torch.empty(spec.table_dims(), dtype=torch.int32, device=device)
+                           if spec.page_size else None)
+        self.stats = torch.empty(spec.stats_dims(), dtype=torch.float32, device=device)
+        # a dense decode query over more rows than requests: scratch q/o rows
+        pad = not spec.ragged_q and spec.batch_bucket > batch_size
+        self.q_pad = (torch.zeros(spec.batch_bucket, spec.num_qo_heads, spec.head_dim_qk,
+                                  dtype=getattr(torch, spec.dtype), device=device) if pad else None)
+        self.o_pad = (torch.empty(spec.batch_bucket, spec.num_qo_heads, spec.head_dim_vo,
+                                  dtype=getattr(torch, spec.dtype), device=device) if pad else None)
+
+    def refill(self, meta) -> None:
+        """Copy a new plan's host metadata into these buffers in place (non-blocking)."""
+        pinned = []
+        for dtype, (flat, _) in pack(meta.device_tensors()).items():
+            src = flat.pin_memory() if torch.cuda.is_available() else flat
+            self.flats[dtype].copy_(src, non_blocking=True)
+            pinned.append(src)
+        self.pinned = pinned  # alive until the next refill, after these copies ran
+
+
+class BatchRunner:
+    """``runner(q, kv, out, lse, scales)``: executes the plan's graph (the batch contract)."""
+
+    def __init__(self, plan, spec: BatchSpec, buffers: _Buffers, dead: bool):
+        self.plan, self.spec, self.buffers = plan, spec, buffers
+        self.device = plan.device
+        self.layout = plan.kv_layout
+        self.clear_dead = dead or plan.cuda_graph
+        self._last: tuple | None = None  # (kv geometry, scale) -> Entry
+
+    def _entry(self, geometry: tuple, scale: float, handle) -> Entry:
+        if self._last is not None and self._last[0] == (geometry, scale):
+            return self._last[1]
+        spec = self.spec if scale == self.spec.sm_scale else dataclasses.replace(self.spec, sm_scale=scale)
+        entry = BATCH_GRAPHS.get((spec, geometry), lambda: _build(spec, geometry, handle))
+        self._last = ((geometry, scale), entry)
+        return entry
+
+    def __call__(self, q, kv, out, lse, scales) -> None:
+        if scales.sinks is not None:
+            raise ValueError("cudnn batch attention serves no sinks; the dispatcher should not "
+                             "have chosen it")
+        if q.device.index == torch.cuda.current_device():
+            self._run(q, kv, out, lse, scales)
+        else:
+            with torch.cuda.device(q.device):
+                self._run(q, kv, out, lse, scales)
+
+    def _run(self, q, kv, out, lse, scales) -> None:
+        spec, buf, t = self.spec, self.buffers, self.buffers.tensors
+        bound = _binding(q.device.index)
+        if spec.page_size:
+            k, v = container(kv.k, self.layout), container(kv.v, self.layout)
+            geometry = kv_key(k, v)
+        else:
+            k, v = kv.k.contiguous(), kv.v.contiguous()
+            geometry = ()
+        scale = spec.sm_scale if scales.q_scale == scales.k_scale == 1.0 else (
+            self.plan.sm_scale * scales.q_scale * scales.k_scale)
+        entry = self._entry(geometry, scale, bound.handle)
+        q_in = q.contiguous()
+        o_run = out if out.is_contiguous() else torch.empty_like(out)
+        rows = q.shape[0]
+        if buf.q_pad is not None:
+            buf.q_pad[:rows].copy_(q_in)
+            q_in, o_run = buf.q_pad, buf.o_pad
+        h = entry.handles
+        pack = {h["q"]: q_in, h["k"]: k, h["v"]: v, h["o"]: o_run,
+                h["seq_len_q"]: t["seq_len_q"], h["seq_len_kv"]: t["seq_len_kv"]}
+        if spec.page_size:
+            pack[h["k_table"]] = pack[h["v_table"]] = buf.page_table
+        else:
+            pack[h["k_offsets"]], pack[h["v_offsets"]] = t["k_offsets"], t["v_offsets"]
+        if spec.ragged_q:
+            pack[h["q_offsets"]], pack[h["o_offsets"]] = t["q_offsets"], t["o_offsets"]
+        if "stats" in h:
+            pack[h["stats"]] = buf.stats
+        workspace = _workspace(bound, q.device, entry.workspace_size)
+        entry.graph.execute(pack, workspace, handle=bound.handle)
+        if buf.o_pad is not None:
+            out.copy_(buf.o_pad[:rows])
+        elif o_run is not out:
+            out.copy_(o_run)
+        if scales.v_scale != 1.0:
+            out.mul_(scales.v_scale)
+        if lse is not None:
+            if spec.ragged_q:
+                stats = buf.stats.view(spec.batch_bucket, spec.num_qo_heads, spec.qo_bucket)
+                picked = stats[t["stats_b"][:rows], :, t["stats_pos"][:rows]]  # [rows, H]
+            else:  # one row per request: token t is request t
+                picked = buf.stats.view(spec.batch_bucket, spec.num_qo_heads)[:rows]
+            torch.mul(picked, _LOG2E, out=lse)
+        if self.clear_dead:
+            dead = t["dead_rows"][:rows]
+            out.masked_fill_(dead[:, None, None], 0)
+            if lse is not None:
+                lse.masked_fill_(dead[:, None], -math.inf)
+
+
+def _capacity_pages(plan) -> int:
+    """Pages the fixed ``kv_indices`` buffer of a CUDA-graph wrapper can hold."""
+    t = plan.kv_indices
+    return max(1, t.untyped_storage().nbytes() // t.element_size() - t.storage_offset())
+
+
+def plan(plan) -> BatchRunner:
+    """The planner: bucket, fill the metadata buffers, return the runner (no graph build here
+    when the bucket and the KV operands were seen before)."""
+    device = plan.device
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    min_kv = _capacity_pages(plan) if plan.cuda_graph and plan.op != RAGGED else 1
+    spec = make_spec(plan, device_index=index, scale=plan.sm_scale, min_kv=min_kv)
+    if not plan.cuda_graph:
+        meta = build_metadata(spec, plan)
+        buffers = _Buffers(spec, meta, device, plan.batch_size)
+    else:
+        key = (plan.op, index, plan.qo_indptr.data_ptr(), plan.kv_indptr.data_ptr())
+        with _stores_lock:
+            buffers = _stores.get(key)
+            if buffers is not None and (dataclasses.replace(buffers.spec, batch_bucket=0, qo_bucket=0,
+                                                             kv_bucket=0)
+                                        != dataclasses.replace(spec, batch_bucket=0, qo_bucket=0,
+                                                               kv_bucket=0)):
+                buffers = None  # another geometry on the same buffers: a new capture anyway
+            if buffers is not None and not fits(buffers.spec, plan):
+                raise ValueError(
+                    f"cudnn batch attention: this CUDA-graph plan (batch {plan.batch_size}, max "
+                    f"qo_len {plan.max_qo_len}) outgrows the buckets its wrapper was first planned "
+                    f"with ({buffers.spec.describe()}); a captured run would be stale. Plan the "
+                    f"largest batch first, or use a new wrapper.")
+            if buffers is not None:
+                spec = buffers.spec
+                meta = build_metadata(spec, plan)
+                buffers.refill(meta)
+            else:
+                meta = build_metadata(spec, plan)
+                buffers = _stores[key] = _Buffers(spec, meta, device, plan.batch_size)
+    if spec.page_size:
+        fill_page_table(buffers.page_table, buffers.tensors["page_src"], plan.kv_indices)
+    return BatchRunner(plan, spec, buffers, meta.num_dead > 0)
+
+
+def state() -> dict:
+    """Counters of the batch graph cache (for tests and the probe script)."""
+    return {**BATCH_GRAPHS.info(), "cuda_graph_stores": len(_stores)}

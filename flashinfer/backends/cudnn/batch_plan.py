@@ -1,0 +1,292 @@
+"""Pure-Python planning for the cuDNN batch attention planners: buckets, graph keys, metadata.
+
+Nothing here imports ``cudnn`` or touches a GPU, so all of it is unit-tested on CPU.
+
+Bucketed graphs
+---------------
+cuDNN graphs are built for static shapes (see :mod:`._graphs`) and a build costs 0.5-1 s, so a
+graph must not depend on the batch composition. A :class:`BatchSpec` (the graph-cache key) holds
+only *buckets*: the batch size and, per request, the longest query run and the number of pages
+(or KV rows) are rounded up to powers of two. The real lengths travel in device tensors that
+the planner fills (:func:`build_metadata`), padded to the bucket:
+
+* ``seq_len_q`` / ``seq_len_kv`` ``[Bb, 1, 1, 1]`` int32 (cuDNN padding mask);
+* ``page_table`` ``[Bb, 1, Pb, 1]`` int32 (paged ops): request ``b``'s pages, then page 0,
+  gathered on the device from ``kv_indices`` (:func:`fill_page_table`; the plan has no host copy
+  of the page ids) through the host-made map ``page_src``;
+* ragged offsets ``[Bb + 1, 1, 1, 1]`` int32, in elements, for ragged Q/O (prefill) and K/V
+  (ragged op): ``indptr * heads * head_dim``.
+
+Padded requests ``b >= batch_size`` run nothing useful: in prefill they get ``seq_len_q = 0``
+and offsets at the end of the buffers; in decode (a dense ``[Bb, H, 1, D]`` query) they run one
+row into scratch rows the runner owns. Every KV length handed to cuDNN is at least 1 and every
+page id or KV offset it may read is valid (page 0, row 0): a request with no key runs on one key
+and its rows are then cleared (output 0, lse ``-inf``, the batch contract). Those rows — and,
+under a causal mask, query rows with no key before them (``qo_len > kv_len``) — are listed in
+``dead_rows``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ...dispatch import length_bucket
+
+DECODE, PAGED, RAGGED = "batch_decode", "batch_prefill_paged", "batch_prefill_ragged"
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """Everything one batch SDPA graph depends on except the KV operands' geometry (known only
+    at run, see :meth:`kv_key`); hashable, part of the graph-cache key."""
+
+    op: str
+    device_index: int
+    dtype: str  # "float16" | "bfloat16" (q, kv and o)
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim_qk: int
+    head_dim_vo: int
+    page_size: int  # 0 for the ragged op
+    batch_bucket: int  # Bb
+    qo_bucket: int  # rows per request declared for Q/O (1 for a dense decode query)
+    kv_bucket: int  # pages per request (paged) or KV rows per request (ragged)
+    ragged_q: bool  # Q/O addressed through ragged offsets (prefill, multi-query decode)
+    causal: bool
+    left_bound: int | None  # cuDNN diagonal_band_left_bound (window_left + 1), None = no window
+    stats: bool
+    sm_scale: float  # the softmax scale baked into the graph (sm_scale * q_scale * k_scale)
+
+    @property
+    def max_kv_len(self) -> int:
+        """The KV length the graph is declared with (``paged_attention_max_seq_len_kv``)."""
+        return self.kv_bucket * self.page_size if self.page_size else self.kv_bucket
+
+    def q_dims(self) -> list[int]:
+        return [self.batch_bucket, self.num_qo_heads, self.qo_bucket, self.head_dim_qk]
+
+    def o_dims(self) -> list[int]:
+        return [self.batch_bucket, self.num_qo_heads, self.qo_bucket, self.head_dim_vo]
+
+    def q_stride(self) -> list[int]:
+        """Row-major ``[T, H, D]`` rows seen as ``[Bb, H, S, D]`` (BHSD)."""
+        h, s, d = self.num_qo_heads, self.qo_bucket, self.head_dim_qk
+        return [s * h * d, d, h * d, 1]
+
+    def o_stride(self) -> list[int]:
+        h, s, d = self.num_qo_heads, self.qo_bucket, self.head_dim_vo
+        return [s * h * d, d, h * d, 1]
+
+    def stats_dims(self) -> list[int]:
+        return [self.batch_bucket, self.num_qo_heads, self.qo_bucket, 1]
+
+    def stats_stride(self) -> list[int]:
+        h, s = self.num_qo_heads, self.qo_bucket
+        return [h * s, s, 1, 1]
+
+    def ragged_kv_dims(self, head_dim: int) -> list[int]:
+        return [self.batch_bucket, self.num_kv_heads, self.kv_bucket, head_dim]
+
+    def ragged_kv_stride(self, head_dim: int) -> list[int]:
+        h, s = self.num_kv_heads, self.kv_bucket
+        return [s * h * head_dim, head_dim, h * head_dim, 1]
+
+    def table_dims(self) -> list[int]:
+        return [self.batch_bucket, 1, self.kv_bucket, 1]
+
+    def describe(self) -> str:
+        band = ("causal" if self.causal else "no causal") + (
+            f", left bound {self.left_bound}" if self.left_bound is not None else "")
+        kv = (f"{self.kv_bucket} pages x {self.page_size}" if self.page_size
+              else f"{self.kv_bucket} rows")
+        return (f"{self.op} {self.dtype} Bb={self.batch_bucket} q[{self.num_qo_heads}h x "
+                f"{self.qo_bucket} x {self.head_dim_qk}] kv[{self.num_kv_heads}h, {kv}, "
+                f"d {self.head_dim_qk}/{self.head_dim_vo}] {band}, stats={self.stats}, "
+                f"scale={self.sm_scale:g}, cuda:{self.device_index}")
+
+
+def container(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """A paged cache view ``[P, page, H, D]`` (NHD) or ``[P, H, page, D]`` (HND) as cuDNN's page
+    container ``[P, H, page, D]`` (a view; NHD differs only in its strides)."""
+    return t.permute(0, 2, 1, 3) if layout == "NHD" else t
+
+
+def kv_key(k: torch.Tensor, v: torch.Tensor) -> tuple:
+    """The part of a graph's key that only the run's K/V operands fix: shapes and strides (paged:
+    the page containers, so the pool size; ragged: the row tensors)."""
+    return (tuple(k.shape), tuple(k.stride()), tuple(v.shape), tuple(v.stride()))
+
+
+def page_counts(kv_indptr: torch.Tensor) -> torch.Tensor:
+    return kv_indptr[1:] - kv_indptr[:-1]
+
+
+def make_spec(plan, *, device_index: int, scale: float, min_kv: int = 1) -> BatchSpec:
+    """The bucketed graph key of a :class:`~flashinfer.batch_attention_params.BatchPlan`;
+    ``min_kv`` raises the pages (rows) per request the graph is declared for."""
+    b = plan.batch_size
+    ragged_q = plan.op != DECODE or plan.q_len_per_req > 1
+    qo_lens = plan.qo_indptr_host[1:] - plan.qo_indptr_host[:-1]
+    max_qo = int(qo_lens.max()) if b else 1
+    if plan.op == RAGGED:
+        kv_need = int(plan.kv_lens_host.max()) if b else 1
+    else:
+        kv_need = int(page_counts(plan.kv_indptr_host).max()) if b else 1
+    single_row = not ragged_q
+    window = plan.window_left >= 0
+    return BatchSpec(
+        op=plan.op, device_index=device_index,
+        dtype=str(plan.q_dtype).removeprefix("torch."),
+        num_qo_heads=plan.num_qo_heads, num_kv_heads=plan.num_kv_heads,
+        head_dim_qk=plan.head_dim_qk, head_dim_vo=plan.head_dim_vo,
+        page_size=plan.page_size if plan.op != RAGGED else 0,
+        batch_bucket=length_bucket(max(b, 1)),
+        qo_bucket=1 if single_row else length_bucket(max(max_qo, 1)),
+        kv_bucket=length_bucket(max(kv_need, min_kv, 1)),
+        ragged_q=ragged_q,
+        # one query row per request: causal hides nothing; with a window the causal-like band is
+        # the form every cuDNN version with windows supports (as in single decode)
+        causal=(plan.causal and not single_row) or (single_row and window),
+        left_bound=plan.window_left + 1 if window else None,
+        stats=True, sm_scale=float(scale),
+    )
+
+
+def fits(spec: BatchSpec, plan) -> bool:
+    """Whether ``plan``'s batch fits the buckets of ``spec`` (a CUDA-graph plan keeps its graph
+    and buffers as long as it does)."""
+    grown = make_spec(plan, device_index=spec.device_index, scale=spec.sm_scale)
+    return (grown.batch_bucket <= spec.batch_bucket and grown.qo_bucket <= spec.qo_bucket
+            and grown.kv_bucket <= spec.kv_bucket)
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """Host (CPU) tensors the runner's device buffers hold for one plan."""
+
+    seq_len_q: torch.Tensor  # [Bb, 1, 1, 1] int32
+    seq_len_kv: torch.Tensor  # [Bb, 1, 1, 1] int32
+    page_src: torch.Tensor | None  # [Bb * Pb] int64 (paged ops): entry of kv_indices, -1 = none
+    q_offsets: torch.Tensor | None  # [Bb + 1, 1, 1, 1] int32 elements (ragged Q)
+    o_offsets: torch.Tensor | None
+    k_offsets: torch.Tensor | None  # ragged op
+    v_offsets: torch.Tensor | None
+    stats_b: torch.Tensor  # [Bb * S] int64: token t's request (its stats are stats[b, :, pos])
+    stats_pos: torch.Tensor  # [Bb * S] int64: token t's row in its request
+    dead_rows: torch.Tensor  # [Bb * S] bool: token t sees no key (output 0, lse -inf)
+    num_dead: int
+
+    def device_tensors(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, name) for name in (
+            "seq_len_q", "seq_len_kv", "page_src", "q_offsets", "o_offsets", "k_offsets",
+            "v_offsets", "stats_b", "stats_pos", "dead_rows") if getattr(self, name) is not None}
+
+
+def _col(values: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int32).reshape(-1, 1, 1, 1))
+
+
+def _offsets(starts: np.ndarray, bucket: int, row_elems: int, pad_row: int) -> torch.Tensor:
+    """Ragged offsets in elements ``[Bb + 1]``: the given starts, then ``pad_row``."""
+    out = np.full(bucket + 1, pad_row, dtype=np.int64)
+    out[:starts.size] = starts
+    return _col(out * row_elems)
+
+
+def build_metadata(spec: BatchSpec, plan) -> Metadata:
+    """The padded per-request metadata of ``plan`` for the buckets of ``spec`` (host tensors;
+    numpy inside: a batch of 64 costs tens of microseconds)."""
+    b, bb = plan.batch_size, spec.batch_bucket
+    qo_indptr = plan.qo_indptr_host.numpy().astype(np.int64)
+    qo_lens = np.diff(qo_indptr)
+    kv_lens = plan.kv_lens_host.numpy().astype(np.int64)
+    total = int(qo_indptr[-1])
+
+    seq_q = np.full(bb, 0 if spec.ragged_q else 1, dtype=np.int64)
+    seq_q[:b] = qo_lens if spec.ragged_q else 1
+    seq_kv = np.ones(bb, dtype=np.int64)
+    seq_kv[:b] = np.maximum(kv_lens, 1)  # a request with no key runs on one, then is cleared
+
+    table = k_off = v_off = None
+    kv_indptr = plan.kv_indptr_host.numpy().astype(np.int64)
+    if spec.page_size:
+        cols = np.arange(spec.kv_bucket)
+        src = np.full((bb, spec.kv_bucket), -1, dtype=np.int64)
+        src[:b] = np.where(cols < np.diff(kv_indptr)[:, None], kv_indptr[:-1, None] + cols, -1)
+        table = torch.from_numpy(src.reshape(-1))
+    else:
+        # every request reads at least one row: an empty or padded one reads row 0 (valid)
+        starts = np.where(kv_lens == 0, 0, kv_indptr[:-1])
+        k_off = _offsets(starts, bb, spec.num_kv_heads * spec.head_dim_qk, 0)
+        v_off = _offsets(starts, bb, spec.num_kv_heads * spec.head_dim_vo, 0)
+
+    q_off = o_off = None
+    if spec.ragged_q:
+        q_off = _offsets(qo_indptr, bb, spec.num_qo_heads * spec.head_dim_qk, total)
+        o_off = _offsets(qo_indptr, bb, spec.num_qo_heads * spec.head_dim_vo, total)
+
+    # per token: its request, its row in the request, whether it sees a key
+    capacity = bb * spec.qo_bucket
+    tokens = np.arange(total)
+    request = np.searchsorted(qo_indptr[1:], tokens, side="right")
+    pos = tokens - qo_indptr[request]
+    stats_b = np.zeros(capacity, dtype=np.int64)
+    stats_pos = np.zeros(capacity, dtype=np.int64)
+    stats_b[:total], stats_pos[:total] = request, pos
+    sees_nothing = kv_lens[request] == 0
+    if plan.causal:
+        sees_nothing |= kv_lens[request] - qo_lens[request] + pos < 0
+    dead = np.zeros(capacity, dtype=np.bool_)
+    dead[:total] = sees_nothing
+    return Metadata(_col(seq_q), _col(seq_kv), table, q_off, o_off, k_off, v_off,
+                    torch.from_numpy(stats_b), torch.from_numpy(stats_pos), torch.from_numpy(dead),
+                    int(sees_nothing.sum()))
+
+
+def fill_page_table(table: torch.Tensor, page_src: torch.Tensor, kv_indices: torch.Tensor) -> None:
+    """``table [Bb, 1, Pb, 1]`` int32 ← ``kv_indices[page_src]``, 0 where ``page_src < 0``.
+
+    Device work only (no host sync): run in the planner, on the plan's stream."""
+    flat = table.view(-1)
+    if kv_indices.numel() == 0:
+        flat.zero_()
+        return
+    picked = kv_indices.to(torch.int32).index_select(0, page_src.clamp(min=0))
+    torch.where(page_src >= 0, picked, torch.zeros((), dtype=torch.int32, device=flat.device),
+                out=flat)
+
+
+def pack(tensors: dict[str, torch.Tensor]) -> dict[torch.dtype, tuple[torch.Tensor, dict]]:
+    """Host tensors grouped by dtype into one flat buffer each, every piece starting 16-byte
+    aligned: ``{dtype: (flat, {name: (offset, shape)})}``, so a plan uploads one buffer per dtype
+    (:func:`unpack` makes the per-name views of the uploaded copy)."""
+    groups: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
+    for name, t in tensors.items():
+        groups.setdefault(t.dtype, []).append((name, t))
+    out = {}
+    for dtype, items in groups.items():
+        step = max(1, 16 // torch.empty((), dtype=dtype).element_size())
+        layout, offset = {}, 0
+        for name, t in items:
+            layout[name] = (offset, tuple(t.shape))
+            offset += -(-t.numel() // step) * step
+        flat = np.zeros(offset, dtype=items[0][1].numpy().dtype)  # numpy: no threaded fill
+        for name, t in items:
+            start = layout[name][0]
+            flat[start:start + t.numel()] = t.numpy().reshape(-1)
+        out[dtype] = (torch.from_numpy(flat), layout)
+    return out
+
+
+def unpack(flat: torch.Tensor, layout: dict) -> dict[str, torch.Tensor]:
+    """The per-name views of a flat buffer made by :func:`pack` (or its device copy)."""
+    views = {}
+    for name, (offset, shape) in layout.items():
+        n = 1
+        for extent in shape:
+            n *= extent
+        views[name] = flat[offset:offset + n].view(shape)
+    return views

@@ -1,0 +1,443 @@
+"""flash_attn adapter (variants fa3 and fa2): plumbing on CPU, decisions on simulated SMs, GPU runs.
+
+On CPU the vendor entry points (``fa3_varlen`` / ``fa2_varlen``) are replaced by a float64
+emulation of FlashAttention's varlen forward: its argument conventions (int32 cu_seqlens, the
+``(left, right)`` window with ``max_seqlen_k`` clamping, bottom-right causal, softcap after the
+scale), natural-log lse ``[H, total_q]`` with ``+inf`` for rows that see no key. The adapter's
+output must then match a naive float64 computation of the batch contract written here. GPU tests
+run the real modules against a float32 computation.
+"""
+
+import math
+
+import pytest
+import torch
+
+from conftest import HAS_CUDA, TOLERANCE, poison, rel_error
+from flashinfer.attention_params import AttentionParams
+from flashinfer.backends import flash_attn as fa
+from flashinfer.batch_attention_params import BatchPlan, KVInput, RunScales
+from flashinfer.device import simulated
+from flashinfer.dispatch import Problem, select
+
+SMS = ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0", None]
+
+
+# --- emulation of FlashAttention's varlen forward --------------------------------------------
+
+def emulated_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, causal, window, softcap,
+                    calls=None):
+    """FA2/FA3 ``flash_attn_varlen_func`` in float64 (mask.h semantics)."""
+    for t in (q, k, v):
+        assert t.dim() == 3 and t.stride(-1) == 1
+    assert cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32
+    assert cu_q.device == q.device and cu_k.device == q.device
+    assert isinstance(max_q, int) and isinstance(max_k, int)
+    if calls is not None:
+        calls.append({"cu_q": cu_q, "cu_k": cu_k, "max_q": max_q, "max_k": max_k,
+                      "scale": scale, "causal": causal, "window": window, "softcap": softcap})
+    left, right = window
+    if causal:
+        right = 0
+    group = q.shape[1] // k.shape[1]
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.float64)
+    lse = torch.full((q.shape[1], q.shape[0]), float("inf"), dtype=torch.float64)
+    for b in range(cu_q.numel() - 1):
+        q0, q1 = int(cu_q[b]), int(cu_q[b + 1])
+        k0, k1 = int(cu_k[b]), int(cu_k[b + 1])
+        assert q1 - q0 <= max_q and k1 - k0 <= max_k
+        m, n = q1 - q0, k1 - k0
+        if m == 0 or n == 0:
+            continue
+        i = torch.arange(m)[:, None] + n - m
+        j = torch.arange(n)[None, :]
+        keep = torch.ones(m, n, dtype=torch.bool)
+        if causal:
+            keep &= j <= i
+        if left >= 0:  # a local window's missing right edge is max_seqlen_k
+            keep &= (j >= i - left) & (j <= i + (right if right >= 0 else max_k))
+        kk = k[k0:k1].double().repeat_interleave(group, 1)
+        vv = v[k0:k1].double().repeat_interleave(group, 1)
+        s = torch.einsum("qhd,khd->hqk", q[q0:q1].double(), kk) * scale
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        s = s.masked_fill(~keep, float("-inf"))
+        row_lse = torch.logsumexp(s, -1)
+        p = torch.exp(s - row_lse[..., None]).nan_to_num(0.0)
+        out[q0:q1] = torch.einsum("hqk,khd->qhd", p, vv)
+        lse[:, q0:q1] = row_lse.masked_fill(torch.isneginf(row_lse), float("inf"))
+    out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+    return out.to(out_dtype), lse.float()
+
+
+# --- the batch contract, naive float64 ------------------------------------------------------
+
+def naive_batch(q, k, v, qo_lens, kv_lens, *, sm_scale, causal=False, window_left=-1,
+                soft_cap=0.0, q_scale=1.0, k_scale=1.0, v_scale=1.0):
+    """``(out [total_q, H, Dv], lse [total_q, H] base 2)`` per batch_attention_params.py."""
+    group = q.shape[1] // k.shape[1]
+    outs, lses = [], []
+    q0 = k0 = 0
+    for m, n in zip(qo_lens, kv_lens):
+        qb = q[q0:q0 + m].double()
+        kb = k[k0:k0 + n].double().repeat_interleave(group, 1) * k_scale
+        vb = v[k0:k0 + n].double().repeat_interleave(group, 1) * v_scale
+        s = torch.einsum("qhd,khd->hqk", qb * q_scale, kb) * sm_scale
+        if soft_cap > 0:
+            s = soft_cap * torch.tanh(s / soft_cap)
+        i = torch.arange(m)[:, None] + n - m
+        j = torch.arange(n)[None, :]
+        keep = torch.ones(m, n, dtype=torch.bool)
+        if causal:
+            keep &= j <= i
+        if window_left >= 0:
+            keep &= j >= i - window_left
+        s = s.masked_fill(~keep, float("-inf"))
+        lse = torch.logsumexp(s, -1)
+        p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+        outs.append(torch.einsum("hqk,khd->qhd", p, vb))
+        lses.append((lse / math.log(2.0)).t())
+        q0, k0 = q0 + m, k0 + n
+    return torch.cat(outs), torch.cat(lses)
+
+
+def make_plan(qo_lens, kv_lens, *, num_qo_heads=4, num_kv_heads=2, head_dim_qk=32,
+              head_dim_vo=None, dtype=torch.float32, o_dtype=None, causal=False, window_left=-1,
+              soft_cap=0.0, sm_scale=None, device="cpu", cuda_graph=False) -> BatchPlan:
+    """A ragged-prefill BatchPlan built by hand (what a wrapper's plan() would fix)."""
+    device = torch.device(device)
+    head_dim_vo = head_dim_vo or head_dim_qk
+    qo_indptr = torch.tensor([0] + list(qo_lens), dtype=torch.int32).cumsum(0).to(torch.int32)
+    kv_indptr = torch.tensor([0] + list(kv_lens), dtype=torch.int32).cumsum(0).to(torch.int32)
+    kv_lens_host = torch.tensor(list(kv_lens), dtype=torch.int32)
+    return BatchPlan(
+        op="batch_prefill_ragged", device=device, batch_size=len(qo_lens),
+        num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk,
+        head_dim_vo=head_dim_vo, page_size=0, kv_layout="NHD", q_dtype=dtype, kv_dtype=dtype,
+        o_dtype=o_dtype or dtype, causal=causal, window_left=window_left,
+        logits_soft_cap=soft_cap, sm_scale=sm_scale or head_dim_qk ** -0.5, q_len_per_req=0,
+        qo_indptr_host=qo_indptr, kv_indptr_host=kv_indptr, kv_lens_host=kv_lens_host,
+        kv_last_page_len_host=None, qo_indptr=qo_indptr.to(device), kv_indptr=kv_indptr.to(device),
+        kv_indices=None, kv_lens=kv_lens_host.to(device), kv_last_page_len=None,
+        total_qo=int(sum(qo_lens)), max_qo_len=max(qo_lens), max_kv_len=max(kv_lens),
+        cuda_graph=cuda_graph)
+
+
+def ragged_inputs(plan, *, hnd=False, seed=0):
+    torch.manual_seed(seed)
+    dev, dt = plan.device, plan.q_dtype
+    total_kv = int(plan.kv_indptr_host[-1])
+    q = torch.randn(plan.total_qo, plan.num_qo_heads, plan.head_dim_qk, device=dev).to(dt)
+    if hnd:  # HND input arrives as a transposed view
+        k = torch.randn(plan.num_kv_heads, total_kv, plan.head_dim_qk, device=dev).to(dt).transpose(0, 1)
+        v = torch.randn(plan.num_kv_heads, total_kv, plan.head_dim_vo, device=dev).to(dt).transpose(0, 1)
+    else:
+        k = torch.randn(total_kv, plan.num_kv_heads, plan.head_dim_qk, device=dev).to(dt)
+        v = torch.randn(total_kv, plan.num_kv_heads, plan.head_dim_vo, device=dev).to(dt)
+    return q, k, v
+
+
+def run_planner(planner, plan, q, k, v, *, lse=True, scales=RunScales()):
+    out = poison(torch.empty(plan.total_qo, plan.num_qo_heads, plan.head_dim_vo,
+                             dtype=plan.o_dtype, device=plan.device))
+    lse_buf = poison(torch.empty(plan.total_qo, plan.num_qo_heads, device=plan.device)) if lse else None
+    planner(plan)(q, KVInput(k, v), out, lse_buf, scales)
+    return out, lse_buf
+
+
+def assert_lse_close(actual, expected, tol):
+    empty = torch.isneginf(expected)
+    assert torch.equal(torch.isneginf(actual), empty)
+    assert rel_error(actual[~empty], expected[~empty]) < tol
+
+
+RAGGED_CASES = [
+    # qo_lens, kv_lens, plan kwargs
+    ([5, 1, 7], [5, 9, 12], {}),
+    ([4, 6, 3], [4, 10, 2], {"causal": True}),  # last request: more queries than keys
+    ([3, 8], [11, 8], {"causal": True, "window_left": 3}),
+    ([6, 2], [6, 7], {"causal": True, "soft_cap": 2.5}),
+    ([2, 3], [0, 5], {}),  # a request with no keys
+    ([3, 4], [7, 4], {"num_qo_heads": 4, "num_kv_heads": 4}),
+    ([3, 4], [7, 4], {"num_qo_heads": 6, "num_kv_heads": 1, "causal": True}),
+]
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    log = []
+
+    def fake(*args, **kwargs):
+        return emulated_varlen(*args, calls=log, **kwargs)
+    monkeypatch.setattr(fa, "fa3_varlen", fake)
+    monkeypatch.setattr(fa, "fa2_varlen", fake)
+    return log
+
+
+@pytest.mark.parametrize("variant", ["fa3", "fa2"])
+@pytest.mark.parametrize("qo_lens, kv_lens, kw", RAGGED_CASES)
+def test_ragged_planner_plumbing(variant, qo_lens, kv_lens, kw, calls):
+    plan = make_plan(qo_lens, kv_lens, **kw)
+    q, k, v = ragged_inputs(plan, hnd=True)
+    planner = fa.KERNELS.kernels[("batch_prefill_ragged", variant)]
+    out, lse = run_planner(planner, plan, q, k, v)
+    want_out, want_lse = naive_batch(
+        q, k, v, qo_lens, kv_lens, sm_scale=plan.sm_scale, causal=plan.causal,
+        window_left=plan.window_left, soft_cap=plan.logits_soft_cap)
+    assert rel_error(out, want_out) < TOLERANCE[torch.float32]
+    assert_lse_close(lse, want_lse, TOLERANCE[torch.float32])
+    (call,) = calls
+    assert call["cu_q"] is plan.qo_indptr and call["cu_k"] is plan.kv_indptr
+    assert (call["max_q"], call["max_k"]) == (plan.max_qo_len, plan.max_kv_len)
+
+
+@pytest.mark.parametrize("variant", ["fa3", "fa2"])
+def test_ragged_scales_and_output_dtype(variant, calls):
+    plan = make_plan([4, 3], [6, 3], causal=True, o_dtype=torch.float64)
+    q, k, v = ragged_inputs(plan, seed=1)
+    scales = RunScales(q_scale=0.5, k_scale=1.5, v_scale=0.25)
+    planner = fa.KERNELS.kernels[("batch_prefill_ragged", variant)]
+    out, lse = run_planner(planner, plan, q, k, v, scales=scales)
+    want_out, want_lse = naive_batch(q, k, v, [4, 3], [6, 3], sm_scale=plan.sm_scale, causal=True,
+                                     q_scale=0.5, k_scale=1.5, v_scale=0.25)
+    assert out.dtype == torch.float64
+    assert rel_error(out, want_out) < TOLERANCE[torch.float32]
+    assert_lse_close(lse, want_lse, TOLERANCE[torch.float32])
+    assert calls[0]["scale"] == pytest.approx(plan.sm_scale * 0.75)
+
+
+@pytest.mark.parametrize("variant", ["fa3", "fa2"])
+def test_ragged_without_lse_and_window_argument(variant, calls):
+    plan = make_plan([5], [9], causal=True, window_left=2)
+    q, k, v = ragged_inputs(plan, seed=2)
+    out, lse = run_planner(fa.KERNELS.kernels[("batch_prefill_ragged", variant)], plan, q, k, v,
+                           lse=False)
+    assert lse is None
+    want, _ = naive_batch(q, k, v, [5], [9], sm_scale=plan.sm_scale, causal=True, window_left=2)
+    assert rel_error(out, want) < TOLERANCE[torch.float32]
+    assert calls[0]["window"] == (2, 0) and calls[0]["causal"] is True
+
+
+def test_fa3_head_dim_differs(calls):
+    plan = make_plan([3, 5], [4, 6], head_dim_qk=48, head_dim_vo=16, causal=True)
+    q, k, v = ragged_inputs(plan, seed=3)
+    out, lse = run_planner(fa.KERNELS.kernels[("batch_prefill_ragged", "fa3")], plan, q, k, v)
+    want_out, want_lse = naive_batch(q, k, v, [3, 5], [4, 6], sm_scale=plan.sm_scale, causal=True)
+    assert out.shape[-1] == 16 and rel_error(out, want_out) < TOLERANCE[torch.float32]
+    assert_lse_close(lse, want_lse, TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("variant", ["fa3", "fa2"])
+@pytest.mark.parametrize("op, qo_len, causal, window_left", [
+    ("single_prefill", 7, True, -1), ("single_prefill", 5, False, -1),
+    ("single_prefill", 6, True, 2), ("single_decode", 1, False, -1), ("single_decode", 1, False, 3),
+])
+def test_single_kernels(variant, op, qo_len, causal, window_left, calls):
+    torch.manual_seed(4)
+    kv_len = 11
+    q, k, v = torch.randn(qo_len, 4, 16), torch.randn(kv_len, 2, 16), torch.randn(kv_len, 2, 16)
+    params = AttentionParams(sm_scale=0.3, causal=causal, window_left=window_left,
+                             return_lse=True, o_dtype=torch.float64)
+    out, lse = fa.KERNELS.kernels[(op, variant)](q, k, v, params)
+    want_out, want_lse = naive_batch(q, k, v, [qo_len], [kv_len], sm_scale=0.3,
+                                     causal=causal or qo_len == 1, window_left=window_left)
+    assert out.dtype == torch.float64 and rel_error(out, want_out) < TOLERANCE[torch.float32]
+    assert_lse_close(lse, want_lse, TOLERANCE[torch.float32])
+    assert calls[0]["cu_q"].tolist() == [0, qo_len] and calls[0]["cu_k"].tolist() == [0, kv_len]
+
+
+# --- decisions on simulated SMs -------------------------------------------------------------
+
+def ragged_problem(sm, dtype="bfloat16", features=("causal", "gqa", "lse"), head_dim=128,
+                   head_dim_vo=None, op="batch_prefill_ragged"):
+    shape = {"head_dim_qk": head_dim, "head_dim_vo": head_dim_vo or head_dim,
+             "num_qo_heads": 32, "num_kv_heads": 8}
+    if op.startswith("batch"):
+        shape.update(batch_size=4, max_qo_len=4096, max_kv_len=4096, total_qo_len=16384,
+                     page_size=0, q_len_per_req=0)
+    else:
+        shape.update(qo_len=1 if op == "single_decode" else 64, kv_len=1024)
+    return Problem.make(op, simulated(sm), dtypes={"q": dtype, "kv": dtype, "o": dtype},
+                        shape=shape, features=features, layout="NHD")
+
+
+def candidate(decision, name):
+    return next(c for c in decision.candidates if c.name == name)
+
+
+@pytest.fixture
+def fa3_package(monkeypatch):
+    """Pretend the full FA3 package imports (the check then applies no wheel limits)."""
+    real = fa.import_error
+    monkeypatch.setattr(fa, "import_error", lambda m: None if m in fa.FA3_MODULES else real(m))
+
+
+@pytest.fixture
+def fa3_wheel_only(monkeypatch):
+    """Pretend only the fa3_fwd wheel imports."""
+    real = fa.import_error
+    monkeypatch.setattr(fa, "import_error", lambda m: "import failed" if m == "flash_attn_interface"
+                        else None if m == "fa3_fwd_interface" else real(m))
+
+
+@pytest.mark.parametrize("sm", SMS)
+def test_ragged_records_per_sm(sm, fa3_package):
+    d = select(ragged_problem(sm), assume_installed=True)
+    fa3, fa2 = candidate(d, "flash_attn:fa3"), candidate(d, "flash_attn:fa2")
+    assert fa3.usable == (sm == "9.0")
+    assert fa2.usable == (sm is not None and sm != "7.5")
+    for cand in (fa3, fa2):
+        if not cand.usable:
+            assert {r.field for r in cand.reasons} == {"device" if sm is None else "sm"}
+    if sm in ("8.0", "8.6", "8.9", "9.0", "12.0"):
+        assert d.backend == "flash_attn"
+        assert d.variant == ("fa3" if sm == "9.0" else "fa2")
+
+
+def test_fa3_wheel_only_rejects_fp16_and_window(fa3_wheel_only):
+    d = select(ragged_problem("9.0", dtype="float16"), assume_installed=True)
+    assert [(r.field, r.actual) for r in candidate(d, "flash_attn:fa3").reasons] == [
+        ("dtype.q", "float16")]
+    assert candidate(d, "flash_attn:fa2").usable
+    d = select(ragged_problem("9.0", features=("causal", "window")), assume_installed=True)
+    assert [(r.field, r.actual) for r in candidate(d, "flash_attn:fa3").reasons] == [
+        ("feature", "window")]
+    assert candidate(select(ragged_problem("9.0"), assume_installed=True), "flash_attn:fa3").usable
+
+
+def test_fa3_package_takes_fp16_and_window(fa3_package):
+    for problem in (ragged_problem("9.0", dtype="float16"),
+                    ragged_problem("9.0", features=("causal", "window"))):
+        assert candidate(select(problem, assume_installed=True), "flash_attn:fa3").usable
+
+
+@pytest.mark.parametrize("variant", ["fa3", "fa2"])
+def test_window_needs_causal(variant, fa3_package):
+    d = select(ragged_problem("9.0", features=("window",)), assume_installed=True)
+    assert [(r.field, r.actual) for r in candidate(d, f"flash_attn:{variant}").reasons] == [
+        ("feature", "window")]
+    d = select(ragged_problem("9.0", op="single_decode", features=("window",)),
+               assume_installed=True)
+    assert candidate(d, f"flash_attn:{variant}").usable
+
+
+@pytest.mark.parametrize("dqk, dvo, fa3_ok", [(192, 128, True), (64, 128, True),
+                                               (128, 64, False), (256, 128, False)])
+def test_head_dim_differs(dqk, dvo, fa3_ok, fa3_package):
+    d = select(ragged_problem("9.0", features=("causal", "head_dim_differs"), head_dim=dqk,
+                              head_dim_vo=dvo), assume_installed=True)
+    assert candidate(d, "flash_attn:fa3").usable == fa3_ok
+    assert {r.field for r in candidate(d, "flash_attn:fa2").reasons} == {"feature"}
+
+
+@pytest.mark.parametrize("feature", ["fp8_kv", "sinks", "custom_mask"])
+def test_undeclared_features(feature, fa3_package):
+    d = select(ragged_problem("9.0", features=("causal", feature)), assume_installed=True)
+    for name in ("flash_attn:fa3", "flash_attn:fa2"):
+        assert {(r.field, r.actual) for r in candidate(d, name).reasons} == {("feature", feature)}
+
+
+def test_fa2_old_version_rejected(monkeypatch):
+    import sys
+    import types
+    monkeypatch.setattr(fa, "import_error", lambda m: None)
+    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(__version__="2.5.9"))
+    reasons = fa._fa2_reasons(ragged_problem("9.0"))
+    assert [(r.field, r.actual) for r in reasons] == [("version", "2.5.9")]
+    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(__version__="2.8.3"))
+    assert fa._fa2_reasons(ragged_problem("9.0")) == []
+
+
+def test_adapter_imports_no_vendor_module():
+    import sys
+    assert "flash_attn_interface" not in sys.modules or HAS_CUDA
+    assert "fa3_fwd_interface" not in sys.modules or HAS_CUDA
+
+
+# --- GPU: the real modules vs float32 torch -------------------------------------------------
+
+def _skip_unless_imports(variant):
+    if variant == "fa3":
+        if fa.fa3_module_name() is None:
+            pytest.skip("neither flash_attn_interface nor fa3_fwd_interface imports")
+        if torch.cuda.get_device_capability() != (9, 0):
+            pytest.skip("FA3 needs SM 9.0")
+    elif fa.import_error("flash_attn") is not None:
+        pytest.skip(f"flash_attn does not import: {fa.import_error('flash_attn')}")
+
+
+GPU_CASES = [
+    ([1, 17, 128, 300], [1, 40, 128, 513], {"causal": True}),
+    ([64, 33], [64, 200], {}),
+    ([129, 7], [300, 7], {"causal": True, "soft_cap": 30.0}),
+    ([200, 50], [100, 60], {"causal": True}),  # a request with more queries than keys
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["fa3", "fa2"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("qo_lens, kv_lens, kw", GPU_CASES)
+def test_gpu_ragged(variant, head_dim, qo_lens, kv_lens, kw):
+    _skip_unless_imports(variant)
+    plan = make_plan(qo_lens, kv_lens, num_qo_heads=8, num_kv_heads=2, head_dim_qk=head_dim,
+                     dtype=torch.bfloat16, device="cuda", **kw)
+    q, k, v = ragged_inputs(plan, hnd=True)
+    out, lse = run_planner(fa.KERNELS.kernels[("batch_prefill_ragged", variant)], plan, q, k, v,
+                           scales=RunScales(q_scale=1.25, v_scale=0.5))
+    want_out, want_lse = naive_batch(q.cpu().float(), k.cpu().float(), v.cpu().float(), qo_lens,
+                                     kv_lens, sm_scale=plan.sm_scale, causal=plan.causal,
+                                     soft_cap=plan.logits_soft_cap, q_scale=1.25, v_scale=0.5)
+    assert rel_error(out.cpu(), want_out) < TOLERANCE[torch.bfloat16]
+    assert_lse_close(lse.cpu(), want_lse.float(), TOLERANCE[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["fa3", "fa2"])
+def test_gpu_ragged_cuda_graph_replay(variant):
+    _skip_unless_imports(variant)
+    plan = make_plan([100, 3, 250], [300, 40, 250], num_qo_heads=8, num_kv_heads=2,
+                     head_dim_qk=128, dtype=torch.bfloat16, device="cuda", causal=True,
+                     cuda_graph=True)
+    runner = fa.KERNELS.kernels[("batch_prefill_ragged", variant)](plan)
+    q, k, v = ragged_inputs(plan, seed=5)
+    out = torch.empty(plan.total_qo, 8, 128, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(plan.total_qo, 8, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        runner(q, KVInput(k, v), out, lse, RunScales())  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        runner(q, KVInput(k, v), out, lse, RunScales())
+    for seed in (6, 7):
+        q2, k2, v2 = ragged_inputs(plan, seed=seed)
+        q.copy_(q2), k.copy_(k2), v.copy_(v2)
+        poison(out), poison(lse)
+        graph.replay()
+        eager_out, eager_lse = run_planner(fa.KERNELS.kernels[("batch_prefill_ragged", variant)],
+                                           plan, q2, k2, v2)
+        assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
+        want, _ = naive_batch(q2.cpu().float(), k2.cpu().float(), v2.cpu().float(),
+                              [100, 3, 250], [300, 40, 250], sm_scale=plan.sm_scale, causal=True)
+        assert rel_error(out.cpu(), want) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["fa3", "fa2"])
+@pytest.mark.parametrize("op, qo_len", [("single_prefill", 77), ("single_decode", 1)])
+def test_gpu_single(variant, op, qo_len):
+    _skip_unless_imports(variant)
+    torch.manual_seed(8)
+    kv_len = 333
+    q = torch.randn(qo_len, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(kv_len, 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(kv_len, 2, 128, device="cuda", dtype=torch.bfloat16)
+    params = AttentionParams(sm_scale=128 ** -0.5, causal=op == "single_prefill",
+                             return_lse=True, o_dtype=torch.bfloat16)
+    out, lse = fa.KERNELS.kernels[(op, variant)](q, k, v, params)
+    want_out, want_lse = naive_batch(q.cpu().float(), k.cpu().float(), v.cpu().float(), [qo_len],
+                                     [kv_len], sm_scale=params.sm_scale, causal=True)
+    assert rel_error(out.cpu(), want_out) < TOLERANCE[torch.bfloat16]
+    assert_lse_close(lse.cpu(), want_lse.float(), TOLERANCE[torch.bfloat16])
