@@ -352,9 +352,9 @@ def cudnn_candidate(problem):
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_records_are_unverified_and_declare_what_is_implemented(op):
+def test_records_are_verified_on_sm90_and_declare_what_is_implemented(op):
     (rec,) = database().for_backend_op("cudnn", op)
-    assert not rec.verified and rec.requires == ("cudnn",)
+    assert rec.verified and rec.verified_on == ((9, 0),) and rec.requires == ("cudnn",)
     assert {"soft_cap", "sinks", "custom_mask", "fp8_kv", "o_dtype_differs"}.isdisjoint(rec.features)
     assert {"causal", "gqa", "lse", "window", "cuda_graph"} <= rec.features
     assert set(rec.layouts) == {"NHD", "HND"}
