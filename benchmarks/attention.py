@@ -139,6 +139,13 @@ def main() -> None:
     cases += [("decode", b, kv, torch.float8_e4m3fn) for b, kv in ([] if args.quick else DECODE_FP8)]
     cases += [(kind, r, t, torch.bfloat16) for kind in ("paged", "ragged") for r, t in prefill]
     results = []
+    doc = {"command": "python " + " ".join(sys.argv), "impl": args.impl,
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "flashinfer": getattr(flashinfer, "__version__", "?"),
+           "shapes": {"num_qo_heads": HQ, "num_kv_heads": HKV, "head_dim": D, "page_size": PAGE},
+           "timing": "eager back-to-back run() between CUDA events, median; plan() host time median of 10",
+           "results": results}
     for kind, a, b, kv_dtype in cases:
         name = (f"decode B={a} kv={b} {str(kv_dtype)[6:]}" if kind == "decode"
                 else f"{kind} causal {a}x{b}")
@@ -159,15 +166,8 @@ def main() -> None:
                   if "ms" in entry else entry["error"]), flush=True)
             torch.cuda.empty_cache()
         results.append(point)
-    doc = {"command": "python " + " ".join(sys.argv), "impl": args.impl,
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "flashinfer": getattr(flashinfer, "__version__", "?"),
-           "shapes": {"num_qo_heads": HQ, "num_kv_heads": HKV, "head_dim": D, "page_size": PAGE},
-           "timing": "eager back-to-back run() between CUDA events, median; plan() host time median of 10",
-           "results": results}
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
+        with open(args.out, "w") as f:  # after every case: a run cut short keeps what it measured
+            json.dump(doc, f, indent=1)
 
 
 if __name__ == "__main__":
