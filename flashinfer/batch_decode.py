@@ -13,10 +13,12 @@ import warnings
 
 import torch
 
+from .api_logging import flashinfer_api
+
 from .batch_attention_params import BatchPlan, KVInput
 from .batch_plan import (
     KV_DTYPES, Q_DTYPES, BatchWrapperBase, canonical_dtype, check_fixed_buffer, check_indptr,
-    index_array, paged_kv_lens, positive_int, set_plan_attributes, to_device,
+    index_array, page_indices, paged_kv_lens, positive_int, set_plan_attributes, to_device,
 )
 from .page import unpack_paged_kv_cache
 
@@ -62,6 +64,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
     def use_tensor_cores(self) -> bool:
         return self._use_tensor_cores
 
+    @flashinfer_api
     def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
              num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
              *deprecated_positional_args, pos_encoding_mode: str = "NONE", window_left: int = -1,
@@ -118,13 +121,9 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
             raise ValueError("last_page_len must hold at least one request")
         indptr_h = index_array("indptr", indptr)
         check_indptr("indptr", indptr_h, batch)
-        indices_h = index_array("indices", indices)
         n_pages = int(indptr_h[-1])
-        if indices_h.shape[0] < n_pages:
-            raise ValueError(f"indices must hold indptr[-1]={n_pages} page ids, got {indices_h.shape[0]}")
-        indices_h = indices_h[:n_pages]
-        if n_pages and int(indices_h.min()) < 0:
-            raise ValueError("indices must be >= 0 (page ids into the cache)")
+        indices_d, max_page = page_indices("indices", index_array("indices", indices, host=False),
+                                           n_pages)
         kv_lens_h = paged_kv_lens(indptr_h, last_h, page_size)
         if q_len_per_req > 1 and bool((kv_lens_h < q_len_per_req).any()):
             raise ValueError(f"q_len_per_req={q_len_per_req} needs every kv length >= q_len_per_req, "
@@ -146,7 +145,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
             qo_indptr=to_device(qo_h, dev, non_blocking, buf("_qo_indptr_buf"), "qo_indptr"),
             kv_indptr=to_device(indptr_h, dev, non_blocking, buf("_paged_kv_indptr_buf"),
                                 "paged_kv_indptr_buffer"),
-            kv_indices=to_device(indices_h, dev, non_blocking, buf("_paged_kv_indices_buf"),
+            kv_indices=to_device(indices_d, dev, non_blocking, buf("_paged_kv_indices_buf"),
                                  "paged_kv_indices_buffer"),
             kv_lens=to_device(kv_lens_h, dev, non_blocking, buf("_kv_lens_buf"), "kv_lens"),
             kv_last_page_len=to_device(last_h, dev, non_blocking,
@@ -155,13 +154,14 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
             total_qo=batch * q_len_per_req, max_qo_len=q_len_per_req,
             max_kv_len=int(kv_lens_h.max()), cuda_graph=graph,
             workspace=self._float_workspace_buffer)
-        self._finish_plan(plan, int(indices_h.max()) if n_pages else -1)
+        self._finish_plan(plan, max_page)
         set_plan_attributes(self, plan, window_left, replay)
         self._pos_encoding_mode = "NONE"
         self._rope_scale = 1.0 if rope_scale is None else rope_scale
         self._rope_theta = 1e4 if rope_theta is None else rope_theta
         self._plan_info = (batch, n_pages)
 
+    @flashinfer_api
     def run(self, q: torch.Tensor, paged_kv_cache, *args, q_scale=None, k_scale=None,
             v_scale=None, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
             return_lse: bool = False, enable_pdl=None, window_left: int | None = None,

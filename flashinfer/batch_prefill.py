@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import torch
 
+from .api_logging import flashinfer_api
+
 from .batch_attention_params import BatchPlan, KVInput
 from .batch_decode import paged_kv_pages
 from .batch_plan import (
     KV_DTYPES, Q_DTYPES, BatchWrapperBase, canonical_dtype, check_fixed_buffer, check_indptr,
-    index_array, paged_kv_lens, positive_int, set_plan_attributes, to_device, unpack_segments,
+    index_array, page_indices, paged_kv_lens, positive_int, set_plan_attributes, to_device, unpack_segments,
 )
 
 __all__ = ["BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper"]
@@ -65,16 +67,9 @@ class _PrefillBase(BatchWrapperBase):
         if paged:
             last_h = index_array("paged_kv_last_page_len", last_page_len, batch)
             page_size = positive_int("page_size", page_size)
-            indices_h = index_array("paged_kv_indices", indices)
-            n_pages = int(kv_h[-1])
-            if indices_h.shape[0] < n_pages:
-                raise ValueError(f"paged_kv_indices must hold paged_kv_indptr[-1]={n_pages} page ids, "
-                                 f"got {indices_h.shape[0]}")
-            indices_h = indices_h[:n_pages]
-            if n_pages:
-                if int(indices_h.min()) < 0:
-                    raise ValueError("paged_kv_indices must be >= 0 (page ids into the cache)")
-                max_page = int(indices_h.max())
+            indices_h, max_page = page_indices(
+                "paged_kv_indices", index_array("paged_kv_indices", indices, host=False), int(kv_h[-1]),
+                "paged_kv_indptr")
             kv_lens_h = paged_kv_lens(kv_h, last_h, page_size)
         else:
             page_size = 0
@@ -185,6 +180,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             check_fixed_buffer("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf, self.device,
                                self._fixed_batch_size)
 
+    @flashinfer_api
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
              num_qo_heads, num_kv_heads, head_dim_qk, page_size, head_dim_vo=None,
              custom_mask=None, packed_custom_mask=None, causal=False, pos_encoding_mode="NONE",
@@ -208,6 +204,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                              max_item_len_ptr=max_item_len_ptr),
             replay=((), kwargs))
 
+    @flashinfer_api
     def run(self, q: torch.Tensor, paged_kv_cache, *args, q_scale=None, k_scale=None,
             v_scale=None, out=None, lse=None, return_lse: bool = False, enable_pdl=None,
             window_left: int | None = None, sinks=None, kv_cache_sf=None,
@@ -239,6 +236,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         self._init_graph(qo_indptr_buf, ("kv_indptr_buf", kv_indptr_buf), custom_mask_buf,
                          mask_indptr_buf)
 
+    @flashinfer_api
     def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk,
              head_dim_vo=None, custom_mask=None, packed_custom_mask=None, causal=False,
              pos_encoding_mode="NONE", use_fp16_qk_reduction=False, window_left=-1,
@@ -262,6 +260,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                              max_item_len_ptr=max_item_len_ptr),
             replay=((), kwargs))
 
+    @flashinfer_api
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args, q_scale=None,
             k_scale=None, v_scale=None, o_scale=None, out=None, lse=None, return_lse: bool = False,
             enable_pdl=None, kv_cache_sf=None, window_left: int | None = None, sinks=None):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .api_logging import flashinfer_api
+
 from .prefill import check_kv_layout
 
 __all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens",
@@ -49,12 +51,14 @@ def unpack_paged_kv_cache(paged_kv_cache, kv_layout: str = "NHD") -> tuple[torch
                     f"got {type(paged_kv_cache).__name__}")
 
 
+@flashinfer_api
 def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
     """kv length per request: ``clamp(pages - 1, 0) * page_size + last_page_len`` (int32)."""
     pages = kv_indptr[1:] - kv_indptr[:-1]
     return ((pages - 1).clamp_min(0) * page_size + kv_last_page_len).to(torch.int32)
 
 
+@flashinfer_api
 def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Tensor, nnz: int,
                                 batch_indices: torch.Tensor | None = None,
                                 positions: torch.Tensor | None = None
@@ -79,6 +83,7 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
     return batch_indices, positions
 
 
+@flashinfer_api
 def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
                           batch_indices: torch.Tensor, positions: torch.Tensor, paged_kv_cache,
                           kv_indices: torch.Tensor, kv_indptr: torch.Tensor,

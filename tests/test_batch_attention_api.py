@@ -223,3 +223,22 @@ def test_reference_rejects_cuda_graph_problems():
                "page_size": 16, "q_len_per_req": 1}, features=["cuda_graph"], layout="NHD")
     ref = [c for c in dispatch.select(problem, assume_installed=True).candidates if c.backend == "reference"]
     assert ref and any(r.field == "feature" and r.actual == "cuda_graph" for r in ref[0].reasons)
+
+
+def test_loglevel_1_logs_batch_calls_and_their_decisions():
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, flashinfer\n"
+        "cache = torch.randn(8, 2, 16, 2, 64, dtype=torch.float16)\n"
+        "w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))\n"
+        "w.plan(torch.tensor([0, 3, 5], dtype=torch.int32), torch.arange(5, dtype=torch.int32),\n"
+        "       torch.tensor([4, 16], dtype=torch.int32), 2, 2, 64, 16, q_data_type=torch.float16)\n"
+        "w.run(torch.randn(2, 2, 64, dtype=torch.float16), cache)\n")
+    env = {**__import__("os").environ, "FLASHINFER_LOGLEVEL": "1", "FLASHINFER_LOGDEST": "stdout"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                         timeout=120, check=True).stdout
+    assert "API call: BatchDecodeWithPagedKVCacheWrapper.plan" in out
+    assert "API call: BatchDecodeWithPagedKVCacheWrapper.run" in out
+    assert "problem: batch_decode on cpu" in out and "chosen:  reference" in out

@@ -125,7 +125,6 @@ class _Buffers:
         self.spec = spec
         self.flats: dict[torch.dtype, torch.Tensor] = {}
         self.tensors: dict[str, torch.Tensor] = {}
-        self.pinned: list[torch.Tensor] = []
         for dtype, (flat, layout) in pack(meta.device_tensors()).items():
             self.flats[dtype] = dev = torch.empty_like(flat, device=device)
             self.tensors.update(unpack(dev, layout))
@@ -141,13 +140,36 @@ class _Buffers:
                                   dtype=getattr(torch, spec.dtype), device=device) if pad else None)
 
     def refill(self, meta) -> None:
-        """Copy a new plan's host metadata into these buffers in place (non-blocking)."""
-        pinned = []
+        """Copy a new plan's host metadata into these buffers in place (non-blocking), through
+        a pinned staging buffer reused across plans (pinning fresh memory costs a
+        cudaHostAlloc, most of a plan's host time)."""
         for dtype, (flat, _) in pack(meta.device_tensors()).items():
-            src = flat.pin_memory() if torch.cuda.is_available() else flat
-            self.flats[dtype].copy_(src, non_blocking=True)
-            pinned.append(src)
-        self.pinned = pinned  # alive until the next refill, after these copies ran
+            dst = self.flats[dtype]
+            if dst.is_cuda:
+                dst.copy_(_staged(dst.device, flat), non_blocking=True)
+                _STAGING[(dst.device, flat.dtype)][1].record()
+            else:
+                dst.copy_(flat)
+
+
+#: (device, dtype) -> (pinned host buffer, event recorded after its last copy was queued)
+_STAGING: dict[tuple, tuple[torch.Tensor, torch.cuda.Event]] = {}
+
+
+def _staged(device: torch.device, flat: torch.Tensor) -> torch.Tensor:
+    """``flat`` copied into the reusable pinned buffer for (device, dtype); waits (rarely) for
+    the previous copy out of that buffer to finish before overwriting it."""
+    key = (device, flat.dtype)
+    entry = _STAGING.get(key)
+    if entry is None or entry[0].numel() < flat.numel():
+        size = max(flat.numel(), 2 * entry[0].numel() if entry else 4096)
+        entry = _STAGING[key] = (torch.empty(size, dtype=flat.dtype, pin_memory=True),
+                                 torch.cuda.Event())
+    else:
+        entry[1].synchronize()
+    staging = entry[0][:flat.numel()]
+    staging.copy_(flat)
+    return staging
 
 
 class BatchRunner:

@@ -120,21 +120,17 @@ def kv_key(k: torch.Tensor, v: torch.Tensor) -> tuple:
     return (tuple(k.shape), tuple(k.stride()), tuple(v.shape), tuple(v.stride()))
 
 
-def page_counts(kv_indptr: torch.Tensor) -> torch.Tensor:
-    return kv_indptr[1:] - kv_indptr[:-1]
-
-
 def make_spec(plan, *, device_index: int, scale: float, min_kv: int = 1) -> BatchSpec:
     """The bucketed graph key of a :class:`~flashinfer.batch_attention_params.BatchPlan`;
     ``min_kv`` raises the pages (rows) per request the graph is declared for."""
     b = plan.batch_size
     ragged_q = plan.op != DECODE or plan.q_len_per_req > 1
-    qo_lens = plan.qo_indptr_host[1:] - plan.qo_indptr_host[:-1]
-    max_qo = int(qo_lens.max()) if b else 1
+    qo = plan.qo_indptr_host.numpy()  # numpy: cheaper than torch ops on tiny host arrays
+    max_qo = int(np.diff(qo).max()) if b else 1
     if plan.op == RAGGED:
-        kv_need = int(plan.kv_lens_host.max()) if b else 1
+        kv_need = int(plan.kv_lens_host.numpy().max()) if b else 1
     else:
-        kv_need = int(page_counts(plan.kv_indptr_host).max()) if b else 1
+        kv_need = int(np.diff(plan.kv_indptr_host.numpy()).max()) if b else 1
     single_row = not ragged_q
     window = plan.window_left >= 0
     return BatchSpec(

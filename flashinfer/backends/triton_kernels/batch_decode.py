@@ -23,6 +23,7 @@ Semantics beyond the contract: with ``q_len_per_req > 1`` the mask is causal ins
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -70,8 +71,13 @@ class LaunchConfig:
 
 def sm_count(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _cuda_sm_count(torch.cuda.current_device() if device.index is None else device.index)
     return DEFAULT_SM_COUNT
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def launch_config(plan: BatchPlan, num_splits: int | None = None) -> LaunchConfig:
