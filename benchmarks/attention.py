@@ -29,7 +29,7 @@ DECODE_GRID = [(b, kv) for b in (1, 16, 64, 256) for kv in (512, 4096, 16384)]
 DECODE_FP8 = [(16, 4096), (64, 4096)]
 PREFILL_GRID = [(1, 16384), (4, 4096), (32, 1024)]  # (requests, tokens each), causal, q = kv
 
-OURS = {"decode": ["auto", "cudnn", "triton"], "paged": ["auto", "cudnn"],
+OURS = {"decode": ["auto", "cudnn", "triton"], "paged": ["auto", "fa3", "cudnn"],
         "ragged": ["auto", "fa3", "cudnn", "torch:flash_varlen"]}
 UPSTREAM = {"decode": ["auto"], "paged": ["fa2", "fa3"], "ragged": ["fa2", "fa3"]}
 

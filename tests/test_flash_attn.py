@@ -8,6 +8,7 @@ output must then match a naive float64 computation of the batch contract written
 run the real modules against a float32 computation.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -34,7 +35,7 @@ def emulated_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, causal, window,
     assert cu_q.device == q.device and cu_k.device == q.device
     assert isinstance(max_q, int) and isinstance(max_k, int)
     if calls is not None:
-        calls.append({"cu_q": cu_q, "cu_k": cu_k, "max_q": max_q, "max_k": max_k,
+        calls.append({"cu_q": cu_q, "cu_k": cu_k, "max_q": max_q, "max_k": max_k, "k": k, "v": v,
                       "scale": scale, "causal": causal, "window": window, "softcap": softcap})
     left, right = window
     if causal:
@@ -246,6 +247,140 @@ def test_single_kernels(variant, op, qo_len, causal, window_left, calls):
     assert calls[0]["cu_q"].tolist() == [0, qo_len] and calls[0]["cu_k"].tolist() == [0, kv_len]
 
 
+# --- paged prefill: gather then varlen ------------------------------------------------------
+
+def make_paged(qo_lens, kv_lens, *, page_size, layout="NHD", spare_pages=3, split5d=False,
+               dtype=torch.float32, device="cpu", seed=0, **kw):
+    """``(plan, q, k_cache, v_cache, k, v)``: a paged-prefill plan whose requests own shuffled
+    pages of a cache with spare pages, and the same K/V as contiguous rows for the naive check.
+    ``split5d``: the caches are the two halves of one 5-D cache (non-contiguous views)."""
+    ragged = make_plan(qo_lens, kv_lens, dtype=dtype, device=device, **kw)
+    pages_per = [-(-n // page_size) for n in kv_lens]
+    num_pages = sum(pages_per) + spare_pages
+    # the page table depends on the lengths only (a CUDA-graph replay keeps it, fresh data)
+    order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(len(kv_lens)))
+    order = order[:sum(pages_per)].to(torch.int32)
+    torch.manual_seed(seed)
+    kv_indptr = torch.tensor([0] + pages_per).cumsum(0).to(torch.int32)
+    last = torch.tensor([n - (p - 1) * page_size if p else 0 for n, p in zip(kv_lens, pages_per)],
+                        dtype=torch.int32)
+    plan = dataclasses.replace(
+        ragged, op="batch_prefill_paged", page_size=page_size, kv_layout=layout,
+        kv_indptr_host=kv_indptr, kv_indptr=kv_indptr.to(device), kv_indices=order.to(device),
+        kv_last_page_len_host=last, kv_last_page_len=last.to(device))
+    h, dqk, dvo = plan.num_kv_heads, plan.head_dim_qk, plan.head_dim_vo
+    q = torch.randn(plan.total_qo, plan.num_qo_heads, dqk).to(dtype).to(device)
+    both = torch.randn(num_pages, 2, page_size, h, max(dqk, dvo)).to(dtype).to(device)
+    if layout == "HND":
+        both = both.transpose(2, 3)
+    if not split5d:
+        both = both.contiguous()
+    k_cache, v_cache = both[:, 0, ..., :dqk], both[:, 1, ..., :dvo]
+    if not split5d:
+        k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
+    k, v = [], []
+    for b, n in enumerate(kv_lens):
+        for t in range(n):
+            page = int(order[int(kv_indptr[b]) + t // page_size])
+            for cache, rows in ((k_cache, k), (v_cache, v)):
+                rows.append(cache[page, t % page_size] if layout == "NHD" else cache[page, :, t % page_size])
+    empty = torch.empty(0, h, dqk, dtype=dtype, device=device)
+    k = torch.stack(k) if k else empty
+    v = torch.stack(v) if v else empty[..., :dvo]
+    return plan, q, k_cache, v_cache, k, v
+
+
+def run_paged(variant, plan, q, k_cache, v_cache, *, lse=True, scales=RunScales()):
+    planner = fa.KERNELS.kernels[("batch_prefill_paged", variant)]
+    out = poison(torch.empty(plan.total_qo, plan.num_qo_heads, plan.head_dim_vo,
+                             dtype=plan.o_dtype, device=plan.device))
+    lse_buf = poison(torch.empty(plan.total_qo, plan.num_qo_heads, device=plan.device)) if lse else None
+    planner(plan)(q, KVInput(k_cache, v_cache), out, lse_buf, scales)
+    return out, lse_buf
+
+
+PAGED_CASES = [
+    ([5, 1, 7], [5, 9, 18], {}),
+    ([4, 6, 3], [4, 17, 2], {"causal": True}),
+    ([6, 2], [6, 33], {"causal": True, "soft_cap": 2.5}),
+    ([2, 3, 4], [0, 5, 16], {"causal": True}),  # a request with no pages
+    ([3, 4], [7, 4], {"num_qo_heads": 6, "num_kv_heads": 1}),
+]
+
+
+def test_paged_gather_index():
+    plan, *_ = make_paged([1, 2, 3], [3, 0, 21], page_size=4)
+    page_ids, slots, cu_k = fa.paged_gather_index(plan)
+    idx, ind = plan.kv_indices.tolist(), plan.kv_indptr_host.tolist()
+    want = [(idx[ind[b] + t // 4], t % 4) for b, n in enumerate([3, 0, 21]) for t in range(n)]
+    assert list(zip(page_ids.tolist(), slots.tolist())) == want
+    assert page_ids.dtype == slots.dtype == torch.int64
+    assert cu_k.dtype == torch.int32 and cu_k.tolist() == [0, 3, 3, 24]
+
+
+@pytest.mark.parametrize("variant", ["fa3", "fa2"])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("layout, split5d", [("NHD", False), ("HND", False), ("NHD", True),
+                                             ("HND", True)])
+@pytest.mark.parametrize("qo_lens, kv_lens, kw", PAGED_CASES)
+def test_paged_planner_plumbing(variant, page_size, layout, split5d, qo_lens, kv_lens, kw, calls):
+    plan, q, k_cache, v_cache, k, v = make_paged(qo_lens, kv_lens, page_size=page_size,
+                                                 layout=layout, split5d=split5d, **kw)
+    out, lse = run_paged(variant, plan, q, k_cache, v_cache)
+    want_out, want_lse = naive_batch(q, k, v, qo_lens, kv_lens, sm_scale=plan.sm_scale,
+                                     causal=plan.causal, soft_cap=plan.logits_soft_cap)
+    assert rel_error(out, want_out) < TOLERANCE[torch.float32]
+    assert_lse_close(lse, want_lse, TOLERANCE[torch.float32])
+    (call,) = calls
+    assert call["cu_q"] is plan.qo_indptr
+    assert call["cu_k"].dtype == torch.int32
+    assert call["cu_k"].tolist() == [0] + torch.tensor(kv_lens).cumsum(0).tolist()
+    assert (call["max_q"], call["max_k"]) == (plan.max_qo_len, plan.max_kv_len)
+    assert torch.equal(call["k"], k) and torch.equal(call["v"], v)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_paged_unflattenable_strides(layout, calls):
+    """A page stride that is no multiple of the slot stride takes the advanced-indexing path."""
+    plan, q, k_cache, v_cache, k, v = make_paged([3, 5], [9, 14], page_size=4, layout=layout,
+                                                 causal=True)
+    def skew(cache):
+        size = cache.shape
+        stride = (cache[0].numel() + 3,) + cache.stride()[1:]
+        out = torch.full((size[0] * stride[0],), float("nan")).as_strided(size, stride)
+        return out.copy_(cache)
+    out, lse = run_paged("fa3", plan, q, skew(k_cache), skew(v_cache))
+    want_out, want_lse = naive_batch(q, k, v, [3, 5], [9, 14], sm_scale=plan.sm_scale, causal=True)
+    assert rel_error(out, want_out) < TOLERANCE[torch.float32]
+    assert_lse_close(lse, want_lse, TOLERANCE[torch.float32])
+    assert torch.equal(calls[0]["k"], k)
+
+
+@pytest.mark.parametrize("variant", ["fa3", "fa2"])
+def test_paged_scales_dtype_and_repeat_runs(variant, calls):
+    plan, q, k_cache, v_cache, k, v = make_paged([4, 3], [6, 19], page_size=8, causal=True,
+                                                 o_dtype=torch.float64, seed=1)
+    scales = RunScales(q_scale=0.5, k_scale=1.5, v_scale=0.25)
+    runner = fa.KERNELS.kernels[("batch_prefill_paged", variant)](plan)
+    want_out, want_lse = naive_batch(q, k, v, [4, 3], [6, 19], sm_scale=plan.sm_scale,
+                                     causal=True, q_scale=0.5, k_scale=1.5, v_scale=0.25)
+    for _ in range(2):  # the second run reuses the plan's buffers and row index
+        out = poison(torch.empty(7, plan.num_qo_heads, plan.head_dim_vo, dtype=torch.float64))
+        lse = poison(torch.empty(7, plan.num_qo_heads))
+        runner(q, KVInput(k_cache, v_cache), out, lse, scales)
+        assert rel_error(out, want_out) < TOLERANCE[torch.float32]
+        assert_lse_close(lse, want_lse, TOLERANCE[torch.float32])
+    assert calls[0]["k"] is calls[1]["k"]  # the preallocated gather buffer
+    assert calls[0]["scale"] == pytest.approx(plan.sm_scale * 0.75)
+
+
+def test_paged_all_empty(calls):
+    plan, q, k_cache, v_cache, _, _ = make_paged([2, 1], [0, 0], page_size=4)
+    out, lse = run_paged("fa3", plan, q, k_cache, v_cache)
+    assert torch.equal(out, torch.zeros_like(out)) and bool(torch.isneginf(lse).all())
+    assert calls == []
+
+
 # --- decisions on simulated SMs -------------------------------------------------------------
 
 def ragged_problem(sm, dtype="bfloat16", features=("causal", "gqa", "lse"), head_dim=128,
@@ -335,6 +470,49 @@ def test_undeclared_features(feature, fa3_package):
     d = select(ragged_problem("9.0", features=("causal", feature)), assume_installed=True)
     for name in ("flash_attn:fa3", "flash_attn:fa2"):
         assert {(r.field, r.actual) for r in candidate(d, name).reasons} == {("feature", feature)}
+
+
+def paged_problem(sm, *, page_size=16, layout="NHD", dtype="bfloat16",
+                  features=("causal", "gqa", "lse")):
+    shape = {"head_dim_qk": 128, "head_dim_vo": 128, "num_qo_heads": 32, "num_kv_heads": 8,
+             "batch_size": 4, "max_qo_len": 4096, "max_kv_len": 4096, "total_qo_len": 16384,
+             "page_size": page_size, "q_len_per_req": 0}
+    return Problem.make("batch_prefill_paged", simulated(sm), dtypes={"q": dtype, "kv": dtype,
+                        "o": dtype}, shape=shape, features=features, layout=layout)
+
+
+@pytest.mark.parametrize("sm", SMS)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_paged_records_per_sm(sm, layout, fa3_package):
+    d = select(paged_problem(sm, layout=layout), assume_installed=True)
+    fa3, fa2 = candidate(d, "flash_attn:fa3"), candidate(d, "flash_attn:fa2")
+    assert fa3.usable == (sm == "9.0")
+    assert fa2.usable == (sm is not None and sm != "7.5")
+    for cand in (fa3, fa2):
+        if not cand.usable:
+            assert {r.field for r in cand.reasons} == {"device" if sm is None else "sm"}
+
+
+@pytest.mark.parametrize("page_size, ok", [(1, True), (16, True), (64, True), (128, False)])
+def test_paged_page_sizes(page_size, ok, fa3_package):
+    d = select(paged_problem("9.0", page_size=page_size), assume_installed=True)
+    for name in ("flash_attn:fa3", "flash_attn:fa2"):
+        cand = candidate(d, name)
+        assert cand.usable == ok
+        if not ok:
+            assert {r.field for r in cand.reasons} == {"page_size"}
+
+
+def test_paged_features_and_wheel(fa3_wheel_only):
+    d = select(paged_problem("9.0", features=("causal", "soft_cap", "lse")), assume_installed=True)
+    assert candidate(d, "flash_attn:fa3").usable
+    d = select(paged_problem("9.0", dtype="float16"), assume_installed=True)
+    assert [(r.field, r.actual) for r in candidate(d, "flash_attn:fa3").reasons] == [
+        ("dtype.q", "float16")]
+    for feature in ("window", "fp8_kv", "sinks", "custom_mask"):
+        d = select(paged_problem("9.0", features=("causal", feature)), assume_installed=True)
+        assert ("feature", feature) in {(r.field, r.actual)
+                                        for r in candidate(d, "flash_attn:fa3").reasons}
 
 
 def test_fa2_old_version_rejected(monkeypatch):
@@ -441,3 +619,50 @@ def test_gpu_single(variant, op, qo_len):
                                      [kv_len], sm_scale=params.sm_scale, causal=True)
     assert rel_error(out.cpu(), want_out) < TOLERANCE[torch.bfloat16]
     assert_lse_close(lse.cpu(), want_lse.float(), TOLERANCE[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["fa3", "fa2"])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("layout, split5d", [("NHD", False), ("HND", False), ("NHD", True)])
+def test_gpu_paged(variant, page_size, layout, split5d):
+    _skip_unless_imports(variant)
+    qo_lens, kv_lens = [1, 17, 128, 300], [1, 40, 0, 513]
+    plan, q, k_cache, v_cache, k, v = make_paged(
+        qo_lens, kv_lens, page_size=page_size, layout=layout, split5d=split5d, num_qo_heads=8,
+        num_kv_heads=2, head_dim_qk=128, dtype=torch.bfloat16, device="cuda", causal=True)
+    out, lse = run_paged(variant, plan, q, k_cache, v_cache, scales=RunScales(q_scale=1.25))
+    want_out, want_lse = naive_batch(q.cpu().float(), k.cpu().float(), v.cpu().float(), qo_lens,
+                                     kv_lens, sm_scale=plan.sm_scale, causal=True, q_scale=1.25)
+    assert rel_error(out.cpu(), want_out) < TOLERANCE[torch.bfloat16]
+    assert_lse_close(lse.cpu(), want_lse.float(), TOLERANCE[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["fa3", "fa2"])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_gpu_paged_cuda_graph_replay(variant, layout):
+    _skip_unless_imports(variant)
+    qo_lens, kv_lens = [100, 3, 250], [300, 40, 250]
+    kw = dict(page_size=16, layout=layout, num_qo_heads=8, num_kv_heads=2, head_dim_qk=128,
+              dtype=torch.bfloat16, device="cuda", causal=True, cuda_graph=True)
+    plan, q, k_cache, v_cache, _, _ = make_paged(qo_lens, kv_lens, **kw)
+    runner = fa.KERNELS.kernels[("batch_prefill_paged", variant)](plan)
+    out = torch.empty(plan.total_qo, 8, 128, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(plan.total_qo, 8, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        runner(q, KVInput(k_cache, v_cache), out, lse, RunScales())  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        runner(q, KVInput(k_cache, v_cache), out, lse, RunScales())
+    for seed in (6, 7):  # same page table, fresh contents
+        _, q2, kc2, vc2, k2, v2 = make_paged(qo_lens, kv_lens, seed=seed, **kw)
+        q.copy_(q2), k_cache.copy_(kc2), v_cache.copy_(vc2)
+        poison(out), poison(lse)
+        graph.replay()
+        want, _ = naive_batch(q2.cpu().float(), k2.cpu().float(), v2.cpu().float(), qo_lens,
+                              kv_lens, sm_scale=plan.sm_scale, causal=True)
+        assert rel_error(out.cpu(), want) < TOLERANCE[torch.bfloat16]

@@ -1,8 +1,11 @@
 """flash_attn adapter: FlashAttention-3 and FlashAttention-2 forward, varlen entry points.
 
 Two variants (capability_db/flash_attn.toml), each serving ``single_prefill``,
-``single_decode`` (one sequence, ``cu_seqlens = [0, len]``) and ``batch_prefill_ragged`` (the
-whole batch in one launch, ``cu_seqlens`` = the plan's device ``qo_indptr`` / ``kv_indptr``):
+``single_decode`` (one sequence, ``cu_seqlens = [0, len]``), ``batch_prefill_ragged`` (the
+whole batch in one launch, ``cu_seqlens`` = the plan's device ``qo_indptr`` / ``kv_indptr``) and
+``batch_prefill_paged`` (each run gathers the requests' pages into plan-allocated contiguous K/V,
+one ``index_select`` per tensor, then the ragged launch; the (page, slot) of every token is
+built in plan() on the device):
 
 * ``fa3`` — ``flash_attn_varlen_func`` of the FA3 module ``flash_attn_interface`` or, when only
   that is installed, of the ``fa3_fwd`` wheel's ``fa3_fwd_interface`` (same API). SM 9.0.
@@ -11,7 +14,7 @@ whole batch in one launch, ``cu_seqlens`` = the plan's device ``qo_indptr`` / ``
   kernels cover head dims 64/96/128/192/256 (a head dim in between is padded up) and the unequal
   pairs Q/K in (128, 192] with V in (96, 128], or Q/K <= 64 with V <= 512; fp8 needs q, k and v
   all in e4m3, which the batch ops (fp8 KV, 16-bit q) do not give, so fp8 is not declared.
-  No paged KV (the wheel drops it) and no sinks.
+  No native paged KV (the wheel drops it; paged prefill gathers) and no sinks.
 * ``fa2`` — ``flash_attn.flash_attn_varlen_func`` of the FA2 package (>= 2.6: softcap and the
   ``[H, total_q]`` lse layout). SM 8.0 and later, fp16/bf16, equal head dims <= 256.
 
@@ -162,30 +165,112 @@ def _single(variant: str):
     return kernel
 
 
+def _varlen_runner(variant: str, plan: BatchPlan, cu_k: torch.Tensor, max_k: int):
+    """``run(q, k, v, out, lse, scales)``: one varlen launch, ``cu_seqlens_q = plan.qo_indptr``,
+    outputs stored per the contract. Nothing host-synchronising, nothing data-sized allocated."""
+    causal = plan.causal
+    cu_q, max_q = plan.qo_indptr, plan.max_qo_len
+    window = _window(plan.window_left, max_k, causal)
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+            lse: torch.Tensor | None, scales: RunScales) -> None:
+        if q.shape[0] == 0:
+            return
+        if max_k == 0:
+            fill_empty(out, lse)
+            return
+        result, lse_nat = _vendor(variant)(
+            aligned(q), aligned(k), aligned(v), cu_q, cu_k, max_q, max_k,
+            scale=plan.sm_scale * scales.q_scale * scales.k_scale, causal=causal,
+            window=window, softcap=plan.logits_soft_cap)
+        store_outputs(out, lse, result, lse_nat, scales.v_scale)
+
+    return run
+
+
 def _ragged_planner(variant: str):
     def plan_ragged(plan: BatchPlan):
         """One varlen launch per run(); cu_seqlens are the plan's device buffers."""
-        causal = plan.causal
-        cu_q, cu_k = plan.qo_indptr, plan.kv_indptr
-        max_q, max_k = plan.max_qo_len, plan.max_kv_len
-        window = _window(plan.window_left, max_k, causal)
+        varlen = _varlen_runner(variant, plan, plan.kv_indptr, plan.max_kv_len)
 
         def run(q: torch.Tensor, kv: KVInput, out: torch.Tensor, lse: torch.Tensor | None,
                 scales: RunScales) -> None:
-            if q.shape[0] == 0:
-                return
-            if max_k == 0:
-                fill_empty(out, lse)
-                return
-            result, lse_nat = _vendor(variant)(
-                aligned(q), aligned(kv.k), aligned(kv.v), cu_q, cu_k, max_q, max_k,
-                scale=plan.sm_scale * scales.q_scale * scales.k_scale, causal=causal,
-                window=window, softcap=plan.logits_soft_cap)
-            store_outputs(out, lse, result, lse_nat, scales.v_scale)
+            varlen(q, kv.k, kv.v, out, lse, scales)
 
         return run
     plan_ragged.__name__ = f"{variant}_plan_ragged"
     return plan_ragged
+
+
+def paged_gather_index(plan: BatchPlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(page_ids, slots, cu_seqlens_k)`` on ``plan.device``: the page and in-page slot (int64
+    ``[total_kv]``) of every KV token of every request, in request order, and the int32
+    ``[B+1]`` row offsets of the gathered K/V. Built from the plan's device arrays with sizes
+    known on the host (``repeat_interleave`` with ``output_size``): no host copy of the page ids,
+    no device sync."""
+    device, page_size = plan.device, plan.page_size
+    total_kv = int(plan.kv_lens_host.sum())
+    lens = plan.kv_lens.to(torch.int64)
+    cu_k = torch.zeros(plan.batch_size + 1, dtype=torch.int32, device=device)
+    cu_k[1:] = torch.cumsum(lens, 0)
+    request = torch.repeat_interleave(torch.arange(plan.batch_size, device=device), lens,
+                                      output_size=total_kv)
+    token = torch.arange(total_kv, device=device) - cu_k[:-1].to(torch.int64)[request]
+    page_pos = plan.kv_indptr.to(torch.int64)[request] + token // page_size
+    page_ids = plan.kv_indices.to(torch.int64)[page_pos]
+    return page_ids, token % page_size, cu_k
+
+
+def _page_rows(cache: torch.Tensor, layout: str) -> tuple[torch.Tensor, int] | None:
+    """``(rows [N, H, D], pitch)``: a view of the cache where token ``(page, slot)`` is row
+    ``page * pitch + slot``, when the page stride is a multiple of the slot stride (NHD and HND,
+    contiguous or split from a 5-D cache); ``None`` otherwise."""
+    nhd = cache if layout == "NHD" else cache.transpose(1, 2)  # [pages, page_size, H, D]
+    pages, page_size = nhd.shape[:2]
+    s_page, s_slot = nhd.stride()[:2]
+    if s_slot <= 0 or s_page % s_slot or pages == 0:
+        return None
+    pitch = s_page // s_slot
+    rows = nhd.as_strided(((pages - 1) * pitch + page_size,) + tuple(nhd.shape[2:]),
+                          (s_slot,) + tuple(nhd.stride()[2:]))
+    return rows, pitch
+
+
+def _paged_planner(variant: str):
+    def plan_paged(plan: BatchPlan):
+        """Gather the requests' pages into contiguous K/V buffers (allocated here, sized by the
+        plan), then the ragged varlen launch over them."""
+        page_ids, slots, cu_k = paged_gather_index(plan)
+        row_index: dict[int, torch.Tensor] = {}  # pitch -> page_ids * pitch + slots
+        total_kv = slots.shape[0]
+        k_buf = torch.empty(total_kv, plan.num_kv_heads, plan.head_dim_qk, dtype=plan.kv_dtype,
+                            device=plan.device)
+        v_buf = torch.empty(total_kv, plan.num_kv_heads, plan.head_dim_vo, dtype=plan.kv_dtype,
+                            device=plan.device)
+        varlen = _varlen_runner(variant, plan, cu_k, plan.max_kv_len)
+        layout = plan.kv_layout
+
+        def gather(cache: torch.Tensor, buf: torch.Tensor) -> None:
+            found = _page_rows(cache, layout)
+            if found is None:  # strides that do not flatten: advanced indexing into buf
+                nhd = cache if layout == "NHD" else cache.transpose(1, 2)
+                torch.ops.aten.index.Tensor_out(nhd, [page_ids, slots], out=buf)
+                return
+            rows, pitch = found
+            if pitch not in row_index:  # first run (a capture's warm-up): one index per pitch
+                row_index[pitch] = page_ids * pitch + slots
+            torch.index_select(rows, 0, row_index[pitch], out=buf)
+
+        def run(q: torch.Tensor, kv: KVInput, out: torch.Tensor, lse: torch.Tensor | None,
+                scales: RunScales) -> None:
+            if total_kv and q.shape[0]:
+                gather(kv.k, k_buf)
+                gather(kv.v, v_buf)
+            varlen(q, k_buf, v_buf, out, lse, scales)
+
+        return run
+    plan_paged.__name__ = f"{variant}_plan_paged"
+    return plan_paged
 
 
 for _variant, _reasons in (("fa3", _fa3_reasons), ("fa2", _fa2_reasons)):
@@ -194,3 +279,5 @@ for _variant, _reasons in (("fa3", _fa3_reasons), ("fa2", _fa2_reasons)):
         KERNELS.check(_op, _variant)(_reasons)
     KERNELS.kernel("batch_prefill_ragged", _variant)(_ragged_planner(_variant))
     KERNELS.check("batch_prefill_ragged", _variant)(_reasons)
+    KERNELS.kernel("batch_prefill_paged", _variant)(_paged_planner(_variant))
+    KERNELS.check("batch_prefill_paged", _variant)(_reasons)
