@@ -3,16 +3,35 @@
 The paged cache is either one tensor ``[pages, 2, page_size, H_kv, D]`` (NHD) /
 ``[pages, 2, H_kv, page_size, D]`` (HND), with ``[:, 0]`` = K and ``[:, 1]`` = V, or a tuple
 ``(k_cache, v_cache)`` of ``[pages, page_size, H_kv, D]`` / ``[pages, H_kv, page_size, D]``.
-A 4-D single tensor (3-D tuple members) means ``page_size = 1``. Every function here is pure
-torch on the tensors' device: no host synchronisation.
+A 4-D single tensor (3-D tuple members) means ``page_size = 1``. Nothing here synchronises
+with the host.
+
+``append_paged_kv_cache`` is dispatched as op ``append_paged_kv``. Every backend's kernel takes::
+
+    kernel(append_key, append_value, batch_indices, positions, k_cache, v_cache,
+           kv_indices, kv_indptr, page_size, kv_layout) -> None
+
+* ``append_key``, ``append_value``: ``[nnz, H_kv, D]``, already in the cache dtype (any dtype,
+  fp8 included: the kernel copies, it never converts);
+* ``batch_indices``, ``positions``: ``[nnz]`` int32/int64, request and in-sequence position of
+  each token; ``kv_indices``, ``kv_indptr``: the page table (int32/int64), appended tokens
+  included;
+* ``k_cache``, ``v_cache``: 4-D views, ``[pages, page_size, H_kv, D]`` (NHD) or
+  ``[pages, H_kv, page_size, D]`` (HND), any strides, written in place;
+* ``page_size``: int; ``kv_layout``: ``"NHD"`` or ``"HND"``.
+
+Token ``t`` of request ``b`` at position ``p`` goes to page ``kv_indices[kv_indptr[b] + p //
+page_size]``, slot ``p % page_size``. The index values are not checked (that would need a host
+sync): like upstream, an index outside the cache is undefined behaviour.
 """
 
 from __future__ import annotations
 
 import torch
 
+from . import dispatch
 from .api_logging import flashinfer_api
-
+from .dispatch import Problem
 from .prefill import check_kv_layout
 
 __all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens",
@@ -87,14 +106,20 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
 def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
                           batch_indices: torch.Tensor, positions: torch.Tensor, paged_kv_cache,
                           kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
-                          kv_last_page_len: torch.Tensor, kv_layout: str = "NHD") -> None:
+                          kv_last_page_len: torch.Tensor, kv_layout: str = "NHD", *,
+                          backend: str = "auto") -> None:
     """Scatter ``append_key/value [nnz, H_kv, D]`` into the cache: token ``t`` goes to page
     ``kv_indices[kv_indptr[batch_indices[t]] + positions[t] // page_size]``, slot
-    ``positions[t] % page_size``. The page table must already include the appended tokens."""
+    ``positions[t] % page_size``. The page table must already include the appended tokens.
+    ``append_key/value`` must have the cache dtype (quantise to fp8 before appending).
+    ``kv_last_page_len`` is accepted for upstream compatibility and not read."""
     layout = check_kv_layout(kv_layout)
     k_cache, v_cache = unpack_paged_kv_cache(paged_kv_cache, layout)
     page_size = k_cache.shape[_page_dim(layout)]
     heads = k_cache.shape[2 if layout == "NHD" else 1]
+    if v_cache.dtype != k_cache.dtype or v_cache.device != k_cache.device:
+        raise ValueError(f"paged_kv_cache: v_cache ({v_cache.dtype}, {v_cache.device}) must match "
+                         f"k_cache ({k_cache.dtype}, {k_cache.device})")
     for name, t, cache in (("append_key", append_key, k_cache), ("append_value", append_value, v_cache)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise ValueError(f"{name} must be a [nnz, H_kv, D] tensor, got {tuple(getattr(t, 'shape', ()))}")
@@ -103,19 +128,26 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
                              f"[nnz, H_kv={heads}, D={cache.shape[-1]}]")
         if t.device != cache.device:
             raise ValueError(f"{name} is on {t.device} but the cache is on {cache.device}")
+        if t.dtype != cache.dtype:
+            raise TypeError(f"{name} dtype {t.dtype} must equal the cache dtype {cache.dtype} "
+                            "(the append copies; convert or quantise before appending)")
     for name, t in (("batch_indices", batch_indices), ("positions", positions),
                     ("kv_indices", kv_indices), ("kv_indptr", kv_indptr)):
         if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
-            raise ValueError(f"{name} must be a 1-D int32 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
-    if batch_indices.shape[0] != append_key.shape[0] or positions.shape[0] != append_key.shape[0]:
-        raise ValueError(f"batch_indices and positions must have nnz={append_key.shape[0]} entries, "
+            raise ValueError(f"{name} must be a 1-D int32 or int64 tensor, got "
+                             f"{getattr(t, 'dtype', type(t).__name__)} "
+                             f"{tuple(getattr(t, 'shape', ()))}")
+        if t.device != k_cache.device:
+            raise ValueError(f"{name} is on {t.device} but the cache is on {k_cache.device}")
+    nnz = append_key.shape[0]
+    if batch_indices.shape[0] != nnz or positions.shape[0] != nnz:
+        raise ValueError(f"batch_indices and positions must have nnz={nnz} entries, "
                          f"got {batch_indices.shape[0]} and {positions.shape[0]}")
-    pos = positions.long()
-    page = kv_indices.long()[kv_indptr.long()[batch_indices.long()] + pos // page_size]
-    slot = pos % page_size
-    if layout == "NHD":
-        k_cache[page, slot] = append_key.to(k_cache.dtype)
-        v_cache[page, slot] = append_value.to(v_cache.dtype)
-    else:
-        k_cache[page, :, slot] = append_key.to(k_cache.dtype)
-        v_cache[page, :, slot] = append_value.to(v_cache.dtype)
+    problem = Problem.make(
+        "append_paged_kv", k_cache.device, dtypes={"kv": k_cache.dtype},
+        shape={"num_kv_heads": heads, "head_dim": k_cache.shape[-1], "page_size": page_size,
+               "num_tokens": dispatch.length_bucket(nnz)},
+        layout=layout)
+    decision = dispatch.decide(problem, backend)
+    decision.kernel(append_key, append_value, batch_indices, positions, k_cache, v_cache,
+                    kv_indices, kv_indptr, page_size, layout)
