@@ -210,7 +210,7 @@ def _problem(sm, dtype="bfloat16", layout="NHD"):
 def test_decision_per_sm(sm, dtype, layout):
     decision = select(_problem(sm, dtype, layout), assume_installed=True)
     triton = next(c for c in decision.candidates if c.backend == "triton")
-    assert decision.source == "default" and decision.basis.startswith("not measured yet")
+    assert decision.source == "default" and "page_append_h200" in decision.basis
     assert {c.backend for c in decision.candidates} == {"reference", "triton"}
     if sm == "cpu":
         assert decision.backend == "reference" and decision.rule == "priority[cpu]"
@@ -218,7 +218,7 @@ def test_decision_per_sm(sm, dtype, layout):
     else:
         assert decision.backend == "triton" and decision.order == ("triton", "reference")
         assert decision.rule == f"priority[{sm_family(simulated(sm).sm)}]"
-        assert triton.usable and not triton.verified
+        assert triton.usable and triton.verified == (sm == "9.0")  # verified_on = ["9.0"]
 
 
 @pytest.mark.parametrize("sm", ["7.0", "13.0"])
