@@ -49,3 +49,17 @@ def _fresh_dispatch_cache():
     clear_cache()
     yield
     clear_cache()
+
+
+def capture_cuda_graph(fn):
+    """Run ``fn`` once on a side stream (warm-up outside the capture), then capture it into a
+    CUDA graph and return the graph (replay it after refilling the inputs in place)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph

@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from conftest import HAS_CUDA, TOLERANCE, poison, rel_error
+from conftest import capture_cuda_graph, HAS_CUDA, TOLERANCE, poison, rel_error
 from flashinfer.attention_params import AttentionParams
 from flashinfer.backends import flash_attn as fa
 from flashinfer.batch_attention_params import BatchPlan, KVInput, RunScales
@@ -581,14 +581,7 @@ def test_gpu_ragged_cuda_graph_replay(variant):
     q, k, v = ragged_inputs(plan, seed=5)
     out = torch.empty(plan.total_qo, 8, 128, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(plan.total_qo, 8, device="cuda")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        runner(q, KVInput(k, v), out, lse, RunScales())  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        runner(q, KVInput(k, v), out, lse, RunScales())
+    graph = capture_cuda_graph(lambda: runner(q, KVInput(k, v), out, lse, RunScales()))
     for seed in (6, 7):
         q2, k2, v2 = ragged_inputs(plan, seed=seed)
         q.copy_(q2), k.copy_(k2), v.copy_(v2)
