@@ -44,6 +44,15 @@ BATCH_ATTENTION_FEATURES = (
     "cuda_graph",      # wrapper built with use_cuda_graph=True (fixed buffers, capturable run)
 )
 
+SAMPLING_FEATURES = (
+    "top_k",           # keep the k most probable tokens (count of strictly larger < k)
+    "top_p",           # keep the nucleus (mass of strictly larger < top_p)
+    "min_p",           # keep p >= min_p * max(p)
+    "joint",           # top-k and top-p applied together (filter_apply_order="joint")
+    "indices",         # output i samples from row indices[i]
+    "seed_tensor",     # seed / offset given as device tensors (CUDA-graph safe)
+)
+
 
 @dataclass(frozen=True)
 class OpSpec:
@@ -56,6 +65,7 @@ class OpSpec:
     doc: str = ""
 
 
+_SAMPLING_SHAPE = ("batch_size", "vocab_size")  # both bucketed to powers of two
 _ATTN_SHAPE = ("head_dim_qk", "head_dim_vo", "num_qo_heads", "num_kv_heads", "qo_len", "kv_len")
 # batch_size, max_qo_len, max_kv_len and total_qo_len are bucketed to powers of two
 _BATCH_SHAPE = ("head_dim_qk", "head_dim_vo", "num_qo_heads", "num_kv_heads", "batch_size",
@@ -87,6 +97,19 @@ OPS: dict[str, OpSpec] = {
                "rotary embedding of q and k at given positions"),
         OpSpec("act_and_mul", "activation", ("input",), ("hidden_size", "num_rows"),
                ("silu", "gelu", "gelu_tanh"), (), "act(x[..., :d]) * x[..., d:]"),
+        OpSpec("sampling_from_probs", "sampling", ("probs",), _SAMPLING_SHAPE, SAMPLING_FEATURES,
+               (), "draw one token per row from probabilities, optionally top-k/top-p/min-p"),
+        OpSpec("sampling_from_logits", "sampling", ("logits",), _SAMPLING_SHAPE,
+               ("indices", "seed_tensor"), (), "draw one token per row from softmax(logits)"),
+        OpSpec("renorm_probs", "sampling", ("probs",), _SAMPLING_SHAPE, ("top_k", "top_p"), (),
+               "zero the probabilities outside top-k / top-p and renormalise"),
+        OpSpec("top_k_mask_logits", "sampling", ("logits",), _SAMPLING_SHAPE, (), (),
+               "set logits outside the top-k to -inf"),
+        OpSpec("softmax", "sampling", ("logits",), _SAMPLING_SHAPE, ("temperature",), (),
+               "row softmax in fp32, optionally with a per-row temperature"),
+        OpSpec("chain_speculative_sampling", "sampling", ("probs",),
+               ("batch_size", "vocab_size", "num_draft"), ("seed_tensor",), (),
+               "accept/reject a chain of draft tokens against target probabilities"),
     )
 }
 

@@ -27,8 +27,14 @@ SMS = ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0", None]
 # --- emulation of FlashAttention's varlen forward --------------------------------------------
 
 def emulated_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, causal, window, softcap,
-                    calls=None):
-    """FA2/FA3 ``flash_attn_varlen_func`` in float64 (mask.h semantics)."""
+                    calls=None, out=None):
+    """FA2/FA3 ``flash_attn_varlen_func`` in float64 (mask.h semantics); like FA3's compiled
+    op, a given ``out`` is written and returned."""
+    if out is not None:
+        result, lse = emulated_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale,
+                                      causal=causal, window=window, softcap=softcap, calls=calls)
+        out.copy_(result)
+        return out, lse
     for t in (q, k, v):
         assert t.dim() == 3 and t.stride(-1) == 1
     assert cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32

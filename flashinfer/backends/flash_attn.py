@@ -67,8 +67,33 @@ def _takes_return_attn_probs(fn) -> bool:
         return False
 
 
-def fa3_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, causal, window, softcap):
-    """``(out [total_q, H, Dv], lse [H, total_q] natural log)`` from FA3's varlen forward."""
+@functools.lru_cache(maxsize=None)
+def _fa3_forward_op():
+    """The compiled forward op ``torch.ops.fa3_fwd.fwd`` when the fa3_fwd wheel is the FA3
+    module, else ``None`` (the Python entry point is used).
+
+    Why not the wheel's ``flash_attn_varlen_func``: it goes through a ``torch.library.custom_op``
+    and an autograd Function; the first call of any Python custom op imports torch's compiler
+    stack (1.5 s here, 3.5 s on the H200 host: 1,600 modules), and every call pays their
+    dispatch. The compiled op takes the same arguments positionally (the wheel's
+    ``_flash_attn_forward`` forwards them unchanged) and writes into a given output."""
+    if fa3_module_name() != "fa3_fwd_interface":
+        return None
+    importlib.import_module("fa3_fwd._C")  # registers torch.ops.fa3_fwd
+    return torch.ops.fa3_fwd.fwd
+
+
+def fa3_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, causal, window, softcap, out=None):
+    """``(out [total_q, H, Dv], lse [H, total_q] natural log)`` from FA3's varlen forward.
+
+    ``out``: an optional contiguous ``[total_q, H, Dv]`` tensor in q's dtype the kernel writes
+    (the returned output is then that tensor)."""
+    raw = _fa3_forward_op()
+    if raw is not None:
+        result = raw(q, k, v, None, None, None, out, cu_q, cu_k, None, None, None, max_q, max_k,
+                     None, None, None, None, None, None, None, None, None, scale, causal,
+                     window[0], window[1], 0, softcap, True, None, 1, None, 0)
+        return result[0], result[1]
     module = importlib.import_module(fa3_module_name() or FA3_MODULES[0])
     fn = module.flash_attn_varlen_func
     kwargs = {"softmax_scale": scale, "causal": causal, "window_size": window, "softcap": softcap}
@@ -179,10 +204,14 @@ def _varlen_runner(variant: str, plan: BatchPlan, cu_k: torch.Tensor, max_k: int
         if max_k == 0:
             fill_empty(out, lse)
             return
+        direct = {}
+        if (variant == "fa3" and scales.v_scale == 1.0 and out.dtype == q.dtype
+                and out.is_contiguous()):
+            direct["out"] = out  # the kernel writes the output in place: no copy
         result, lse_nat = _vendor(variant)(
             aligned(q), aligned(k), aligned(v), cu_q, cu_k, max_q, max_k,
             scale=plan.sm_scale * scales.q_scale * scales.k_scale, causal=causal,
-            window=window, softcap=plan.logits_soft_cap)
+            window=window, softcap=plan.logits_soft_cap, **direct)
         store_outputs(out, lse, result, lse_nat, scales.v_scale)
 
     return run

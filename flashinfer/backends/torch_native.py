@@ -253,7 +253,7 @@ def store_outputs(out: torch.Tensor, lse: torch.Tensor | None, result: torch.Ten
     ``[total_q, H]`` base 2. No host sync; temporaries have plan-fixed sizes."""
     if v_scale != 1.0:
         torch.mul(result, v_scale, out=out)
-    else:
+    elif result is not out:  # a kernel given ``out`` wrote it already
         out.copy_(result)
     if lse is not None:
         torch.mul(lse_nat.t(), _LOG2E, out=lse)
@@ -313,3 +313,5 @@ for _op in _ATTENTION_OPS:
     KERNELS.check(_op, "flash_varlen")(_flash_reasons)
     KERNELS.kernel(_op, "sdpa_efficient")(sdpa_efficient)
     KERNELS.check(_op, "sdpa_efficient")(_efficient_reasons)
+
+from . import torch_sampling  # noqa: E402,F401  (registers the sampling kernels into KERNELS)
