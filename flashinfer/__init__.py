@@ -24,6 +24,13 @@ from .overrides import use_backend  # noqa: F401
 from .prefill import (  # noqa: F401
     single_prefill_with_kv_cache, single_prefill_with_kv_cache_return_lse,
 )
+from . import sampling  # noqa: F401
+from .sampling import (  # noqa: F401
+    chain_speculative_sampling, min_p_sampling_from_probs, sampling_from_logits,
+    sampling_from_probs, softmax, top_k_mask_logits, top_k_renorm_probs, top_k_sampling_from_probs,
+    top_k_top_p_sampling_from_logits, top_k_top_p_sampling_from_probs, top_p_renorm_probs,
+    top_p_sampling_from_probs,
+)
 from .rope import (  # noqa: F401
     apply_llama31_rope, apply_llama31_rope_inplace, apply_llama31_rope_pos_ids,
     apply_llama31_rope_pos_ids_inplace, apply_rope, apply_rope_inplace, apply_rope_pos_ids,

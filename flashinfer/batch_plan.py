@@ -15,10 +15,12 @@ the plan fixed, and calls the runner the plan made: no host sync, no decision.
 
 Run-time features. ``return_lse`` and ``sinks`` are ``run()`` arguments, but the Decision is
 made in ``plan()``. plan() therefore decides once per combination of these two features (the
-Decision cache makes that a few dict lookups) and builds the runner of the combination the last
-run() used (none at first). A run() that needs another combination reuses that runner when the
-same kernel serves it, else builds the other kernel's runner once — never while a CUDA graph is
-being captured (that raises: run it once eagerly first).
+Decision cache makes that a few dict lookups) and builds, in plan(), the runner of every
+combination this wrapper's run() calls have used so far (the plain one before the first run),
+one runner per distinct kernel. A ``use_cuda_graph`` wrapper builds the runners of all four
+combinations, so any run() can be captured. The one case left to run(): a wrapper without
+``use_cuda_graph`` that meets a combination for the first time in its life builds that runner
+once (a later plan() builds it with the others).
 """
 
 from __future__ import annotations
@@ -206,7 +208,7 @@ class BatchWrapperBase:
         self._choices: dict = {}
         self._problems = None
         self._runners: dict = {}
-        self._last_run_features: frozenset = frozenset()
+        self._run_features_seen: set = {frozenset()}
         self._max_page = -1
         self._planned_window_left = -1
         self._replay_args = None
@@ -299,14 +301,20 @@ class BatchWrapperBase:
                 choices[extra] = dispatch.decide(problem, self._backend)
             except (dispatch.NoBackendError, dispatch.BackendUnavailableError) as err:
                 choices[extra] = err
-        first = choices[self._last_run_features]
+        first = choices[frozenset()]
         if isinstance(first, Exception):
-            first = choices[frozenset()]
-            if isinstance(first, Exception):
-                raise first
-        runner = first.kernel(plan)
+            raise first
+        wanted = choices if plan.cuda_graph else self._run_features_seen
+        runners = {}
+        for features in sorted(wanted, key=len):  # the plain combination first: its errors raise
+            choice = choices[features]
+            if isinstance(choice, Exception):
+                continue
+            key = (choice.backend, choice.variant)
+            if key not in runners:
+                runners[key] = choice.kernel(plan)
         self._plan, self._choices, self.decision = plan, choices, first
-        self._runners = {(first.backend, first.variant): runner}
+        self._runners = runners
         self._max_page = max_page
 
     # ---- run -----------------------------------------------------------------------------
@@ -317,13 +325,13 @@ class BatchWrapperBase:
             raise type(choice)(f"run() with {', '.join(sorted(features))}: {choice}") from choice
         key = (choice.backend, choice.variant)
         runner = self._runners.get(key)
-        if runner is None:
+        if runner is None:  # first time this wrapper meets the combination (see the module note)
             if self._capturing():
                 raise RuntimeError(f"run() with {', '.join(sorted(features))} needs backend "
-                                   f"{choice.name}, whose runner is built on first use; run it once "
-                                   "before capturing a CUDA graph")
+                                   f"{choice.name}, whose runner this wrapper has not built yet; "
+                                   "run it once before capturing a CUDA graph")
             runner = self._runners[key] = choice.kernel(self._plan)
-        self._last_run_features = features
+            self._run_features_seen.add(features)
         return runner
 
     def _capturing(self) -> bool:
