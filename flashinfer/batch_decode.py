@@ -18,7 +18,7 @@ from .api_logging import flashinfer_api
 from .batch_attention_params import BatchPlan, KVInput
 from .batch_plan import (
     KV_DTYPES, Q_DTYPES, BatchWrapperBase, canonical_dtype, check_fixed_buffer, check_indptr,
-    index_array, page_indices, paged_kv_lens, positive_int, set_plan_attributes, to_device,
+    index_array, page_indices, paged_kv_lens, positive_int, set_plan_attributes,
 )
 from .page import unpack_paged_kv_cache
 
@@ -134,6 +134,12 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         qo_h = torch.arange(batch + 1, dtype=torch.int32) * q_len_per_req
         dev, graph = self.device, self._use_cuda_graph
         buf = (lambda name: getattr(self, name)) if graph else (lambda name: None)
+        on_device = self._upload.upload(
+            {"qo_indptr": qo_h, "kv_indptr": indptr_h, "kv_lens": kv_lens_h,
+             "kv_last_page_len": last_h, "kv_indices": indices_d},
+            {"qo_indptr": buf("_qo_indptr_buf"), "kv_indptr": buf("_paged_kv_indptr_buf"),
+             "kv_lens": buf("_kv_lens_buf"), "kv_last_page_len": buf("_paged_kv_last_page_len_buf"),
+             "kv_indices": buf("_paged_kv_indices_buf")}, non_blocking)
         plan = BatchPlan(
             op=self._op, device=dev, batch_size=batch, num_qo_heads=num_qo_heads,
             num_kv_heads=num_kv_heads, head_dim_qk=head_dim, head_dim_vo=head_dim,
@@ -141,16 +147,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
             o_dtype=o_dtype, causal=q_len_per_req > 1, window_left=window_left,
             logits_soft_cap=cap, sm_scale=scale, q_len_per_req=q_len_per_req,
             qo_indptr_host=qo_h, kv_indptr_host=indptr_h, kv_lens_host=kv_lens_h,
-            kv_last_page_len_host=last_h,
-            qo_indptr=to_device(qo_h, dev, non_blocking, buf("_qo_indptr_buf"), "qo_indptr"),
-            kv_indptr=to_device(indptr_h, dev, non_blocking, buf("_paged_kv_indptr_buf"),
-                                "paged_kv_indptr_buffer"),
-            kv_indices=to_device(indices_d, dev, non_blocking, buf("_paged_kv_indices_buf"),
-                                 "paged_kv_indices_buffer"),
-            kv_lens=to_device(kv_lens_h, dev, non_blocking, buf("_kv_lens_buf"), "kv_lens"),
-            kv_last_page_len=to_device(last_h, dev, non_blocking,
-                                       buf("_paged_kv_last_page_len_buf"),
-                                       "paged_kv_last_page_len_buffer"),
+            kv_last_page_len_host=last_h, **on_device,
             total_qo=batch * q_len_per_req, max_qo_len=q_len_per_req,
             max_kv_len=int(kv_lens_h.max()), cuda_graph=graph,
             workspace=self._float_workspace_buffer)

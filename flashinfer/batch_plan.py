@@ -34,6 +34,7 @@ import torch
 
 from . import dispatch
 from .batch_attention_params import BatchPlan, KVInput, RunScales
+from .plan_upload import PlanUpload
 from .prefill import check_kv_layout
 
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -104,20 +105,20 @@ def paged_kv_lens(indptr: torch.Tensor, last_page_len: torch.Tensor, page_size: 
 
 def page_indices(name: str, t: torch.Tensor, n_pages: int,
                  indptr_name: str = "indptr") -> tuple[torch.Tensor, int]:
-    """The first ``n_pages`` entries of a validated int32 page-id array (on its own device, a
-    copy), checked ``>= 0``, and their largest id (-1 when empty). A device array costs one
-    synchronisation: its min and max (two ints) come to the host, not the whole array."""
+    """The first ``n_pages`` entries of a validated int32 page-id array (a view, on its own
+    device; the plan's upload copies it), checked ``>= 0``, and their largest id (-1 when
+    empty). A device array costs one synchronisation: its min and max (two ints) come to the
+    host, not the whole array."""
     if t.shape[0] < n_pages:
         raise ValueError(f"{name} must hold {indptr_name}[-1]={n_pages} page ids, got {t.shape[0]}")
-    ids = t[:n_pages].clone()
+    ids = t[:n_pages]
     if not n_pages:
         return ids, -1
     if ids.device.type == "cpu":
         a = ids.numpy()
         lo, hi = int(a.min()), int(a.max())
     else:
-        lo, hi = torch.aminmax(ids)
-        lo, hi = torch.stack((lo, hi)).tolist()
+        lo, hi = torch.stack(torch.aminmax(ids)).tolist()
     if lo < 0:
         raise ValueError(f"{name} must be >= 0 (page ids into the cache)")
     return ids, hi
@@ -134,17 +135,6 @@ def check_fixed_buffer(name: str, buf, device: torch.device, length: int | None 
     if length is not None and buf.shape[0] != length:
         raise ValueError(f"{name} must have length {length}, got {buf.shape[0]}")
     return buf
-
-
-def to_device(host: torch.Tensor, device: torch.device, non_blocking: bool,
-              buf: torch.Tensor | None = None, name: str = "") -> torch.Tensor:
-    """Device copy of a host array; into the prefix of a fixed buffer when given."""
-    if buf is None:
-        return host.to(device, non_blocking=non_blocking)
-    if host.shape[0] > buf.shape[0]:
-        raise ValueError(f"{name} holds {buf.shape[0]} entries, the plan needs {host.shape[0]}")
-    buf[:host.shape[0]].copy_(host, non_blocking=non_blocking)
-    return buf[:host.shape[0]]
 
 
 def require_workspace(plan: BatchPlan, nbytes: int, who: str) -> torch.Tensor:
@@ -198,6 +188,7 @@ class BatchWrapperBase:
         self._int_workspace_buffer = None
         self._pin_memory_int_workspace_buffer = None
         self.device = float_workspace_buffer.device
+        self._upload = PlanUpload(self.device)
         self._kv_layout = check_kv_layout(kv_layout)
         self._use_cuda_graph = bool(use_cuda_graph)
         self._backend = backend
@@ -447,5 +438,5 @@ def set_plan_attributes(wrapper: BatchWrapperBase, plan: BatchPlan, window_left:
 
 __all__ = ["BatchWrapperBase", "canonical_dtype", "index_array", "check_indptr", "paged_kv_lens",
            "page_indices",
-           "check_fixed_buffer", "to_device", "require_workspace", "unpack_segments",
+           "check_fixed_buffer", "require_workspace", "unpack_segments",
            "set_plan_attributes"]

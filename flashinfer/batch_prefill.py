@@ -18,7 +18,7 @@ from .batch_attention_params import BatchPlan, KVInput
 from .batch_decode import paged_kv_pages
 from .batch_plan import (
     KV_DTYPES, Q_DTYPES, BatchWrapperBase, canonical_dtype, check_fixed_buffer, check_indptr,
-    index_array, page_indices, paged_kv_lens, positive_int, set_plan_attributes, to_device, unpack_segments,
+    index_array, page_indices, paged_kv_lens, positive_int, set_plan_attributes, unpack_segments,
 )
 
 __all__ = ["BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper"]
@@ -89,6 +89,14 @@ class _PrefillBase(BatchWrapperBase):
         dev, graph = self.device, self._use_cuda_graph
         mask, mask_h = self._mask(custom_mask, packed_custom_mask, qo_lens_h, kv_lens_h, dev, non_blocking)
         buf = (lambda name: getattr(self, name)) if graph else (lambda name: None)
+        arrays = {"qo_indptr": qo_h, "kv_indptr": kv_h, "kv_lens": kv_lens_h}
+        fixed = {"qo_indptr": buf("_qo_indptr_buf"), "kv_indptr": buf(self._kv_indptr_attr),
+                 "kv_lens": buf("_kv_lens_buf")}
+        if paged:
+            arrays.update(kv_last_page_len=last_h, kv_indices=indices_h)
+            fixed.update(kv_last_page_len=buf("_paged_kv_last_page_len_buf"),
+                         kv_indices=buf("_paged_kv_indices_buf"))
+        on_device = self._upload.upload(arrays, fixed, non_blocking)
         plan = BatchPlan(
             op=self._op, device=dev, batch_size=batch, num_qo_heads=num_qo_heads,
             num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk, head_dim_vo=head_dim_vo,
@@ -96,14 +104,8 @@ class _PrefillBase(BatchWrapperBase):
             o_dtype=o_dtype, causal=bool(causal) and mask is None, window_left=window_left,
             logits_soft_cap=cap, sm_scale=scale, q_len_per_req=0,
             qo_indptr_host=qo_h, kv_indptr_host=kv_h, kv_lens_host=kv_lens_h,
-            kv_last_page_len_host=last_h,
-            qo_indptr=to_device(qo_h, dev, non_blocking, buf("_qo_indptr_buf"), "qo_indptr_buf"),
-            kv_indptr=to_device(kv_h, dev, non_blocking, buf(self._kv_indptr_attr), self._kv_indptr_attr),
-            kv_indices=None if indices_h is None else to_device(
-                indices_h, dev, non_blocking, buf("_paged_kv_indices_buf"), "paged_kv_indices_buf"),
-            kv_lens=to_device(kv_lens_h, dev, non_blocking, buf("_kv_lens_buf"), "kv_lens"),
-            kv_last_page_len=None if last_h is None else to_device(
-                last_h, dev, non_blocking, buf("_paged_kv_last_page_len_buf"), "paged_kv_last_page_len_buf"),
+            kv_last_page_len_host=last_h, kv_indices=on_device.pop("kv_indices", None),
+            kv_last_page_len=on_device.pop("kv_last_page_len", None), **on_device,
             total_qo=total_qo, max_qo_len=int(qo_lens_h.max()), max_kv_len=int(kv_lens_h.max()),
             custom_mask=mask, mask_indptr_host=mask_h, cuda_graph=graph,
             workspace=self._float_workspace_buffer)

@@ -419,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Build a Problem for OP (defaults: fp16, head_dim 128, 32 query / "
                        "8 KV heads, hidden 4096) and print the dispatcher's full Decision.")
     p.add_argument("op", metavar="OP", choices=sorted(OPS), help=f"one of: {', '.join(sorted(OPS))}")
-    p.add_argument("--dtype", type=_dtype, default="float16", help="dtype of every value tensor")
+    p.add_argument("--dtype", type=_dtype, default=None, help="dtype of every value tensor (default float16; float32 for sampling ops)")
     for option in NAMED_FACTS:
         p.add_argument(f"--{option.replace('_', '-')}", dest=option, type=_positive, metavar="N")
     p.add_argument("--causal", action="store_true", help="use the causal feature")

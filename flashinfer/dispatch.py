@@ -330,7 +330,8 @@ def record_decisions() -> Iterator[list[Decision]]:
         _RECORDER.reset(token)
 
 
-#: decide()'s memo: (problem, backend, context, raw env values) -> Decision. Keyed on the raw
+#: decide()'s memo: (problem, backend, context, raw env values) -> Decision, or the
+#: NoBackendError / BackendUnavailableError / StrictModeError it raised. Keyed on the raw
 #: strings, so the hot path never parses an env var or walks the override levels.
 _MEMO: dict[tuple, Decision] = {}
 _MEMO_LIMIT = 8192
@@ -358,16 +359,21 @@ def decide(problem: Problem, backend: str | None = "auto") -> Decision:
     key = (problem, backend, overrides.context_key(), *[env.get(k) for k in env_keys])
     decision = _MEMO.get(key)
     if decision is None:
-        decision = select(
-            problem,
-            overrides.collect(family, backend),
-            strict=envs.STRICT.get(),
-            tuned_path=envs.TUNED_RULES.get(),
-            triton_interpret=envs.TRITON_INTERPRET.get(),
-        )
+        try:
+            decision = select(
+                problem,
+                overrides.collect(family, backend),
+                strict=envs.STRICT.get(),
+                tuned_path=envs.TUNED_RULES.get(),
+                triton_interpret=envs.TRITON_INTERPRET.get(),
+            )
+        except (NoBackendError, BackendUnavailableError, StrictModeError) as err:
+            decision = err  # remembered too: a batch plan() asks for unservable combinations
         if len(_MEMO) >= _MEMO_LIMIT:
             _MEMO.clear()
         _MEMO[key] = decision
+    if isinstance(decision, Exception):
+        raise decision.with_traceback(None)
     recorder = _RECORDER.get()
     if recorder is not None:
         recorder.append(decision)

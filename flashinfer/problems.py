@@ -2,7 +2,7 @@
 
 ``flashinfer show-config`` and ``flashinfer explain`` need a :class:`~flashinfer.dispatch.Problem`
 for an op without a call to summarise. :func:`representative` builds one generically: every
-dtype role gets the same dtype (fp16 unless told), except index roles (RoPE's positions), every
+dtype role gets the same dtype (fp16 unless told; fp32 for sampling), except index roles (RoPE's positions), every
 shape fact a typical LLM size (Llama-3-8B-like: head_dim 128, 32 query / 8 KV heads, hidden 4096),
 lengths bucketed as the op modules bucket them, and the features implied by the shape (``gqa``
 when there are fewer KV heads, ``head_dim_differs``, ``partial_rotary``) plus the ones asked for.
@@ -24,13 +24,18 @@ DEFAULT_FACTS: dict[str, int] = {
     "head_dim_qk": 128, "head_dim_vo": 128, "head_dim": 128, "rotary_dim": 128,
     "num_qo_heads": 32, "num_kv_heads": 8, "num_q_heads": 32, "num_k_heads": 8,
     "qo_len": 1024, "kv_len": 4096, "num_tokens": 1024, "num_rows": 128, "hidden_size": 4096,
+    "batch_size": 64, "vocab_size": 128256, "num_draft": 4,
 }
+
+#: dtype of a family's value roles when the caller names none (sampling reads fp32 probs).
+FAMILY_DTYPE: dict[str, str] = {"sampling": "float32"}
 
 #: per-op departures from DEFAULT_FACTS that the op's definition imposes.
 OP_FACTS: dict[str, dict[str, int]] = {"single_decode": {"qo_len": 1}}
 
 #: facts that are lengths / row counts: the op modules bucket them with ``length_bucket``.
-BUCKETED_FACTS = frozenset({"qo_len", "kv_len", "num_tokens", "num_rows"})
+BUCKETED_FACTS = frozenset({"qo_len", "kv_len", "num_tokens", "num_rows", "batch_size",
+                            "vocab_size"})
 
 #: short dtype spellings accepted besides the torch names.
 DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32",
@@ -59,7 +64,7 @@ def default_shape(op: str) -> dict[str, int]:
     return facts
 
 
-def representative(op: str, device: DeviceFacts, *, dtype: str = "float16",
+def representative(op: str, device: DeviceFacts, *, dtype: str | None = None,
                    shape: Mapping[str, int] | None = None, features: Iterable[str] = (),
                    layout: str | None = None) -> Problem:
     """A Problem for a typical call of ``op`` on ``device``.
@@ -69,6 +74,8 @@ def representative(op: str, device: DeviceFacts, *, dtype: str = "float16",
     ``layout`` defaults to the op's first layout (``NHD`` for attention), ``None`` if it has none.
     """
     spec = op_spec(op)
+    if dtype is None:
+        dtype = FAMILY_DTYPE.get(spec.family, "float16")
     dtype = DTYPE_ALIASES.get(dtype, dtype)
     facts = default_shape(op)
     for fact, value in (shape or {}).items():

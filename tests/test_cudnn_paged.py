@@ -218,7 +218,9 @@ def test_decode_metadata_pads_with_one_and_page_zero():
     table = torch.empty(spec.table_dims(), dtype=torch.int32)
     bp.fill_page_table(table, meta.page_src, plan.kv_indices)
     ids = plan.kv_indices.tolist()
-    assert table.view(4, 2).tolist() == [[ids[0], 0], [ids[1], ids[2]], [0, 0], [0, 0]]
+    # padding entries repeat the batch's first page id: valid, and never read (past seq_len_kv)
+    assert table.view(4, 2).tolist() == [[ids[0], ids[0]], [ids[1], ids[2]], [ids[0], ids[0]],
+                                         [ids[0], ids[0]]]
 
 
 def test_prefill_metadata_offsets_and_padding():
@@ -256,13 +258,12 @@ def test_pack_and_unpack_roundtrip_with_aligned_pieces():
     plan = make_plan(bp.PAGED, [3, 5, 2], [9, 40, 2], causal=True)
     meta = bp.build_metadata(bp.make_spec(plan, device_index=0, scale=0.1), plan)
     tensors = meta.device_tensors()
-    packed = bp.pack(tensors)
-    assert set(packed) == {torch.int32, torch.int64, torch.bool}
-    for dtype, (flat, layout) in packed.items():
-        step = 16 // flat.element_size()
-        assert all(offset % step == 0 for offset, _ in layout.values())
-        for name, view in bp.unpack(flat.clone(), layout).items():
-            assert torch.equal(view, tensors[name])
+    assert {t.dtype for t in tensors.values()} == {torch.int32, torch.int64, torch.bool}
+    flat, layout = bp.pack(tensors)  # every dtype in one upload
+    assert flat.dtype == torch.uint8
+    assert all(offset % bp.ALIGN_BYTES == 0 for offset, _, _ in layout.values())
+    for name, view in bp.unpack(flat.clone(), layout).items():
+        assert view.dtype == tensors[name].dtype and torch.equal(view, tensors[name])
 
 
 def interpret(spec, meta, plan, q, kv):

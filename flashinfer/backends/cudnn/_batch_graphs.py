@@ -28,8 +28,8 @@ import cudnn
 import torch
 
 from ._graphs import _DTYPES, _LOG2E, _binding, _workspace
-from .batch_plan import (RAGGED, BatchSpec, build_metadata, container, fill_page_table, fits,
-                         kv_key, make_spec, pack, unpack)
+from .batch_plan import (RAGGED, BatchSpec, build_metadata, byte_layout, container,
+                         fill_page_table, fits, kv_key, make_spec, pack, unpack)
 from .plan import GraphCache
 
 BATCH_GRAPHS = GraphCache(maxsize=64)
@@ -119,52 +119,57 @@ def _build(spec: BatchSpec, geometry: tuple, handle) -> Entry:
 
 
 class _Buffers:
-    """The device tensors one plan's graph reads beyond q/k/v/o: metadata, stats, scratch."""
+    """The device memory one plan's graph reads beyond q/k/v/o, in one allocation: the packed
+    metadata (uploaded with one copy), then the page table, the stats and the decode scratch
+    rows (uninitialised: padded query rows compute nothing that is kept)."""
 
     def __init__(self, spec: BatchSpec, meta, device: torch.device, batch_size: int):
         self.spec = spec
-        self.flats: dict[torch.dtype, torch.Tensor] = {}
-        self.tensors: dict[str, torch.Tensor] = {}
-        for dtype, (flat, layout) in pack(meta.device_tensors()).items():
-            self.flats[dtype] = dev = torch.empty_like(flat, device=device)
-            self.tensors.update(unpack(dev, layout))
-        self.refill(meta)
-        self.page_table = (torch.empty(spec.table_dims(), dtype=torch.int32, device=device)
-                           if spec.page_size else None)
-        self.stats = torch.empty(spec.stats_dims(), dtype=torch.float32, device=device)
-        # a dense decode query over more rows than requests: scratch q/o rows
-        pad = not spec.ragged_q and spec.batch_bucket > batch_size
-        self.q_pad = (torch.zeros(spec.batch_bucket, spec.num_qo_heads, spec.head_dim_qk,
-                                  dtype=getattr(torch, spec.dtype), device=device) if pad else None)
-        self.o_pad = (torch.empty(spec.batch_bucket, spec.num_qo_heads, spec.head_dim_vo,
-                                  dtype=getattr(torch, spec.dtype), device=device) if pad else None)
+        host, layout = pack(meta.device_tensors())
+        extra = {"stats": (torch.float32, spec.stats_dims())}
+        if spec.page_size:
+            extra["page_table"] = (torch.int32, spec.table_dims())
+        if not spec.ragged_q and spec.batch_bucket > batch_size:  # dense decode query, padded
+            io = getattr(torch, spec.dtype)
+            extra["q_pad"] = (io, (spec.batch_bucket, spec.num_qo_heads, spec.head_dim_qk))
+            extra["o_pad"] = (io, (spec.batch_bucket, spec.num_qo_heads, spec.head_dim_vo))
+        scratch, size = byte_layout(extra, start=host.numel())
+        self.memory = torch.empty(size, dtype=torch.uint8, device=device)
+        self.tensors = unpack(self.memory, layout)
+        views = unpack(self.memory, scratch)
+        self.stats = views["stats"]
+        self.page_table = views.get("page_table")
+        self.q_pad, self.o_pad = views.get("q_pad"), views.get("o_pad")
+        self._upload(host)
 
     def refill(self, meta) -> None:
-        """Copy a new plan's host metadata into these buffers in place (non-blocking), through
-        a pinned staging buffer reused across plans (pinning fresh memory costs a
-        cudaHostAlloc, most of a plan's host time)."""
-        for dtype, (flat, _) in pack(meta.device_tensors()).items():
-            dst = self.flats[dtype]
-            if dst.is_cuda:
-                dst.copy_(_staged(dst.device, flat), non_blocking=True)
-                _STAGING[(dst.device, flat.dtype)][1].record()
-            else:
-                dst.copy_(flat)
+        """Copy a new plan's host metadata into these buffers in place (non-blocking)."""
+        self._upload(pack(meta.device_tensors())[0])
+
+    def _upload(self, host: torch.Tensor) -> None:
+        dst = self.memory[:host.numel()]
+        if dst.is_cuda:
+            dst.copy_(_staged(dst.device, host), non_blocking=True)
+            _STAGING[dst.device][1].record()
+        else:
+            dst.copy_(host)
 
 
-#: (device, dtype) -> (pinned host buffer, event recorded after its last copy was queued)
-_STAGING: dict[tuple, tuple[torch.Tensor, torch.cuda.Event]] = {}
+#: device -> (pinned uint8 host buffer, event recorded after its last copy was queued)
+_STAGING: dict[torch.device, tuple[torch.Tensor, torch.cuda.Event]] = {}
 
 
 def _staged(device: torch.device, flat: torch.Tensor) -> torch.Tensor:
-    """``flat`` copied into the reusable pinned buffer for (device, dtype); waits (rarely) for
-    the previous copy out of that buffer to finish before overwriting it."""
-    key = (device, flat.dtype)
-    entry = _STAGING.get(key)
+    """``flat`` copied into the reusable pinned buffer of ``device`` (pinning fresh memory
+    costs a cudaHostAlloc, most of a plan's host time); waits (rarely) for the previous copy
+    out of that buffer to finish before overwriting it."""
+    entry = _STAGING.get(device)
     if entry is None or entry[0].numel() < flat.numel():
-        size = max(flat.numel(), 2 * entry[0].numel() if entry else 4096)
-        entry = _STAGING[key] = (torch.empty(size, dtype=flat.dtype, pin_memory=True),
-                                 torch.cuda.Event())
+        if entry is not None:
+            entry[1].synchronize()
+        size = max(flat.numel(), 2 * entry[0].numel() if entry else 1 << 16)
+        entry = _STAGING[device] = (torch.empty(size, dtype=torch.uint8, pin_memory=True),
+                                    torch.cuda.Event())
     else:
         entry[1].synchronize()
     staging = entry[0][:flat.numel()]

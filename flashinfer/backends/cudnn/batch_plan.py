@@ -11,9 +11,10 @@ only *buckets*: the batch size and, per request, the longest query run and the n
 the planner fills (:func:`build_metadata`), padded to the bucket:
 
 * ``seq_len_q`` / ``seq_len_kv`` ``[Bb, 1, 1, 1]`` int32 (cuDNN padding mask);
-* ``page_table`` ``[Bb, 1, Pb, 1]`` int32 (paged ops): request ``b``'s pages, then page 0,
-  gathered on the device from ``kv_indices`` (:func:`fill_page_table`; the plan has no host copy
-  of the page ids) through the host-made map ``page_src``;
+* ``page_table`` ``[Bb, 1, Pb, 1]`` int32 (paged ops): request ``b``'s pages, then the batch's
+  first page id as padding (a valid page, never read: it lies past ``seq_len_kv``), gathered on
+  the device from ``kv_indices`` by one ``index_select`` (:func:`fill_page_table`; the plan
+  has no host copy of the page ids) through the host-made positions ``page_src``;
 * ragged offsets ``[Bb + 1, 1, 1, 1]`` int32, in elements, for ragged Q/O (prefill) and K/V
   (ragged op): ``indptr * heads * head_dim``.
 
@@ -165,7 +166,7 @@ class Metadata:
 
     seq_len_q: torch.Tensor  # [Bb, 1, 1, 1] int32
     seq_len_kv: torch.Tensor  # [Bb, 1, 1, 1] int32
-    page_src: torch.Tensor | None  # [Bb * Pb] int64 (paged ops): entry of kv_indices, -1 = none
+    page_src: torch.Tensor | None  # [Bb * Pb] int32 (paged ops): position in kv_indices (pad: 0)
     q_offsets: torch.Tensor | None  # [Bb + 1, 1, 1, 1] int32 elements (ragged Q)
     o_offsets: torch.Tensor | None
     k_offsets: torch.Tensor | None  # ragged op
@@ -210,8 +211,8 @@ def build_metadata(spec: BatchSpec, plan) -> Metadata:
     kv_indptr = plan.kv_indptr_host.numpy().astype(np.int64)
     if spec.page_size:
         cols = np.arange(spec.kv_bucket)
-        src = np.full((bb, spec.kv_bucket), -1, dtype=np.int64)
-        src[:b] = np.where(cols < np.diff(kv_indptr)[:, None], kv_indptr[:-1, None] + cols, -1)
+        src = np.zeros((bb, spec.kv_bucket), dtype=np.int32)
+        src[:b] = np.where(cols < np.diff(kv_indptr)[:, None], kv_indptr[:-1, None] + cols, 0)
         table = torch.from_numpy(src.reshape(-1))
     else:
         # every request reads at least one row: an empty or padded one reads row 0 (valid)
@@ -243,46 +244,55 @@ def build_metadata(spec: BatchSpec, plan) -> Metadata:
 
 
 def fill_page_table(table: torch.Tensor, page_src: torch.Tensor, kv_indices: torch.Tensor) -> None:
-    """``table [Bb, 1, Pb, 1]`` int32 ← ``kv_indices[page_src]``, 0 where ``page_src < 0``.
-
-    Device work only (no host sync): run in the planner, on the plan's stream."""
+    """``table [Bb, 1, Pb, 1]`` int32 ← ``kv_indices[page_src]`` (one ``index_select``; zeros
+    when the batch has no page). Device work only (no host sync): run in the planner."""
     flat = table.view(-1)
     if kv_indices.numel() == 0:
         flat.zero_()
         return
-    picked = kv_indices.to(torch.int32).index_select(0, page_src.clamp(min=0))
-    torch.where(page_src >= 0, picked, torch.zeros((), dtype=torch.int32, device=flat.device),
-                out=flat)
+    torch.index_select(kv_indices, 0, page_src, out=flat)
 
 
-def pack(tensors: dict[str, torch.Tensor]) -> dict[torch.dtype, tuple[torch.Tensor, dict]]:
-    """Host tensors grouped by dtype into one flat buffer each, every piece starting 16-byte
-    aligned: ``{dtype: (flat, {name: (offset, shape)})}``, so a plan uploads one buffer per dtype
-    (:func:`unpack` makes the per-name views of the uploaded copy)."""
-    groups: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
-    for name, t in tensors.items():
-        groups.setdefault(t.dtype, []).append((name, t))
-    out = {}
-    for dtype, items in groups.items():
-        step = max(1, 16 // torch.empty((), dtype=dtype).element_size())
-        layout, offset = {}, 0
-        for name, t in items:
-            layout[name] = (offset, tuple(t.shape))
-            offset += -(-t.numel() // step) * step
-        flat = np.zeros(offset, dtype=items[0][1].numpy().dtype)  # numpy: no threaded fill
-        for name, t in items:
-            start = layout[name][0]
-            flat[start:start + t.numel()] = t.numpy().reshape(-1)
-        out[dtype] = (torch.from_numpy(flat), layout)
-    return out
+#: byte alignment of every piece of a packed buffer (256: what cuDNN wants of its operands)
+ALIGN_BYTES = 256
 
 
-def unpack(flat: torch.Tensor, layout: dict) -> dict[str, torch.Tensor]:
-    """The per-name views of a flat buffer made by :func:`pack` (or its device copy)."""
-    views = {}
-    for name, (offset, shape) in layout.items():
+def byte_layout(pieces: dict[str, tuple[torch.dtype, tuple[int, ...]]],
+                start: int = 0) -> tuple[dict[str, tuple[int, torch.dtype, tuple[int, ...]]], int]:
+    """``{name: (byte offset, dtype, shape)}`` for pieces laid out from ``start``, each
+    :data:`ALIGN_BYTES`-aligned, and the end offset."""
+    layout, offset = {}, start
+    for name, (dtype, shape) in pieces.items():
+        offset = -(-offset // ALIGN_BYTES) * ALIGN_BYTES
+        layout[name] = (offset, dtype, tuple(shape))
         n = 1
         for extent in shape:
             n *= extent
-        views[name] = flat[offset:offset + n].view(shape)
+        offset += n * dtype.itemsize
+    return layout, offset
+
+
+def pack(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    """Host tensors of any dtypes in one flat uint8 buffer, every piece :data:`ALIGN_BYTES`-aligned:
+    ``(flat, {name: (byte offset, dtype, shape)})``, so a plan uploads them with one copy
+    (:func:`unpack` makes the per-name views of the uploaded copy)."""
+    layout, size = byte_layout({n: (t.dtype, tuple(t.shape)) for n, t in tensors.items()})
+    flat = np.zeros(size, dtype=np.uint8)  # numpy: no threaded fill
+    for name, t in tensors.items():
+        start = layout[name][0]
+        raw = t.numpy().reshape(-1).view(np.uint8)
+        flat[start:start + raw.size] = raw
+    return torch.from_numpy(flat), layout
+
+
+def unpack(flat: torch.Tensor, layout: dict) -> dict[str, torch.Tensor]:
+    """The per-name views of a uint8 buffer laid out by :func:`byte_layout` (or its device
+    copy)."""
+    views = {}
+    for name, (offset, dtype, shape) in layout.items():
+        n = 1
+        for extent in shape:
+            n *= extent
+        size = n * dtype.itemsize
+        views[name] = flat[offset:offset + size].view(dtype).view(shape)
     return views

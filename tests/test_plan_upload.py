@@ -1,0 +1,66 @@
+"""PlanUpload: a plan's index arrays reach the device in one copy, as private snapshots or in
+the fixed buffers of a CUDA-graph wrapper."""
+
+import pytest
+import torch
+
+from flashinfer.plan_upload import PlanUpload
+
+gpu = pytest.mark.gpu
+
+
+def _arrays(seed: int, device="cpu", n_pages=37):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "qo_indptr": torch.arange(6, dtype=torch.int32) * 3,
+        "kv_lens": torch.randint(1, 500, (5,), generator=g, dtype=torch.int32),
+        "kv_indices": torch.randint(0, 1000, (n_pages,), generator=g, dtype=torch.int32).to(device),
+    }
+
+
+def test_cpu_plan_gets_private_copies_and_fills_fixed_buffers():
+    up = PlanUpload(torch.device("cpu"))
+    arrays = _arrays(0)
+    fixed_buf = torch.full((64,), -7, dtype=torch.int32)
+    out = up.upload(arrays, {"kv_indices": fixed_buf}, non_blocking=True)
+    for name, t in arrays.items():
+        assert torch.equal(out[name], t)
+    assert out["qo_indptr"].data_ptr() != arrays["qo_indptr"].data_ptr()  # a snapshot
+    assert out["kv_indices"].data_ptr() == fixed_buf.data_ptr()
+    assert (fixed_buf[37:] == -7).all()
+
+
+def test_fixed_buffer_too_small_names_the_array():
+    up = PlanUpload(torch.device("cpu"))
+    with pytest.raises(ValueError, match="holds 4 entries, the plan needs 37"):
+        up.upload(_arrays(0), {"kv_indices": torch.empty(4, dtype=torch.int32)}, True)
+
+
+@gpu
+@pytest.mark.parametrize("indices_on_device", [False, True])
+def test_cuda_upload_matches_and_snapshots(indices_on_device):
+    up = PlanUpload(torch.device("cuda"))
+    for seed in range(3):  # later plans reuse (and may grow) the buffers
+        arrays = _arrays(seed, "cuda" if indices_on_device else "cpu", n_pages=37 + 5000 * seed)
+        out = up.upload(arrays, {}, non_blocking=True)
+        torch.cuda.synchronize()
+        for name, t in arrays.items():
+            assert out[name].is_cuda and torch.equal(out[name].cpu(), t.cpu()), name
+        before = out["kv_indices"].clone()
+        arrays["kv_indices"].add_(1)  # the caller's array changes after plan(): the plan does not
+        torch.cuda.synchronize()
+        assert torch.equal(out["kv_indices"], before)
+
+
+@gpu
+def test_cuda_fixed_buffers_keep_their_addresses():
+    up = PlanUpload(torch.device("cuda"))
+    fixed = {"qo_indptr": torch.zeros(16, dtype=torch.int32, device="cuda"),
+             "kv_indices": torch.zeros(100, dtype=torch.int32, device="cuda")}
+    arrays = _arrays(4)
+    out = up.upload(arrays, fixed, non_blocking=True)
+    torch.cuda.synchronize()
+    for name in fixed:
+        assert out[name].data_ptr() == fixed[name].data_ptr()
+    for name, t in arrays.items():
+        assert torch.equal(out[name].cpu(), t), name
