@@ -29,7 +29,7 @@ import torch
 
 from ._graphs import _DTYPES, _LOG2E, _binding, _workspace
 from .batch_plan import (RAGGED, BatchSpec, build_metadata, byte_layout, container,
-                         fill_page_table, fits, kv_key, make_spec, pack, unpack)
+                         fill_page_table, fits, kv_key, make_spec, unpack)
 from .plan import GraphCache
 
 BATCH_GRAPHS = GraphCache(maxsize=64)
@@ -125,7 +125,7 @@ class _Buffers:
 
     def __init__(self, spec: BatchSpec, meta, device: torch.device, batch_size: int):
         self.spec = spec
-        host, layout = pack(meta.device_tensors())
+        host, layout = meta.flat, meta.layout
         extra = {"stats": (torch.float32, spec.stats_dims())}
         if spec.page_size:
             extra["page_table"] = (torch.int32, spec.table_dims())
@@ -144,7 +144,7 @@ class _Buffers:
 
     def refill(self, meta) -> None:
         """Copy a new plan's host metadata into these buffers in place (non-blocking)."""
-        self._upload(pack(meta.device_tensors())[0])
+        self._upload(meta.flat)
 
     def _upload(self, host: torch.Tensor) -> None:
         dst = self.memory[:host.numel()]

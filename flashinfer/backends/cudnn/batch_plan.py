@@ -29,6 +29,8 @@ under a causal mask, query rows with no key before them (``qo_len > kv_len``) â€
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,12 +128,10 @@ def make_spec(plan, *, device_index: int, scale: float, min_kv: int = 1) -> Batc
     ``min_kv`` raises the pages (rows) per request the graph is declared for."""
     b = plan.batch_size
     ragged_q = plan.op != DECODE or plan.q_len_per_req > 1
-    qo = plan.qo_indptr_host.numpy()  # numpy: cheaper than torch ops on tiny host arrays
-    max_qo = int(np.diff(qo).max()) if b else 1
-    if plan.op == RAGGED:
-        kv_need = int(plan.kv_lens_host.numpy().max()) if b else 1
-    else:
-        kv_need = int(np.diff(plan.kv_indptr_host.numpy()).max()) if b else 1
+    max_qo = plan.max_qo_len if b else 1
+    # pages per request: with last_page_len in [1, page_size] (checked in plan()) a request of
+    # n keys has exactly ceil(n / page_size) pages
+    kv_need = plan.max_kv_len if plan.op == RAGGED else -(-plan.max_kv_len // plan.page_size)
     single_row = not ragged_q
     window = plan.window_left >= 0
     return BatchSpec(
@@ -160,87 +160,111 @@ def fits(spec: BatchSpec, plan) -> bool:
             and grown.kv_bucket <= spec.kv_bucket)
 
 
+_FIELDS = ("seq_len_q", "seq_len_kv", "page_src", "q_offsets", "o_offsets", "k_offsets",
+           "v_offsets", "stats_b", "stats_pos", "dead_rows")
+
+
 @dataclass(frozen=True)
 class Metadata:
-    """Host (CPU) tensors the runner's device buffers hold for one plan."""
+    """The host (CPU) metadata of one plan, packed for one upload: ``flat`` (uint8) laid out by
+    ``layout`` (:func:`metadata_layout`). Its pieces, as typed views (None when the graph does
+    not read it), by attribute â€” only the tests and the probe look at them:
 
-    seq_len_q: torch.Tensor  # [Bb, 1, 1, 1] int32
-    seq_len_kv: torch.Tensor  # [Bb, 1, 1, 1] int32
-    page_src: torch.Tensor | None  # [Bb * Pb] int32 (paged ops): position in kv_indices (pad: 0)
-    q_offsets: torch.Tensor | None  # [Bb + 1, 1, 1, 1] int32 elements (ragged Q)
-    o_offsets: torch.Tensor | None
-    k_offsets: torch.Tensor | None  # ragged op
-    v_offsets: torch.Tensor | None
-    stats_b: torch.Tensor  # [Bb * S] int64: token t's request (its stats are stats[b, :, pos])
-    stats_pos: torch.Tensor  # [Bb * S] int64: token t's row in its request
-    dead_rows: torch.Tensor  # [Bb * S] bool: token t sees no key (output 0, lse -inf)
+    * ``seq_len_q``, ``seq_len_kv`` ``[Bb, 1, 1, 1]`` int32;
+    * ``page_src`` ``[Bb * Pb]`` int32 (paged ops): positions in ``kv_indices``;
+    * ``q_offsets``, ``o_offsets`` (ragged Q), ``k_offsets``, ``v_offsets`` (ragged op)
+      ``[Bb + 1, 1, 1, 1]`` int32, in elements;
+    * ``stats_b``, ``stats_pos`` ``[Bb * S]`` int64 (ragged Q): token t's request and its row;
+    * ``dead_rows`` ``[Bb * S]`` bool: token t sees no key (output 0, lse -inf).
+    """
+
+    flat: torch.Tensor  # [bytes] uint8
+    layout: dict
     num_dead: int
 
-    def device_tensors(self) -> dict[str, torch.Tensor]:
-        return {name: getattr(self, name) for name in (
-            "seq_len_q", "seq_len_kv", "page_src", "q_offsets", "o_offsets", "k_offsets",
-            "v_offsets", "stats_b", "stats_pos", "dead_rows") if getattr(self, name) is not None}
+    def __getattr__(self, name: str):
+        if name not in _FIELDS:
+            raise AttributeError(name)
+        return unpack(self.flat, {name: self.layout[name]})[name] if name in self.layout else None
 
 
-def _col(values: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int32).reshape(-1, 1, 1, 1))
+@functools.lru_cache(maxsize=256)
+def metadata_layout(spec: BatchSpec) -> tuple[dict, int]:
+    """Byte layout of the metadata pieces ``spec``'s graph reads (see :func:`byte_layout`).
+    A dense decode query (one row per request) needs no per-token stats map."""
+    bb, col = spec.batch_bucket, (spec.batch_bucket, 1, 1, 1)
+    edges = (bb + 1, 1, 1, 1)
+    pieces = {"seq_len_q": (torch.int32, col), "seq_len_kv": (torch.int32, col)}
+    if spec.page_size:
+        pieces["page_src"] = (torch.int32, (bb * spec.kv_bucket,))
+    else:
+        pieces["k_offsets"] = pieces["v_offsets"] = (torch.int32, edges)
+    capacity = bb * spec.qo_bucket
+    if spec.ragged_q:
+        pieces["q_offsets"] = pieces["o_offsets"] = (torch.int32, edges)
+        pieces["stats_b"] = pieces["stats_pos"] = (torch.int64, (capacity,))
+    pieces["dead_rows"] = (torch.bool, (capacity,))
+    return byte_layout(pieces)
 
 
-def _offsets(starts: np.ndarray, bucket: int, row_elems: int, pad_row: int) -> torch.Tensor:
-    """Ragged offsets in elements ``[Bb + 1]``: the given starts, then ``pad_row``."""
-    out = np.full(bucket + 1, pad_row, dtype=np.int64)
-    out[:starts.size] = starts
-    return _col(out * row_elems)
+_NP = {torch.int32: np.int32, torch.int64: np.int64, torch.bool: np.bool_}
 
 
 def build_metadata(spec: BatchSpec, plan) -> Metadata:
-    """The padded per-request metadata of ``plan`` for the buckets of ``spec`` (host tensors;
-    numpy inside: a batch of 64 costs tens of microseconds)."""
+    """The padded per-request metadata of ``plan`` for the buckets of ``spec``, written straight
+    into one packed host buffer (numpy views; a batch of 64 costs a few tens of microseconds)."""
+    layout, size = metadata_layout(spec)
+    flat = np.zeros(size, dtype=np.uint8)
+    views = {}
+    for name, (offset, dtype, shape) in layout.items():
+        n = math.prod(shape)
+        views[name] = flat[offset:offset + n * dtype.itemsize].view(_NP[dtype])
     b, bb = plan.batch_size, spec.batch_bucket
-    qo_indptr = plan.qo_indptr_host.numpy().astype(np.int64)
-    qo_lens = np.diff(qo_indptr)
-    kv_lens = plan.kv_lens_host.numpy().astype(np.int64)
-    total = int(qo_indptr[-1])
+    qo_indptr = plan.qo_indptr_host.numpy()
+    kv_lens = plan.kv_lens_host.numpy()
+    kv_indptr = plan.kv_indptr_host.numpy()
 
-    seq_q = np.full(bb, 0 if spec.ragged_q else 1, dtype=np.int64)
-    seq_q[:b] = qo_lens if spec.ragged_q else 1
-    seq_kv = np.ones(bb, dtype=np.int64)
-    seq_kv[:b] = np.maximum(kv_lens, 1)  # a request with no key runs on one, then is cleared
+    seq_q, seq_kv = views["seq_len_q"], views["seq_len_kv"]
+    if spec.ragged_q:
+        seq_q[:b] = qo_indptr[1:] - qo_indptr[:-1]  # padded requests: 0 rows
+    else:
+        seq_q[:] = 1
+    seq_kv[:] = 1  # a request with no key (and a padded one) runs on one, then is cleared
+    np.maximum(kv_lens, 1, out=seq_kv[:b])
 
-    table = k_off = v_off = None
-    kv_indptr = plan.kv_indptr_host.numpy().astype(np.int64)
-    if spec.page_size:
-        cols = np.arange(spec.kv_bucket)
-        src = np.zeros((bb, spec.kv_bucket), dtype=np.int32)
-        src[:b] = np.where(cols < np.diff(kv_indptr)[:, None], kv_indptr[:-1, None] + cols, 0)
-        table = torch.from_numpy(src.reshape(-1))
+    if spec.page_size and b:
+        # request b's pages, then (padding, never read: past seq_len_kv) the positions that
+        # follow, clipped to the last listed page: every entry is a valid page
+        src = views["page_src"].reshape(bb, spec.kv_bucket)[:b]
+        np.add(kv_indptr[:-1, None], np.arange(spec.kv_bucket, dtype=np.int32), out=src)
+        np.minimum(src, max(int(kv_indptr[-1]) - 1, 0), out=src)
     else:
         # every request reads at least one row: an empty or padded one reads row 0 (valid)
         starts = np.where(kv_lens == 0, 0, kv_indptr[:-1])
-        k_off = _offsets(starts, bb, spec.num_kv_heads * spec.head_dim_qk, 0)
-        v_off = _offsets(starts, bb, spec.num_kv_heads * spec.head_dim_vo, 0)
+        views["k_offsets"][:b] = starts * (spec.num_kv_heads * spec.head_dim_qk)
+        views["v_offsets"][:b] = starts * (spec.num_kv_heads * spec.head_dim_vo)
 
-    q_off = o_off = None
+    dead = views["dead_rows"]
     if spec.ragged_q:
-        q_off = _offsets(qo_indptr, bb, spec.num_qo_heads * spec.head_dim_qk, total)
-        o_off = _offsets(qo_indptr, bb, spec.num_qo_heads * spec.head_dim_vo, total)
+        total = int(qo_indptr[-1])
+        qo_lens = qo_indptr[1:] - qo_indptr[:-1]
+        for name, row in (("q_offsets", spec.num_qo_heads * spec.head_dim_qk),
+                          ("o_offsets", spec.num_qo_heads * spec.head_dim_vo)):
+            views[name][:b + 1] = qo_indptr * row
+            views[name][b + 1:] = total * row  # padded requests start at the end
+        # per token: its request and its row in the request
+        views["stats_b"][:total] = np.repeat(np.arange(b), qo_lens)
+        views["stats_pos"][:total] = np.arange(total) - np.repeat(qo_indptr[:-1], qo_lens)
+        # rows that see no key: all of a request without keys; under a causal mask the first
+        # qo_len - kv_len rows of a request with more queries than keys
+        blind = np.where(kv_lens == 0, qo_lens,
+                         np.clip(qo_lens - kv_lens, 0, None) if plan.causal else 0)
+        for r in np.flatnonzero(blind):
+            dead[qo_indptr[r]:qo_indptr[r] + blind[r]] = True
+    else:
+        dead[:b] = kv_lens == 0
 
-    # per token: its request, its row in the request, whether it sees a key
-    capacity = bb * spec.qo_bucket
-    tokens = np.arange(total)
-    request = np.searchsorted(qo_indptr[1:], tokens, side="right")
-    pos = tokens - qo_indptr[request]
-    stats_b = np.zeros(capacity, dtype=np.int64)
-    stats_pos = np.zeros(capacity, dtype=np.int64)
-    stats_b[:total], stats_pos[:total] = request, pos
-    sees_nothing = kv_lens[request] == 0
-    if plan.causal:
-        sees_nothing |= kv_lens[request] - qo_lens[request] + pos < 0
-    dead = np.zeros(capacity, dtype=np.bool_)
-    dead[:total] = sees_nothing
-    return Metadata(_col(seq_q), _col(seq_kv), table, q_off, o_off, k_off, v_off,
-                    torch.from_numpy(stats_b), torch.from_numpy(stats_pos), torch.from_numpy(dead),
-                    int(sees_nothing.sum()))
+    return Metadata(torch.from_numpy(flat), layout, int(dead.sum()))
 
 
 def fill_page_table(table: torch.Tensor, page_src: torch.Tensor, kv_indices: torch.Tensor) -> None:
@@ -270,19 +294,6 @@ def byte_layout(pieces: dict[str, tuple[torch.dtype, tuple[int, ...]]],
             n *= extent
         offset += n * dtype.itemsize
     return layout, offset
-
-
-def pack(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
-    """Host tensors of any dtypes in one flat uint8 buffer, every piece :data:`ALIGN_BYTES`-aligned:
-    ``(flat, {name: (byte offset, dtype, shape)})``, so a plan uploads them with one copy
-    (:func:`unpack` makes the per-name views of the uploaded copy)."""
-    layout, size = byte_layout({n: (t.dtype, tuple(t.shape)) for n, t in tensors.items()})
-    flat = np.zeros(size, dtype=np.uint8)  # numpy: no threaded fill
-    for name, t in tensors.items():
-        start = layout[name][0]
-        raw = t.numpy().reshape(-1).view(np.uint8)
-        flat[start:start + raw.size] = raw
-    return torch.from_numpy(flat), layout
 
 
 def unpack(flat: torch.Tensor, layout: dict) -> dict[str, torch.Tensor]:
