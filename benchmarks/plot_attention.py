@@ -54,6 +54,16 @@ def table(cases, order) -> str:
         r_up = metric(auto) / metric(up[up_k]) if up_k else float("nan")
         lines.append(f"{case:34s} {metric(auto):6.2f}{unit[:2]} {str(auto.get('chosen')):>20s} "
                      f"{best_txt:>22s} {up_txt:>20s} {r_best:9.2f} {r_up:8.2f}")
+    lines.append("")
+    lines.append(f"{'decode, CUDA-graph replay (GPU time)':34s} {'auto TB/s':>10s} {'upstream':>10s} "
+                 f"{'auto/up':>8s}")
+    for case in order:
+        auto, up = cases[case].get("auto", {}), cases[case].get("upstream:auto", {})
+        if "graph_tb_per_s" in auto:
+            u = up.get("graph_tb_per_s")
+            lines.append(f"{case:34s} {auto['graph_tb_per_s']:10.2f} "
+                         f"{(f'{u:.2f}' if u else '-'):>10s} "
+                         f"{(auto['graph_tb_per_s'] / u if u else float('nan')):8.2f}")
     return "\n".join(lines)
 
 
