@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import torch
 
 from .api_logging import flashinfer_api
@@ -121,7 +122,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
             raise ValueError("last_page_len must hold at least one request")
         indptr_h = index_array("indptr", indptr)
         check_indptr("indptr", indptr_h, batch)
-        n_pages = int(indptr_h[-1])
+        n_pages = int(indptr_h.numpy()[-1])
         indices_d, max_page = page_indices("indices", index_array("indices", indices, host=False),
                                            n_pages)
         kv_lens_h = paged_kv_lens(indptr_h, last_h, page_size)
@@ -131,7 +132,8 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         if self._use_cuda_graph and batch != self._fixed_batch_size:
             raise ValueError(f"this CUDA-graph wrapper has a fixed batch size {self._fixed_batch_size} "
                              f"(len(paged_kv_last_page_len_buffer)); plan() got {batch}")
-        qo_h = torch.arange(batch + 1, dtype=torch.int32) * q_len_per_req
+        qo_h = torch.from_numpy(np.arange(0, (batch + 1) * q_len_per_req, q_len_per_req,
+                                          dtype=np.int32))
         dev, graph = self.device, self._use_cuda_graph
         buf = (lambda name: getattr(self, name)) if graph else (lambda name: None)
         on_device = self._upload.upload(
@@ -149,7 +151,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
             qo_indptr_host=qo_h, kv_indptr_host=indptr_h, kv_lens_host=kv_lens_h,
             kv_last_page_len_host=last_h, **on_device,
             total_qo=batch * q_len_per_req, max_qo_len=q_len_per_req,
-            max_kv_len=int(kv_lens_h.max()), cuda_graph=graph,
+            max_kv_len=int(kv_lens_h.numpy().max()), cuda_graph=graph,
             workspace=self._float_workspace_buffer)
         self._finish_plan(plan, max_page)
         set_plan_attributes(self, plan, window_left, replay)

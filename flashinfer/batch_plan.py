@@ -95,12 +95,14 @@ def paged_kv_lens(indptr: torch.Tensor, last_page_len: torch.Tensor, page_size: 
     """kv length per request on the host; checks ``last_page_len`` against ``page_size``."""
     ind, last = indptr.numpy(), last_page_len.numpy()
     pages = ind[1:] - ind[:-1]
-    has = pages > 0
-    if bool(((last < has) | (last > page_size)).any()):
+    # a request with pages needs last in [1, page_size]; one without, last in [0, page_size]
+    if bool(((last < (pages > 0)) | (last > page_size)).any()):
         raise ValueError(f"paged_kv_last_page_len must be in [1, page_size={page_size}] for every "
                          f"request with pages, got {last_page_len.tolist()[:16]}")
-    lens = np.where(has, (pages - 1) * page_size + last, 0).astype(np.int32)
-    return torch.from_numpy(lens)
+    lens = pages * page_size
+    lens += last - page_size
+    np.maximum(lens, 0, out=lens)  # no page: length 0
+    return torch.from_numpy(lens.astype(np.int32, copy=False))
 
 
 def page_indices(name: str, t: torch.Tensor, n_pages: int,

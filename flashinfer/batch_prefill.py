@@ -68,14 +68,14 @@ class _PrefillBase(BatchWrapperBase):
             last_h = index_array("paged_kv_last_page_len", last_page_len, batch)
             page_size = positive_int("page_size", page_size)
             indices_h, max_page = page_indices(
-                "paged_kv_indices", index_array("paged_kv_indices", indices, host=False), int(kv_h[-1]),
+                "paged_kv_indices", index_array("paged_kv_indices", indices, host=False), int(kv_h.numpy()[-1]),
                 "paged_kv_indptr")
             kv_lens_h = paged_kv_lens(kv_h, last_h, page_size)
         else:
             page_size = 0
             kv_lens_h = (kv_h[1:] - kv_h[:-1]).to(torch.int32)
         qo_lens_h = qo_h[1:] - qo_h[:-1]
-        total_qo = int(qo_h[-1])
+        total_qo = int(qo_h.numpy()[-1])
         if self._use_cuda_graph:
             if batch != self._fixed_batch_size:
                 raise ValueError(f"this CUDA-graph wrapper has a fixed batch size {self._fixed_batch_size} "
@@ -106,7 +106,7 @@ class _PrefillBase(BatchWrapperBase):
             qo_indptr_host=qo_h, kv_indptr_host=kv_h, kv_lens_host=kv_lens_h,
             kv_last_page_len_host=last_h, kv_indices=on_device.pop("kv_indices", None),
             kv_last_page_len=on_device.pop("kv_last_page_len", None), **on_device,
-            total_qo=total_qo, max_qo_len=int(qo_lens_h.max()), max_kv_len=int(kv_lens_h.max()),
+            total_qo=total_qo, max_qo_len=int(qo_lens_h.numpy().max()), max_kv_len=int(kv_lens_h.numpy().max()),
             custom_mask=mask, mask_indptr_host=mask_h, cuda_graph=graph,
             workspace=self._float_workspace_buffer)
         self._finish_plan(plan, max_page)
