@@ -31,6 +31,7 @@ import torch
 
 from . import dispatch
 from .api_logging import flashinfer_api
+from .custom_op import custom_op
 from .dispatch import Problem
 from .prefill import check_kv_layout
 
@@ -112,10 +113,22 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
     ``kv_indices[kv_indptr[batch_indices[t]] + positions[t] // page_size]``, slot
     ``positions[t] % page_size``. The page table must already include the appended tokens.
     ``append_key/value`` must have the cache dtype (quantise to fp8 before appending).
-    ``kv_last_page_len`` is accepted for upstream compatibility and not read."""
+    ``kv_last_page_len`` is accepted for upstream compatibility and not read.
+
+    Registered as the custom op ``flashinfer::append_paged_kv_cache`` (the cache as a list of
+    one tensor or of the (k, v) pair, mutated), so ``torch.compile(fullgraph=True)`` traces it."""
     layout = check_kv_layout(kv_layout)
+    _check_append(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices,
+                  kv_indptr, layout)
+    cache = [paged_kv_cache] if isinstance(paged_kv_cache, torch.Tensor) else list(paged_kv_cache)
+    _append(append_key, append_value, batch_indices, positions, cache, kv_indices, kv_indptr,
+            layout, backend)
+
+
+def _check_append(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices,
+                  kv_indptr, layout: str) -> None:
+    """Argument checks (metadata only: they run on fake tensors while tracing too)."""
     k_cache, v_cache = unpack_paged_kv_cache(paged_kv_cache, layout)
-    page_size = k_cache.shape[_page_dim(layout)]
     heads = k_cache.shape[2 if layout == "NHD" else 1]
     if v_cache.dtype != k_cache.dtype or v_cache.device != k_cache.device:
         raise ValueError(f"paged_kv_cache: v_cache ({v_cache.dtype}, {v_cache.device}) must match "
@@ -143,11 +156,25 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
     if batch_indices.shape[0] != nnz or positions.shape[0] != nnz:
         raise ValueError(f"batch_indices and positions must have nnz={nnz} entries, "
                          f"got {batch_indices.shape[0]} and {positions.shape[0]}")
+
+
+def _append_fake(append_key, append_value, batch_indices, positions, cache, kv_indices, kv_indptr,
+                 kv_layout, backend) -> None:
+    return None
+
+
+@custom_op("append_paged_kv_cache", mutates_args=("cache",), fake=_append_fake)
+def _append(append_key: torch.Tensor, append_value: torch.Tensor, batch_indices: torch.Tensor,
+            positions: torch.Tensor, cache: list[torch.Tensor], kv_indices: torch.Tensor,
+            kv_indptr: torch.Tensor, kv_layout: str, backend: str) -> None:
+    k_cache, v_cache = unpack_paged_kv_cache(cache[0] if len(cache) == 1 else tuple(cache), kv_layout)
+    page_size = k_cache.shape[_page_dim(kv_layout)]
+    heads = k_cache.shape[2 if kv_layout == "NHD" else 1]
     problem = Problem.make(
         "append_paged_kv", k_cache.device, dtypes={"kv": k_cache.dtype},
         shape={"num_kv_heads": heads, "head_dim": k_cache.shape[-1], "page_size": page_size,
-               "num_tokens": dispatch.length_bucket(nnz)},
-        layout=layout)
+               "num_tokens": dispatch.length_bucket(append_key.shape[0])},
+        layout=kv_layout)
     decision = dispatch.decide(problem, backend)
     decision.kernel(append_key, append_value, batch_indices, positions, k_cache, v_cache,
-                    kv_indices, kv_indptr, page_size, layout)
+                    kv_indices, kv_indptr, page_size, kv_layout)

@@ -276,3 +276,22 @@ def test_gpu_auto_picks_triton_and_never_syncs():
             torch.cuda.set_sync_debug_mode("default")
     assert log[-1].backend == "triton"
     assert torch.equal(case["cache"], expected)
+
+
+# --- torch.compile ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("form", ["5d", "tuple"])
+def test_compile_fullgraph_traces_the_append(form):
+    """The custom op flashinfer::append_paged_kv_cache: a compiled function mutates the cache
+    exactly as eager does."""
+    torch.manual_seed(11)
+    case = make_case("NHD", 4, form)
+    expected = naive(case, "NHD")
+
+    def f(k_app, v_app, b, p, paged, indices, indptr, last):
+        flashinfer.append_paged_kv_cache(k_app, v_app, b, p, paged, indices, indptr, last, "NHD")
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    compiled(case["k_app"], case["v_app"], case["b"], case["p"], case["paged"], case["indices"],
+             case["indptr"], case["last"])
+    assert torch.equal(case["cache"], expected)
