@@ -214,6 +214,21 @@ def test_decisions_on_simulated_sms(op, sm):
     assert "reference" in [c.backend for c in decision.candidates]
 
 
+@pytest.mark.parametrize("batch, graph, want", [(8, True, "triton"), (8, False, "cudnn"),
+                                                (64, True, "cudnn")])
+def test_small_graph_decode_goes_to_triton_on_sm90(batch, graph, want):
+    """GPU time decides a captured decode (launch cost is gone): Triton below batch 16."""
+    problem = dispatch.Problem.make(
+        "batch_decode", simulated("9.0"), dtypes={"q": "bfloat16", "kv": "bfloat16", "o": "bfloat16"},
+        shape={"head_dim_qk": 128, "head_dim_vo": 128, "num_qo_heads": 32, "num_kv_heads": 8,
+               "batch_size": batch, "max_qo_len": 1, "max_kv_len": 4096, "total_qo_len": batch,
+               "page_size": 16, "q_len_per_req": 1},
+        features=["gqa"] + (["cuda_graph"] if graph else []), layout="NHD")
+    decision = dispatch.select(problem, assume_installed=True)
+    assert decision.backend == want
+    assert (decision.rule == "small_graph_decode_prefers_triton") == (want == "triton")
+
+
 def test_reference_rejects_cuda_graph_problems():
     problem = dispatch.Problem.make(
         "batch_decode", simulated("9.0"), dtypes={"q": "bfloat16", "kv": "bfloat16", "o": "bfloat16"},

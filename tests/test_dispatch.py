@@ -202,6 +202,11 @@ def test_rules_validation(tmp_path):
                     '[[threshold]]\nname = "t"\nfamilies = ["9.0"]\norder = ["triton"]\n')
     with pytest.raises(DispatchRulesError, match="threshold.0..basis"):
         parse_file(path)
+    path.write_text('op = "rmsnorm"\npriority_basis = "x"\n[priority]\ncpu = ["triton"]\n'
+                    '[[threshold]]\nname = "t"\nfamilies = ["9.0"]\nfeatures = ["fused"]\n'
+                    'order = ["triton"]\nbasis = "b"\n')
+    with pytest.raises(DispatchRulesError, match="threshold.0..features"):
+        parse_file(path)
 
 
 def test_threshold_rule_reorders(tmp_path, monkeypatch):
@@ -216,6 +221,17 @@ def test_threshold_rule_reorders(tmp_path, monkeypatch):
     assert select(big, tuned_path=str(rules), assume_installed=True).backend == "triton"
     monkeypatch.setenv("FLASHINFER_TUNED_RULES", str(rules))
     assert decide(norm_problem()).source == "tuned"
+
+
+def test_threshold_rule_with_features_applies_only_to_calls_using_them(tmp_path):
+    rules = tmp_path / "tuned.json"
+    rules.write_text(json.dumps({"rules": [{
+        "op": "rmsnorm", "name": "fused_reference", "families": ["9.0"], "features": ["fused_add"],
+        "order": ["reference", "triton"], "basis": "test"}]}))
+    fused = Problem.make("rmsnorm", simulated("9.0"), dtypes={"input": "bfloat16"},
+                         shape={"hidden_size": 4096, "num_rows": 16}, features=["fused_add"])
+    assert select(fused, tuned_path=str(rules), assume_installed=True).rule == "fused_reference"
+    assert select(norm_problem(), tuned_path=str(rules), assume_installed=True).backend == "triton"
 
 
 def test_bad_tuned_rules_file(tmp_path):

@@ -14,6 +14,7 @@ One TOML file per op (``<op>.toml`` beside this file)::
     name = "short_prefill_prefers_flash"
     families = ["9.0"]
     when = { qo_len = { max = 64 } }   # same limit tables as the capability DB
+    features = ["cuda_graph"]          # optional: the call must use all of these features
     order = ["torch:flash_varlen", "cudnn"]
     basis = "benchmarks/results/....json: flash 1.4x cuDNN below 64 query tokens"
 
@@ -63,9 +64,12 @@ class ShapeRule:
     when: tuple[tuple[str, ShapeLimit], ...]
     order: tuple[str, ...]
     basis: str
+    features: frozenset = frozenset()
 
     def matches(self, problem) -> bool:
         if sm_family(problem.sm) not in self.families:
+            return False
+        if not self.features <= set(problem.features):
             return False
         facts = dict(problem.shape)
         return all(fact in facts and limit.admits(facts[fact]) for fact, limit in self.when)
@@ -100,7 +104,7 @@ def _check_order(order: Any, source: str, where: str) -> tuple[str, ...]:
 
 
 def _parse_rule(raw: dict, op: str, source: str, where: str) -> ShapeRule:
-    allowed = {"name", "families", "when", "order", "basis", "op"}
+    allowed = {"name", "families", "when", "features", "order", "basis", "op"}
     unknown = set(raw) - allowed
     if unknown:
         raise _fail(source, f"{where}.{sorted(unknown)[0]}", f"unknown key; allowed: {sorted(allowed)}")
@@ -119,8 +123,13 @@ def _parse_rule(raw: dict, op: str, source: str, where: str) -> ShapeRule:
         values = limit.get("values")
         when.append((fact, ShapeLimit(tuple(values) if values is not None else None,
                                       limit.get("min"), limit.get("max"), limit.get("multiple_of"))))
+    features = raw.get("features", [])
+    if not isinstance(features, list) or any(f not in OPS[op].features for f in features):
+        raise _fail(source, f"{where}.features", f"expected a list from {OPS[op].features}, "
+                                                  f"got {features!r}")
     return ShapeRule(raw["name"], tuple(families), tuple(when),
-                     _check_order(raw.get("order"), source, f"{where}.order"), raw["basis"])
+                     _check_order(raw.get("order"), source, f"{where}.order"), raw["basis"],
+                     frozenset(features))
 
 
 def parse_file(path: Path) -> OpRules:
