@@ -12,4 +12,4 @@ from .. import KernelTable
 KERNELS = KernelTable("triton")
 
 from . import activation, norm, rope  # noqa: E402,F401  (fill KERNELS)
-from . import batch_decode, page  # noqa: E402,F401
+from . import batch_decode, page, sampling  # noqa: E402,F401

@@ -1,0 +1,172 @@
+"""torch backend for the sampling family: the sort + cumsum baseline users write today.
+
+One descending sort per row gives every keep rule of :mod:`flashinfer.sampling` as a prefix of
+the sorted row (top-k, top-p and min-p keep "everything at least this large"), the exclusive
+cumulative sum gives the mass strictly larger than each entry (ties share the sum of their first
+member), and an inverse CDF over the kept prefix draws the sample. float32 throughout, any device.
+
+Random numbers: one ``torch.Generator`` on the input's device per call, seeded from the Python
+ints ``(seed, offset)`` through :func:`~flashinfer.backends.reference.sampling.mix64`; output row
+``i`` uses the ``i``-th uniform. Tensor seeds are not served (reading them would sync the host),
+so the records do not declare ``seed_tensor``.
+
+Registered into the ``torch`` adapter's table (``backends/torch_native.py`` imports this module).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .reference.sampling import mix64
+from .torch_native import KERNELS
+
+
+def _uniforms(seed, offset, shape: tuple[int, ...], device) -> torch.Tensor:
+    if isinstance(seed, torch.Tensor) or isinstance(offset, torch.Tensor):
+        raise ValueError("the torch sampling backend takes Python-int seed/offset only")
+    gen = torch.Generator(device=device)
+    gen.manual_seed(mix64(seed, offset))
+    return torch.rand(shape, generator=gen, device=device, dtype=torch.float32)
+
+
+def _column(value, rows, dtype, device):
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        col = value.to(device=device, dtype=dtype)
+        return (col if rows is None else col[rows]).unsqueeze(-1)
+    return torch.tensor(value, dtype=dtype, device=device)
+
+
+def _valid(p: torch.Tensor) -> torch.Tensor:
+    return torch.isfinite(p).all(-1) & (p >= 0).all(-1) & (p.sum(-1) > 0)
+
+
+def _sorted_keep(s: torch.Tensor, top_k, top_p, min_p, joint: bool) -> torch.Tensor:
+    """Keep mask on rows ``s`` sorted descending (fp32); each rule keeps a prefix."""
+    vocab = s.shape[-1]
+    pos = torch.arange(vocab, device=s.device)
+    keep = s > 0
+    if top_k is not None:
+        kth = s.gather(-1, (top_k.clamp(1, vocab) - 1).expand(s.shape[0], 1))
+        no_filter = (top_k <= 0) | (top_k >= vocab)
+        keep &= no_filter | (s >= kth)
+    if top_p is not None:
+        exclusive = s.cumsum(-1) - s
+        # ties: the mass strictly larger is the exclusive sum at the tie group's first member
+        first = torch.where(torch.cat([torch.ones_like(s[:, :1], dtype=torch.bool),
+                                       s[:, 1:] != s[:, :-1]], -1), pos, 0).cummax(-1).values
+        larger = exclusive.gather(-1, first)
+        total = torch.where(keep, s, 0).sum(-1, keepdim=True) if (top_k is not None and not joint) \
+            else s.sum(-1, keepdim=True)
+        keep &= (top_p >= 1) | (larger < top_p * total) | (s == s[:, :1])
+    if min_p is not None:
+        keep &= s >= min_p * s[:, :1]
+    return keep
+
+
+def _draw_sorted(kept: torch.Tensor, order: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse CDF over descending kept weights; maps back through ``order``."""
+    cdf = kept.cumsum(-1)
+    idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True)
+    last = ((kept > 0).sum(-1, keepdim=True) - 1).clamp_min(0)
+    return order.gather(-1, torch.minimum(idx, last)).squeeze(-1)
+
+
+def _rows(indices, num_rows: int, count: int, device):
+    if indices is None:
+        return None, torch.ones(count, dtype=torch.bool, device=device)
+    rows = indices.long()
+    inside = (rows >= 0) & (rows < num_rows)
+    return torch.where(inside, rows, 0), inside
+
+
+@KERNELS.kernel("sampling_from_probs")
+def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, deterministic,
+                        seed, offset) -> None:
+    count = out.numel()
+    rows, inside = _rows(indices, probs.shape[0], count, probs.device)
+    p = probs if rows is None else probs[rows]
+    ok = inside & _valid(p)
+    s, order = torch.where(ok.unsqueeze(-1), p, 0).sort(dim=-1, descending=True)
+    keep = _sorted_keep(s, _column(top_k, rows, torch.int64, p.device),
+                        _column(top_p, rows, torch.float32, p.device),
+                        _column(min_p, rows, torch.float32, p.device), joint)
+    token = _draw_sorted(torch.where(keep, s, 0), order, _uniforms(seed, offset, (count,), p.device))
+    out.copy_(torch.where(ok, token, 0))
+    valid.copy_(ok)
+
+
+@KERNELS.kernel("sampling_from_logits")
+def sampling_from_logits(logits, out, indices, deterministic, seed, offset) -> None:
+    count = out.numel()
+    rows, inside = _rows(indices, logits.shape[0], count, logits.device)
+    x = (logits if rows is None else logits[rows]).float()
+    ok = inside & ~torch.isnan(x).any(-1) & (x > -torch.inf).any(-1) & ~(x == torch.inf).any(-1)
+    p = torch.softmax(torch.where(ok.unsqueeze(-1), x, 0), dim=-1)
+    # exponential race: argmax p / E, E ~ Exp(1), samples p / sum(p); p = 0 never wins
+    e = -torch.log1p(-_uniforms(seed, offset, tuple(p.shape), p.device))
+    token = (p / e).argmax(-1)
+    out.copy_(torch.where(ok, token, 0))
+
+
+@KERNELS.kernel("renorm_probs")
+def renorm_probs(probs, out, top_k, top_p) -> None:
+    p = probs.float()
+    ok = _valid(p).unsqueeze(-1)
+    s, order = torch.where(ok, p, 0).sort(dim=-1, descending=True)
+    keep = _sorted_keep(s, _column(top_k, None, torch.int64, p.device),
+                        _column(top_p, None, torch.float32, p.device), None, False)
+    kept = torch.where(keep, s, 0)
+    total = kept.sum(-1, keepdim=True)
+    normed = torch.where(ok, kept / torch.where(total > 0, total, 1), 0)
+    out.copy_(torch.zeros_like(p).scatter_(-1, order, normed))
+
+
+@KERNELS.kernel("top_k_mask_logits")
+def top_k_mask_logits(logits, out, top_k) -> None:
+    vocab = logits.shape[-1]
+    k = _column(top_k, None, torch.int64, logits.device)
+    s, _ = logits.sort(dim=-1, descending=True)
+    kth = s.gather(-1, (k.clamp(1, vocab) - 1).expand(s.shape[0], 1))
+    keep = (k <= 0) | (k >= vocab) | (logits >= kth)
+    out.copy_(torch.where(keep, logits, torch.tensor(-torch.inf, dtype=logits.dtype,
+                                                         device=logits.device)))
+
+
+@KERNELS.kernel("softmax")
+def softmax(logits, out, temperature) -> None:
+    x = logits.float()
+    if temperature is not None:
+        x = x / (temperature.float().unsqueeze(-1) if isinstance(temperature, torch.Tensor)
+                 else float(temperature))
+    out.copy_(torch.softmax(x, dim=-1))
+
+
+@KERNELS.kernel("chain_speculative_sampling")
+def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, output, accepted,
+                               emitted, deterministic, seed, offset) -> None:
+    batch, n, vocab = draft_probs.shape
+    dev = draft_probs.device
+    u = _uniforms(seed, offset, (batch, n + 1), dev)
+    ids = draft_token_ids.long()
+    inside = (ids >= 0) & (ids < vocab)
+    safe = torch.where(inside, ids, 0).unsqueeze(-1)
+    p_draft = draft_probs.float().gather(-1, safe).squeeze(-1)
+    p_target = target_probs[:, :n].float().gather(-1, safe).squeeze(-1)
+    accept = inside & (u[:, :n] * p_draft < p_target)
+    pos = accept.int().cumprod(-1).sum(-1)  # first rejected draft, or n
+    padded = torch.cat([draft_probs.float(), torch.zeros_like(draft_probs[:, :1]).float()], 1)
+    at = pos.view(batch, 1, 1).expand(batch, 1, vocab)
+    t = target_probs.float().gather(1, at).squeeze(1)
+    residual = (t - padded.gather(1, at).squeeze(1)).clamp_min(0)
+    weights = torch.where(residual.sum(-1, keepdim=True) > 0, residual, t.clamp_min(0))
+    s, order = weights.sort(dim=-1, descending=True)
+    final = _draw_sorted(s, order, u[:, n])
+    col = torch.arange(n + 1, device=dev)
+    drafts = torch.cat([ids, ids[:, :1]], 1)
+    result = torch.where(col < pos.unsqueeze(-1), drafts, -1)
+    result = torch.where(col == pos.unsqueeze(-1), final.unsqueeze(-1), result)
+    output.copy_(result)
+    accepted += accept.sum(-1).to(accepted.dtype)
+    emitted += pos.to(emitted.dtype)

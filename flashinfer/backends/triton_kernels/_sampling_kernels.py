@@ -1,0 +1,671 @@
+"""@triton.jit kernels of the sampling family (registered in ``sampling.py``). One program per row.
+
+Filtered sampling without sorting: pivot search plus rejection by an exponential race
+====================================================================================
+
+Every keep rule of the contract (top-k, top-p, min-p, top-k-first-then-top-p, joint) keeps an
+*upper set* of the row: with ``c(t) = #{p > t}`` and ``m(t) = sum{p > t}``, a token of value ``v``
+is kept iff ``pred(v)``, ``pred(t) = (c(t) < k) & (m(t) < top_p * S_ref) & (t >= min_p * max)
+| (t >= max)``, which is monotone in ``t``. Evaluating ``pred`` at a pivot ``t`` decides a whole
+side: true -> every token ``>= t`` is kept; false -> every token ``<= t`` is rejected. The kernel
+keeps the bracket ``lo < hi`` (``lo`` rejected, ``hi`` kept; ``0`` and ``max`` after round 0) and
+runs *rounds*, each exactly one pass over the row, which
+
+1. counts ``c`` and sums ``m`` above ``NP = 8`` pivots at once: the pending candidate's value,
+   three pairs ``(v - 1 ulp, v)`` of sample values ``v`` placed around the boundary, and the
+   bracket's midpoint in ordered-int (fp32 bit) space; then moves ``lo`` / ``hi`` to the tightest
+   decided pivots. The samples come from the previous pass: per lane a race (weight 1 when the
+   boundary is a count, ``p`` when it is a mass) over the tokens inside the bracket; the Q
+   winners are ranked by comparison and the order statistics at the boundary's estimated rank
+   picked (a Floyd-Rivest style selection);
+2. draws a candidate from ``p`` restricted to ``{p > lo}`` (a superset of the kept set) by an
+   exponential race: the winner of ``argmax p_i / E_i``, ``E_i = -log(u_i)``, is distributed as
+   ``p_i / sum``. The same pass runs the race over ``{p > pivot}`` for every pivot, so the
+   candidate comes from the bracket *after* this round's update (that set depends only on the
+   data and on pivots fixed before the pass). Its value ``>= hi`` -> accepted; otherwise it is
+   *pending*: its value is pivot 0 of the next round, which decides it.
+
+Round 0's sample slots are the grid ``4**j / (4 V)`` (the scale of a normalised row).
+
+The output is the first accepted candidate in round order. Each candidate is drawn with fresh
+randomness from a superset of the kept set that depends only on earlier rounds, and it is
+accepted iff it is kept, so given acceptance it is distributed exactly as ``p`` renormalised on
+the kept set (rejection sampling with an adaptive proposal); pivots only affect the speed.
+
+top-k first, then top-p (``joint=False``) needs ``S_k``, the mass of the top-k set: while it is
+unknown the pivots bracket the top-k boundary (``lo_k``, ``hi_k``; count samples) and top-p
+pivots stay undecided; ``S_k = m(lo_k)`` once every token above ``lo_k`` is certainly in the top k
+(``c(lo_k) <= k``, nothing strictly inside the bracket, or the two ends adjacent in fp32). min-p's
+threshold is exact after round 0.
+
+Worst case: the midpoint pivot halves the bracket's ordered-int width (< 2**31) every round, so a
+bracket is exact after <= 31 rounds, after which the next draw is accepted. top-k-first resolves
+two brackets: <= 1 + 31 + 31 + 2 = 65 rounds (``MAX_ROUNDS = 66``; a fallback pass returning the
+arg-max follows, unreachable in exact arithmetic). Measured under the interpreter on softmax of
+Gaussian logits, V = 32768: top-p 0.9 and min-p 1-2 passes, top-k 50 2-4, top-k 50 then top-p
+0.9 2-5 (the flattest rows need the most), top-k 1000 + top-p 5-6. No sort, one launch, no host
+synchronisation, nothing allocated.
+
+RNG: Philox4x32 (``triton.language.random.philox``, ``PHILOX_ROUNDS`` rounds) keyed on the seed,
+with the counter ``(element / 4, output row, round | tag << 8 | offset_hi << 16, offset_lo)``; the
+four outputs serve four quarters of a ``4 * Q`` chunk.
+
+The other kernels: ``threshold_kernel`` (renorm_probs, top_k_mask_logits) runs the same pivot
+search without draws until the bracket is exact (<= 32 rounds, typically 2-4), then one write
+pass; ``softmax_kernel`` two passes (online max/sum, write); ``logits_sample_kernel`` one race pass
+(Gumbel-max: ``argmax l_i - log E_i``); ``chain_spec_kernel`` one program per request (n scalar
+accept tests, one race pass over the residual row).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language.random import philox, uint_to_uniform_float
+
+INT_MAX = tl.constexpr(2147483647)
+
+
+@triton.jit
+def _ord(x):
+    """fp32 -> int32 whose signed order is the float order (NaN aside)."""
+    b = x.to(tl.int32, bitcast=True)
+    return tl.where(b < 0, b ^ 0x7FFFFFFF, b)
+
+
+@triton.jit
+def _unord(o):
+    b = tl.where(o < 0, o ^ 0x7FFFFFFF, o)
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _pivots(a, b, first, samp, NP: tl.constexpr):
+    """[NP] pivots: ``first``, then ``samp`` where it is a number (sample-derived), the last one
+    the midpoint of (a, b) in ordered-int space; a NaN slot falls back to an even grid there."""
+    j = tl.arange(0, NP)
+    oa = _ord(a).to(tl.int64)
+    ob = _ord(b).to(tl.int64)
+    jb = tl.where(j == NP - 1, NP // 2, j).to(tl.int64)
+    bit = _unord((oa + ((ob - oa) * jb) // NP).to(tl.int32))
+    piv = tl.where((j < NP - 1) & (samp == samp), samp, bit)
+    return tl.where(j == 0, first, piv)
+
+
+@triton.jit
+def _sample_pivots(samp_k, samp_v, a, b, frac, NP: tl.constexpr, Q: tl.constexpr,
+                   CH: tl.constexpr):
+    """Slots 1..NP-2 of the next round's pivots from this round's sample of the bracket (one race
+    winner per lane): (NP - 2) / 2 of its order statistics around fraction ``frac`` from the top,
+    about two binomial standard deviations apart (the lane sample is not uniform), each as the
+    pair (value one ulp down, value) so that a boundary token met by the sample is decided
+    exactly. Other slots, or an empty sample: NaN.
+    Only samples inside the (already narrowed) bracket (a, b) count; ``frac`` refers to it.
+    Ranks come from [Q, CH] comparisons, CH lanes at a time (no sort)."""
+    have = (samp_k >= 0.0) & (samp_v > a) & (samp_v < b)
+    v = tl.where(have, samp_v, float("-inf"))
+    s = tl.sum(have.to(tl.int32), axis=0)
+    above = tl.zeros([Q], tl.int32)                     # samples strictly above each sample
+    blocks = tl.reshape(v, [Q // CH, CH])
+    row_id = tl.arange(0, Q // CH)
+    for b in tl.static_range(Q // CH):
+        chunk = tl.sum(tl.where(row_id[:, None] == b, blocks, 0.0), axis=0)
+        above += tl.sum((chunk[None, :] > v[:, None]).to(tl.int32), axis=1)
+    sf = s.to(tl.float32)
+    f = tl.minimum(tl.maximum(frac, 0.0), 1.0)
+    sigma = 2.0 * tl.sqrt(sf * f * (1.0 - f)) + 1.0
+    j = tl.arange(0, NP)
+    pair = (j - 1) // 2
+    rank = sf * f + (pair.to(tl.float32) - ((NP - 2) // 2 - 1) * 0.5) * sigma
+    rank = tl.minimum(tl.maximum(rank, 0.0), tl.maximum(sf - 1.0, 0.0)).to(tl.int32)
+    # the (rank+1)-th largest sample: the smallest one with at most `rank` samples above it
+    ok = have[None, :] & (above[None, :] <= rank[:, None])
+    pick = tl.min(tl.where(ok, v[None, :], float("inf")), axis=1)
+    pb = pick.to(tl.int32, bitcast=True)
+    down = tl.where(pb > 0, pb - 1, tl.where(pb == 0, -2147483647, pb + 1))
+    pick = tl.where((j % 2) == 1, down.to(tl.float32, bitcast=True), pick)
+    return tl.where((j >= 1) & (j <= NP - 2) & (s > 0), pick, float("nan"))
+
+
+@triton.jit
+def _first_pivots(V, NP: tl.constexpr):
+    """Round 0's pivot slots 1..NP-2 for probabilities: 4**j / (4 V), the scale of a normalised
+    row (any scale stays correct, only the search is slower)."""
+    j = tl.arange(0, NP)
+    grid = tl.exp2((2 * j - 4).to(tl.float32)) / V
+    return tl.where((j >= 1) & (j <= NP - 2), grid, float("nan"))
+
+
+@triton.jit
+def _mid(a, b):
+    oa = _ord(a).to(tl.int64)
+    ob = _ord(b).to(tl.int64)
+    return _unord((oa + (ob - oa) // 2).to(tl.int32))
+
+
+@triton.jit
+def _consume(x, mask, offs, rbits, lo, ta, tb, mass_w, piv, acc_c, acc_m, best_k, best_i,
+             pbest_k, pbest_i, samp_k, samp_v, DRAW: tl.constexpr, COUNT: tl.constexpr,
+             MASS: tl.constexpr):
+    """Fold one [Q] chunk into the pivot counters, the per-lane race winners over ``{x > lo}``
+    and over each ``{x > pivot}`` (DRAW; one key per token), and the per-lane sample of the open
+    bracket (ta, tb) (weight x if mass_w else 1)."""
+    gt = (x[None, :] > piv[:, None]) & mask[None, :]
+    if COUNT:
+        acc_c += gt.to(tl.int32)
+    if MASS:
+        acc_m += tl.where(gt, x[None, :], 0.0)
+    e = -tl.log(uint_to_uniform_float(rbits))
+    if DRAW:
+        key0 = tl.fdiv(x, e, ieee_rounding=False)
+        key = tl.where(mask & (x > lo), key0, -1.0)
+        better = key > best_k
+        best_k = tl.where(better, key, best_k)
+        best_i = tl.where(better, offs, best_i)
+        pkey = tl.where(gt, key0[None, :], -1.0)
+        pbetter = pkey > pbest_k
+        pbest_k = tl.where(pbetter, pkey, pbest_k)
+        pbest_i = tl.where(pbetter, offs[None, :], pbest_i)
+    w = tl.where(mass_w != 0, x, 1.0)
+    key2 = tl.where(mask & (x > ta) & (x < tb), tl.fdiv(w, e, ieee_rounding=False), -1.0)
+    better2 = key2 > samp_k
+    samp_k = tl.where(better2, key2, samp_k)
+    samp_v = tl.where(better2, x, samp_v)
+    return acc_c, acc_m, best_k, best_i, pbest_k, pbest_i, samp_k, samp_v
+
+
+@triton.jit
+def _row_pass(row_ptr, V, lo, ta, tb, mass_w, piv, seed, c1, c2, c3, NEG: tl.constexpr,
+              DRAW: tl.constexpr, COUNT: tl.constexpr, MASS: tl.constexpr,
+              NP: tl.constexpr, Q: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
+    """One read of a row: counts/masses above ``piv``, race winner over ``{x > lo}``, per-lane
+    bracket sample, and the row's max, sum, count above NEG and a bad flag (NaN or below NEG)."""
+    acc_c = tl.zeros([NP, Q], tl.int32)
+    acc_m = tl.zeros([NP, Q], tl.float32)
+    best_k = tl.full([Q], -1.0, tl.float32)
+    best_i = tl.zeros([Q], tl.int32)
+    pbest_k = tl.full([NP, Q], -1.0, tl.float32)
+    pbest_i = tl.zeros([NP, Q], tl.int32)
+    samp_k = tl.full([Q], -1.0, tl.float32)
+    samp_v = tl.zeros([Q], tl.float32)
+    mx = tl.full([Q], float("-inf"), tl.float32)
+    sm = tl.zeros([Q], tl.float32)
+    npos = tl.zeros([Q], tl.int32)
+    bad = tl.zeros([Q], tl.int32)
+    lane = tl.arange(0, Q)
+    for start in range(0, V, 4 * Q):
+        cnt = (start // 4 + lane).to(tl.uint32)
+        r0, r1, r2, r3 = philox(seed, cnt, cnt * 0 + c1, cnt * 0 + c2, cnt * 0 + c3,
+                                PHILOX_ROUNDS)
+        for qq in tl.static_range(4):
+            offs = start + qq * Q + lane
+            mask = offs < V
+            x = tl.load(row_ptr + offs, mask=mask, other=NEG).to(tl.float32)
+            if qq == 0:
+                rb = r0
+            elif qq == 1:
+                rb = r1
+            elif qq == 2:
+                rb = r2
+            else:
+                rb = r3
+            acc_c, acc_m, best_k, best_i, pbest_k, pbest_i, samp_k, samp_v = _consume(
+                x, mask, offs, rb, lo, ta, tb, mass_w, piv, acc_c, acc_m, best_k, best_i,
+                pbest_k, pbest_i, samp_k, samp_v, DRAW, COUNT, MASS)
+            mx = tl.maximum(mx, tl.where(mask, x, float("-inf")))
+            sm += tl.where(mask & (x > NEG), x, 0.0)
+            npos += (mask & (x > NEG)).to(tl.int32)
+            bad |= (mask & ((x != x) | (x < NEG))).to(tl.int32)
+    c = tl.sum(acc_c, axis=1)
+    m = tl.sum(acc_m, axis=1)
+    bk = tl.max(best_k, axis=0)
+    bi = tl.min(tl.where(best_k == bk, best_i, INT_MAX), axis=0)
+    pbk = tl.max(pbest_k, axis=1)
+    pbi = tl.min(tl.where(pbest_k == pbk[:, None], pbest_i, INT_MAX), axis=1)
+    return (c, m, bk, bi, pbk, pbi, samp_k, samp_v, tl.max(mx, axis=0), tl.sum(sm, axis=0),
+            tl.sum(npos, axis=0), tl.max(bad, axis=0))
+
+
+@triton.jit
+def _bracket(piv, c, m, decided, keep, lo, clo, mlo, hi, chi, mhi):
+    """Move (lo, hi) to the tightest decided pivots; returns lo, c(lo), m(lo), hi, c(hi), m(hi)."""
+    lo_c = tl.where(decided & (keep == 0), piv, float("-inf"))
+    new_lo = tl.max(lo_c, axis=0)
+    up = new_lo > lo
+    clo = tl.where(up, tl.max(tl.where(lo_c == new_lo, c, -1), axis=0), clo)
+    mlo = tl.where(up, tl.max(tl.where(lo_c == new_lo, m, float("-inf")), axis=0), mlo)
+    lo = tl.where(up, new_lo, lo)
+    hi_c = tl.where(decided & (keep != 0), piv, float("inf"))
+    new_hi = tl.min(hi_c, axis=0)
+    down = new_hi < hi
+    chi = tl.where(down, tl.max(tl.where(hi_c == new_hi, c, -1), axis=0), chi)
+    mhi = tl.where(down, tl.max(tl.where(hi_c == new_hi, m, float("-inf")), axis=0), mhi)
+    hi = tl.where(down, new_hi, hi)
+    return lo, clo, mlo, hi, chi, mhi
+
+
+@triton.jit
+def _rng_words(seed_ptr, off_ptr, seed_val, off_val, seed_stride, off_stride, i,
+               SEED_T: tl.constexpr, OFF_T: tl.constexpr):
+    if SEED_T:
+        seed = tl.load(seed_ptr + i * seed_stride).to(tl.int64)
+    else:
+        seed = seed_val.to(tl.int64)
+    if OFF_T:
+        off = tl.load(off_ptr + i * off_stride).to(tl.int64)
+    else:
+        off = off_val.to(tl.int64)
+    off_lo = (off & 0xFFFFFFFF).to(tl.uint32)
+    off_hi = ((off >> 32) & 0xFFFF).to(tl.uint32)
+    return seed, off_lo, off_hi
+
+
+@triton.jit
+def sample_probs_kernel(probs, out, valid, idx_ptr, k_ptr, p_ptr, mp_ptr, k_val, p_val, mp_val,
+                        seed_ptr, off_ptr, seed_val, off_val, seed_stride, off_stride,
+                        R, V, stride_row,
+                        HAS_IDX: tl.constexpr, K_T: tl.constexpr, P_T: tl.constexpr,
+                        MP_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
+                        HAS_MP: tl.constexpr, JOINT: tl.constexpr, SEED_T: tl.constexpr,
+                        OFF_T: tl.constexpr, NP: tl.constexpr, CH: tl.constexpr,
+                        Q: tl.constexpr, MAX_ROUNDS: tl.constexpr,
+                        PHILOX_ROUNDS: tl.constexpr):
+    i = tl.program_id(0)
+    if HAS_IDX:
+        row = tl.load(idx_ptr + i).to(tl.int64)
+    else:
+        row = i.to(tl.int64)
+    row_ok = (row >= 0) & (row < R)
+    row = tl.where(row_ok, row, 0)
+    row_ptr = probs + row * stride_row
+    seed, off_lo, off_hi = _rng_words(seed_ptr, off_ptr, seed_val, off_val, seed_stride,
+                                      off_stride, i, SEED_T, OFF_T)
+    # per-row rules (a rule that keeps everything is switched off)
+    k = tl.zeros([], tl.int32)
+    if HAS_K:
+        if K_T:
+            k = tl.load(k_ptr + row).to(tl.int32)
+        else:
+            k = k + k_val
+    k_on = (k > 0) & (k < V)
+    top_p = tl.full([], 1.0, tl.float32)
+    if HAS_P:
+        if P_T:
+            top_p = tl.load(p_ptr + row).to(tl.float32)
+        else:
+            top_p = top_p * 0.0 + p_val
+    p_on = top_p < 1.0
+    min_p = tl.zeros([], tl.float32)
+    if HAS_MP:
+        if MP_T:
+            min_p = tl.load(mp_ptr + row).to(tl.float32)
+        else:
+            min_p = min_p + mp_val
+    mp_on = min_p > 0.0
+    any_on = k_on | p_on | mp_on
+    k_first = k_on & p_on & (JOINT == 0)   # top-p over the top-k set: needs S_k
+    ZERO = tl.zeros([], tl.float32)
+    IZERO = tl.zeros([], tl.int32)
+    lo = ZERO                      # combined bracket: <= lo rejected, >= hi kept
+    hi = ZERO + float("inf")
+    clo = IZERO
+    chi = IZERO
+    mlo = ZERO
+    mhi = ZERO
+    lo_k = ZERO                    # top-k bracket
+    hi_k = hi
+    clo_k = IZERO
+    chi_k = IZERO
+    mlo_k = ZERO
+    mhi_k = ZERO
+    k_exact = (k_on == 0).to(tl.int32)
+    s_k = ZERO
+    s_all = ZERO
+    rmax = ZERO + float("inf")
+    theta = ZERO
+    samp = _first_pivots(V, NP)
+    pend = IZERO
+    pend_val = ZERO
+    pend_idx = IZERO
+    done = (row_ok == 0).to(tl.int32)
+    ok = row_ok.to(tl.int32)
+    res = IZERO
+    rnd = IZERO
+    while (done == 0) & (rnd < MAX_ROUNDS):
+        on_k = k_exact == 0
+        ta = tl.where(on_k, lo_k, lo)
+        tb = tl.where(on_k, hi_k, hi)
+        mass_w = (on_k == 0).to(tl.int32)
+        first = tl.where(pend != 0, pend_val, _mid(ta, tb))
+        piv = _pivots(ta, tb, first, samp, NP)
+        c2 = (rnd.to(tl.uint32) & 0xFF) | (off_hi << 16)
+        c, m, bk, bi, pbk, pbi, samp_k, samp_v, mx, sm, npos, bad = _row_pass(
+            row_ptr, V, lo, ta, tb, mass_w, piv, seed, i.to(tl.uint32), c2, off_lo, 0.0,
+            True, HAS_K, HAS_P, NP, Q, PHILOX_ROUNDS)
+        if rnd == 0:
+            rmax = mx
+            s_all = sm
+            theta = min_p * mx
+            hi = mx
+            hi_k = mx
+            clo = npos
+            clo_k = npos
+            mlo = sm
+            mlo_k = sm
+            bad_row = (bad != 0) | (sm <= 0.0) | (sm == float("inf")) | (sm != sm)
+            ok = tl.where(bad_row, 0, ok)
+            done = tl.where(bad_row, 1, done)
+            if mp_on:   # min-p's threshold is exact now
+                lo = tl.maximum(lo, _unord(_ord(theta) - 1))
+                hi = tl.where(k_on | p_on, hi, tl.minimum(hi, theta))
+        keep_k = ((k_on == 0) | (c < k)).to(tl.int32)
+        lo_k, clo_k, mlo_k, hi_k, chi_k, mhi_k = _bracket(piv, c, m, keep_k >= 0, keep_k, lo_k,
+                                                          clo_k, mlo_k, hi_k, chi_k, mhi_k)
+        no_inside = (tl.max(samp_k, axis=0) < 0.0) & on_k
+        exact_k = (clo_k <= k) | (clo_k == chi_k) | (_ord(hi_k) - _ord(lo_k) <= 1) | no_inside
+        s_k = tl.where(k_exact != 0, s_k, mlo_k)
+        k_exact = tl.where(exact_k, 1, k_exact)
+        s_ref = tl.where(k_first, s_k, s_all)
+        keep = (keep_k != 0) & ((p_on == 0) | (m < top_p * s_ref)) & ((mp_on == 0) | (piv >= theta))
+        keep = (keep | (piv >= rmax)).to(tl.int32)
+        decided = (keep_k == 0) | (k_exact != 0) | (k_first == 0)
+        lo, clo, mlo, hi, chi, mhi = _bracket(piv, c, m, decided, keep, lo, clo, mlo, hi, chi,
+                                              mhi)
+        # next round's sample pivots: rank of the boundary inside the narrowed bracket
+        next_k = k_exact == 0
+        frac_k = (k - chi_k).to(tl.float32) / tl.maximum(clo_k - chi_k, 1).to(tl.float32)
+        frac_p = (top_p * s_ref - mhi) / tl.maximum(mlo - mhi, 1e-30)
+        frac = tl.where(next_k, frac_k, frac_p)
+        na = tl.where(next_k, lo_k, lo)
+        nb = tl.where(next_k, hi_k, hi)
+        # the pending candidate (drawn last round) comes first
+        p_acc = (pend != 0) & ((pend_val >= hi) | (any_on == 0))
+        p_rej = (pend != 0) & (pend_val <= lo)
+        res = tl.where(p_acc & (done == 0), pend_idx, res)
+        done = tl.where(p_acc, 1, done)
+        pend = tl.where(p_acc | p_rej, 0, pend)
+        # this round's candidate: the race winner over {p > lo} for the narrowed lo when lo is
+        # one of this round's pivots (that set was fixed before the pass read any randomness)
+        at_lo = piv == lo
+        lo_key = tl.max(tl.where(at_lo, pbk, -1.0), axis=0)
+        lo_idx = tl.min(tl.where(at_lo & (pbk == lo_key), pbi, INT_MAX), axis=0)
+        use_lo = tl.max(at_lo.to(tl.int32), axis=0) > 0
+        bk = tl.where(use_lo, lo_key, bk)
+        bi = tl.where(use_lo, lo_idx, bi)
+        bi_c = tl.minimum(tl.maximum(bi, 0), V - 1)
+        pw = tl.load(row_ptr + bi_c)
+        fresh = (done == 0) & (pend == 0) & (bk > 0.0)
+        n_acc = fresh & ((pw >= hi) | (any_on == 0))
+        n_pend = fresh & (n_acc == 0) & (pw > lo)
+        res = tl.where(n_acc, bi_c, res)
+        done = tl.where(n_acc, 1, done)
+        pend_val = tl.where(n_pend, pw, pend_val)
+        pend_idx = tl.where(n_pend, bi_c, pend_idx)
+        pend = tl.where(n_pend, 1, pend)
+        if done == 0:
+            samp = _sample_pivots(samp_k, samp_v, na, nb, frac, NP, Q, CH)
+        rnd += 1
+    if done == 0:  # round budget spent (not reached in exact arithmetic): a kept arg-max token
+        best = tl.full([4 * Q], float("-inf"), tl.float32)
+        best_i = tl.zeros([4 * Q], tl.int32)
+        for start in range(0, V, 4 * Q):
+            offs = start + tl.arange(0, 4 * Q)
+            x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"))
+            better = x > best
+            best = tl.where(better, x, best)
+            best_i = tl.where(better, offs, best_i)
+        top = tl.max(best, axis=0)
+        res = tl.min(tl.where(best == top, best_i, INT_MAX), axis=0)
+    res = tl.where(ok != 0, res, 0)
+    tl.store(out + i, res)
+    tl.store(valid + i, ok != 0)
+
+
+@triton.jit
+def threshold_kernel(src, dst, k_ptr, p_ptr, k_val, p_val, V, stride_src, stride_dst,
+                     IS_LOGITS: tl.constexpr, NEG: tl.constexpr, HAS_K: tl.constexpr,
+                     K_T: tl.constexpr, P_T: tl.constexpr, NP: tl.constexpr, CH: tl.constexpr,
+                     Q: tl.constexpr, MAX_ROUNDS: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
+    """renorm_probs (top-k or top-p) and top_k_mask_logits: exact keep bracket, then one write.
+
+    Probabilities: out = p / S_kept on kept, 0 elsewhere. Logits: kept unchanged, others -inf.
+    The bracket samples use a fixed seed (the output does not depend on it).
+    """
+    row = tl.program_id(0).to(tl.int64)
+    src_row = src + row * stride_src
+    dst_row = dst + row * stride_dst
+    k = tl.zeros([], tl.int32)
+    top_p = tl.full([], 1.0, tl.float32)
+    if HAS_K:
+        if K_T:
+            k = tl.load(k_ptr + row).to(tl.int32)
+        else:
+            k = k + k_val
+        on = (k > 0) & (k < V)
+    else:
+        if P_T:
+            top_p = tl.load(p_ptr + row).to(tl.float32)
+        else:
+            top_p = top_p * 0.0 + p_val
+        on = top_p < 1.0
+    if HAS_K:
+        mass_w = tl.zeros([], tl.int32)
+    else:
+        mass_w = tl.full([], 1, tl.int32)
+    ZERO = tl.zeros([], tl.float32)
+    lo = ZERO + NEG
+    hi = ZERO + float("inf")
+    clo = tl.zeros([], tl.int32)
+    chi = clo
+    mlo = ZERO
+    mhi = ZERO
+    rmax = ZERO + float("inf")
+    s_all = ZERO
+    if IS_LOGITS:
+        samp = tl.full([NP], float("nan"), tl.float32)
+    else:
+        samp = _first_pivots(V, NP)
+    exact = (on == 0).to(tl.int32)
+    rnd = tl.zeros([], tl.int32)
+    while (exact == 0) & (rnd < MAX_ROUNDS):
+        piv = _pivots(lo, hi, _mid(lo, hi), samp, NP)
+        c, m, bk, bi, pbk, pbi, samp_k, samp_v, mx, sm, npos, bad = _row_pass(
+            src_row, V, lo, lo, hi, mass_w, piv, 0x5EED, row.to(tl.uint32),
+            rnd.to(tl.uint32), 0, NEG, False, True, not IS_LOGITS, NP, Q, PHILOX_ROUNDS)
+        if rnd == 0:
+            rmax = mx
+            s_all = sm
+            hi = mx
+            clo = npos
+            mlo = sm
+        if HAS_K:
+            keep = ((c < k) | (piv >= rmax)).to(tl.int32)
+        else:
+            keep = ((m < top_p * s_all) | (piv >= rmax)).to(tl.int32)
+        lo, clo, mlo, hi, chi, mhi = _bracket(piv, c, m, keep >= 0, keep, lo, clo, mlo, hi, chi,
+                                              mhi)
+        no_inside = tl.max(samp_k, axis=0) < 0.0
+        exact = (no_inside | (clo == chi) | (_ord(hi) - _ord(lo) <= 1)).to(tl.int32)
+        if HAS_K:
+            exact = tl.where(clo <= k, 1, exact)
+        if HAS_K:
+            frac = (k - chi).to(tl.float32) / tl.maximum(clo - chi, 1).to(tl.float32)
+        else:
+            frac = (top_p * s_all - mhi) / tl.maximum(mlo - mhi, 1e-30)
+        if exact == 0:
+            samp = _sample_pivots(samp_k, samp_v, lo, hi, frac, NP, Q, CH)
+        rnd += 1
+    # an exhausted budget (not reached in exact arithmetic) keeps {x >= hi}, hi always kept
+    cut = tl.where(exact != 0, lo, _unord(_ord(hi) - 1))
+    cut = tl.where(on, cut, NEG)
+    if not IS_LOGITS:
+        s_keep = tl.where(on, mlo, s_all)
+        if (exact == 0) | (on == 0):
+            s_keep = ZERO
+            for start in range(0, V, 4 * Q):
+                offs = start + tl.arange(0, 4 * Q)
+                x = tl.load(src_row + offs, mask=offs < V, other=0.0).to(tl.float32)
+                s_keep += tl.sum(tl.where(x > cut, x, 0.0), axis=0)
+        inv = 1.0 / s_keep
+    for start in range(0, V, 4 * Q):
+        offs = start + tl.arange(0, 4 * Q)
+        mask = offs < V
+        x = tl.load(src_row + offs, mask=mask, other=NEG).to(tl.float32)
+        if IS_LOGITS:
+            y = tl.where(x > cut, x, float("-inf"))
+        else:
+            y = tl.where(x > cut, x * inv, 0.0)
+        tl.store(dst_row + offs, y.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_kernel(src, dst, t_ptr, t_val, V, stride_src, stride_dst,
+                   T_T: tl.constexpr, BLOCK: tl.constexpr):
+    """out = softmax(x / T) in fp32: pass 1 online per-lane max and rescaled sum, pass 2 write."""
+    row = tl.program_id(0).to(tl.int64)
+    if T_T:
+        inv_t = 1.0 / tl.load(t_ptr + row).to(tl.float32)
+    else:
+        inv_t = 1.0 / (tl.zeros([], tl.float32) + t_val)
+    lane = tl.arange(0, BLOCK)
+    mx = tl.full([BLOCK], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, V, BLOCK):
+        offs = start + lane
+        x = tl.load(src + row * stride_src + offs, mask=offs < V,
+                    other=float("-inf")).to(tl.float32) * inv_t
+        new = tl.maximum(mx, x)
+        safe = tl.where(new == float("-inf"), 0.0, new)
+        s = s * tl.exp(mx - safe) + tl.exp(x - safe)
+        mx = new
+    top = tl.max(mx, axis=0)
+    total = tl.sum(s * tl.exp(mx - top), axis=0)
+    inv = 1.0 / total
+    for start in range(0, V, BLOCK):
+        offs = start + lane
+        mask = offs < V
+        x = tl.load(src + row * stride_src + offs, mask=mask,
+                    other=float("-inf")).to(tl.float32) * inv_t
+        tl.store(dst + row * stride_dst + offs, tl.exp(x - top) * inv, mask=mask)
+
+
+@triton.jit
+def logits_sample_kernel(logits, out, idx_ptr, seed_ptr, off_ptr, seed_val, off_val,
+                         seed_stride, off_stride, R, V, stride_row,
+                         HAS_IDX: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
+                         Q: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
+    """Gumbel-max in one pass: argmax l_i - log(E_i); NaN or all -inf rows -> 0."""
+    i = tl.program_id(0)
+    if HAS_IDX:
+        row = tl.load(idx_ptr + i).to(tl.int64)
+    else:
+        row = i.to(tl.int64)
+    row_ok = (row >= 0) & (row < R)
+    row = tl.where(row_ok, row, 0)
+    seed, off_lo, off_hi = _rng_words(seed_ptr, off_ptr, seed_val, off_val, seed_stride,
+                                      off_stride, i, SEED_T, OFF_T)
+    lane = tl.arange(0, Q)
+    best_k = tl.full([Q], float("-inf"), tl.float32)
+    best_i = tl.zeros([Q], tl.int32)
+    bad = tl.zeros([Q], tl.int32)
+    c2 = off_hi << 16
+    for start in range(0, V, 4 * Q):
+        cnt = (start // 4 + lane).to(tl.uint32)
+        r0, r1, r2, r3 = philox(seed, cnt, cnt * 0 + i.to(tl.uint32), cnt * 0 + c2,
+                                cnt * 0 + off_lo, PHILOX_ROUNDS)
+        for qq in tl.static_range(4):
+            if qq == 0:
+                rb = r0
+            elif qq == 1:
+                rb = r1
+            elif qq == 2:
+                rb = r2
+            else:
+                rb = r3
+            offs = start + qq * Q + lane
+            mask = offs < V
+            x = tl.load(logits + row * stride_row + offs, mask=mask,
+                        other=float("-inf")).to(tl.float32)
+            key = x - tl.log(-tl.log(uint_to_uniform_float(rb)))
+            key = tl.where(mask & (x == x), key, float("-inf"))
+            better = key > best_k
+            best_k = tl.where(better, key, best_k)
+            best_i = tl.where(better, offs, best_i)
+            bad |= (mask & (x != x)).to(tl.int32)
+    bk = tl.max(best_k, axis=0)
+    res = tl.min(tl.where(best_k == bk, best_i, INT_MAX), axis=0)
+    good = row_ok & (tl.max(bad, axis=0) == 0) & (bk > float("-inf"))
+    tl.store(out + i, tl.where(good, res, 0))
+
+
+@triton.jit
+def chain_spec_kernel(draft_probs, draft_ids, target_probs, output, accepted, emitted,
+                      seed_ptr, off_ptr, seed_val, off_val, seed_stride, off_stride,
+                      n, V, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
+                      NPAD: tl.constexpr, Q: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
+    """One program per request: n accept tests, then one race pass over the residual row."""
+    b = tl.program_id(0)
+    b64 = b.to(tl.int64)
+    seed, off_lo, off_hi = _rng_words(seed_ptr, off_ptr, seed_val, off_val, seed_stride,
+                                      off_stride, b, SEED_T, OFF_T)
+    j = tl.arange(0, NPAD)
+    jm = j < n
+    d = tl.load(draft_ids + b64 * n + j, mask=jm, other=0).to(tl.int64)
+    d_ok = jm & (d >= 0) & (d < V)
+    d_c = tl.where(d_ok, d, 0)
+    q = tl.load(draft_probs + (b64 * n + j) * V + d_c, mask=d_ok, other=0.0)
+    t = tl.load(target_probs + (b64 * (n + 1) + j) * V + d_c, mask=d_ok, other=0.0)
+    ju = j.to(tl.uint32)
+    u0, _u1, _u2, _u3 = philox(seed, ju, ju * 0 + b.to(tl.uint32),
+                               ju * 0 + ((off_hi << 16) | 0x100), ju * 0 + off_lo,
+                               PHILOX_ROUNDS)
+    u = uint_to_uniform_float(u0)
+    acc = d_ok & (u * q < t)
+    pos = tl.min(tl.where(acc, NPAD, j), axis=0)
+    pos = tl.minimum(pos, n)
+    n_acc = tl.sum(acc.to(tl.int32), axis=0)
+    has_draft = pos < n
+    tgt_row = target_probs + (b64 * (n + 1) + pos) * V
+    drf_row = draft_probs + (b64 * n + tl.minimum(pos, n - 1)) * V
+    lane = tl.arange(0, Q)
+    bk1 = tl.full([Q], -1.0, tl.float32)
+    bi1 = tl.zeros([Q], tl.int32)
+    bk2 = tl.full([Q], -1.0, tl.float32)
+    bi2 = tl.zeros([Q], tl.int32)
+    c2 = (off_hi << 16) | 0x200
+    for start in range(0, V, 4 * Q):
+        cnt = (start // 4 + lane).to(tl.uint32)
+        r0, r1, r2, r3 = philox(seed, cnt, cnt * 0 + b.to(tl.uint32), cnt * 0 + c2,
+                                cnt * 0 + off_lo, PHILOX_ROUNDS)
+        for qq in tl.static_range(4):
+            if qq == 0:
+                rb = r0
+            elif qq == 1:
+                rb = r1
+            elif qq == 2:
+                rb = r2
+            else:
+                rb = r3
+            offs = start + qq * Q + lane
+            mask = offs < V
+            tv = tl.load(tgt_row + offs, mask=mask, other=0.0)
+            dv = tl.load(drf_row + offs, mask=mask & (offs < V * has_draft.to(tl.int32)), other=0.0)
+            w = tl.maximum(tv - dv, 0.0)
+            e = -tl.log(uint_to_uniform_float(rb))
+            k1 = tl.where(mask & (w > 0.0), w / e, -1.0)
+            k2 = tl.where(mask & (tv > 0.0), tv / e, -1.0)
+            better = k1 > bk1
+            bk1 = tl.where(better, k1, bk1)
+            bi1 = tl.where(better, offs, bi1)
+            better = k2 > bk2
+            bk2 = tl.where(better, k2, bk2)
+            bi2 = tl.where(better, offs, bi2)
+    m1 = tl.max(bk1, axis=0)
+    m2 = tl.max(bk2, axis=0)
+    tok1 = tl.min(tl.where(bk1 == m1, bi1, INT_MAX), axis=0)
+    tok2 = tl.min(tl.where(bk2 == m2, bi2, INT_MAX), axis=0)
+    tok = tl.where(m1 > 0.0, tok1, tl.where(m2 > 0.0, tok2, 0))
+    row_out = tl.where(j < pos, d, tl.where(j == pos, tok.to(tl.int64), -1))
+    tl.store(output + b64 * (n + 1) + j, row_out.to(tl.int32), mask=j <= n)
+    tl.store(accepted + b, tl.load(accepted + b) + n_acc)
+    tl.store(emitted + b, tl.load(emitted + b) + pos)

@@ -1,0 +1,197 @@
+"""Triton sampling family: launch configuration and the registered kernels.
+
+Kernel signatures and semantics: :mod:`flashinfer.sampling` (the contract in the op module's
+docstring). The @triton.jit code and its algorithm (pivot search plus rejection by an exponential
+race, never a sort; worst-case round count) live in ``_sampling_kernels.py``, imported on first use
+(this module must import without Triton).
+
+Every op is one launch with one program per output row, no host synchronisation and no
+allocation, so each call can be captured in a CUDA graph: ``seed`` / ``offset`` tensors ([1] or
+[B], int64) are read on the device. A row is read in chunks of ``4 * Q`` elements (``Q`` lanes,
+one Philox call feeding four chunk quarters); ``_launch_shape`` picks Q and the warps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from . import KERNELS
+
+#: (lanes per chunk quarter, warps): a chunk is 4 * Q elements (Q shrinks for small
+#: vocabularies). Up to FEW_ROWS rows each program gets 16 warps (ptxas, sm_90a: 106 registers,
+#: one program per SM); more rows take 4 warps (128 registers, four programs per SM, so batch
+#: 256 runs in one wave on the H200's 132 SMs). Neither spills.
+FEW_ROWS = 128
+FEW_ROWS_SHAPE = (256, 16)
+MANY_ROWS_SHAPE = (128, 4)
+#: pivots per round: the pending candidate, 3 sample pairs, the bracket's bit-space midpoint.
+NP = 8
+#: round budget of the pivot search (worst case 65 rounds, see _sampling_kernels.py).
+MAX_ROUNDS = 66
+#: lanes compared at a time when ranking the per-lane bracket samples.
+RANK_CHUNK = 32
+#: Philox4x32 rounds (7 pass BigCrush, Salmon et al. 2011; Triton's default is 10).
+PHILOX_ROUNDS = 7
+
+
+def _pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _launch_shape(vocab: int, n_rows: int) -> tuple[int, int]:
+    """``(Q, num_warps)`` for ``n_rows`` programs over rows of ``vocab`` elements."""
+    q, warps = FEW_ROWS_SHAPE if n_rows <= FEW_ROWS else MANY_ROWS_SHAPE
+    return max(16, min(q, _pow2(-(-vocab // 4)))), warps
+
+
+def _device_of(t: torch.Tensor):
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _int64(v: int) -> int:
+    """A Python int as the int64 with the same low 64 bits (seeds may use the full 64 bits)."""
+    v &= (1 << 64) - 1
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _rng(value, dummy: torch.Tensor):
+    """``(pointer, scalar, stride, is_tensor)`` for a seed or offset given as int or tensor."""
+    if isinstance(value, torch.Tensor):
+        return value, 0, (0 if value.numel() == 1 else 1), True
+    return dummy, _int64(int(value)), 0, False
+
+
+def _threshold(value, dummy: torch.Tensor, cast):
+    """``(pointer, scalar, present, is_tensor)`` for a None / scalar / per-row tensor threshold."""
+    if value is None:
+        return dummy, cast(0), False, False
+    if isinstance(value, torch.Tensor):
+        return value, cast(0), True, True
+    return dummy, cast(value), True, False
+
+
+@KERNELS.kernel("sampling_from_probs", "default")
+def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, deterministic,
+                        seed, offset) -> None:
+    from . import _sampling_kernels as K
+
+    n_out = out.numel()
+    if n_out == 0:
+        return
+    probs = probs.contiguous()
+    n_rows, vocab = probs.shape
+    k_ptr, k_val, has_k, k_t = _threshold(top_k, out, int)
+    p_ptr, p_val, has_p, p_t = _threshold(top_p, out, float)
+    mp_ptr, mp_val, has_mp, mp_t = _threshold(min_p, out, float)
+    s_ptr, s_val, s_stride, s_t = _rng(seed, out)
+    o_ptr, o_val, o_stride, o_t = _rng(offset, out)
+    idx = indices if indices is not None else out
+    q, warps = _launch_shape(vocab, n_out)
+    with _device_of(probs):
+        K.sample_probs_kernel[(n_out,)](
+            probs, out, valid, idx, k_ptr, p_ptr, mp_ptr, k_val, p_val, mp_val,
+            s_ptr, o_ptr, s_val, o_val, s_stride, o_stride,
+            n_rows, vocab, probs.stride(0),
+            HAS_IDX=indices is not None, K_T=k_t, P_T=p_t, MP_T=mp_t, HAS_K=has_k,
+            HAS_P=has_p, HAS_MP=has_mp, JOINT=int(bool(joint)), SEED_T=s_t, OFF_T=o_t,
+            NP=NP, CH=min(RANK_CHUNK, q), Q=q, MAX_ROUNDS=MAX_ROUNDS,
+            PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
+        )
+
+
+@KERNELS.kernel("sampling_from_logits", "default")
+def sampling_from_logits(logits, out, indices, deterministic, seed, offset) -> None:
+    from . import _sampling_kernels as K
+
+    n_out = out.numel()
+    if n_out == 0:
+        return
+    logits = logits.contiguous()
+    n_rows, vocab = logits.shape
+    s_ptr, s_val, s_stride, s_t = _rng(seed, out)
+    o_ptr, o_val, o_stride, o_t = _rng(offset, out)
+    idx = indices if indices is not None else out
+    q, warps = _launch_shape(vocab, n_out)
+    with _device_of(logits):
+        K.logits_sample_kernel[(n_out,)](
+            logits, out, idx, s_ptr, o_ptr, s_val, o_val, s_stride, o_stride,
+            n_rows, vocab, logits.stride(0),
+            HAS_IDX=indices is not None, SEED_T=s_t, OFF_T=o_t, Q=q,
+            PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
+        )
+
+
+def _threshold_launch(src, out, top_k, top_p, is_logits: bool) -> None:
+    from . import _sampling_kernels as K
+
+    src = src.contiguous()
+    n_rows, vocab = src.shape
+    if n_rows == 0:
+        return
+    dst = out if out.is_contiguous() else torch.empty_like(src)
+    k_ptr, k_val, has_k, k_t = _threshold(top_k, src, int)
+    p_ptr, p_val, _, p_t = _threshold(top_p, src, float)
+    q, warps = _launch_shape(vocab, n_rows)
+    with _device_of(src):
+        K.threshold_kernel[(n_rows,)](
+            src, dst, k_ptr, p_ptr, k_val, p_val, vocab, src.stride(0), dst.stride(0),
+            IS_LOGITS=is_logits, NEG=float("-inf") if is_logits else 0.0, HAS_K=has_k,
+            K_T=k_t, P_T=p_t, NP=NP, CH=min(RANK_CHUNK, q), Q=q, MAX_ROUNDS=MAX_ROUNDS,
+            PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
+        )
+    if dst is not out:
+        out.copy_(dst)
+
+
+@KERNELS.kernel("renorm_probs", "default")
+def renorm_probs(probs, out, top_k, top_p) -> None:
+    _threshold_launch(probs, out, top_k, None if top_k is not None else top_p, False)
+
+
+@KERNELS.kernel("top_k_mask_logits", "default")
+def top_k_mask_logits(logits, out, top_k) -> None:
+    _threshold_launch(logits, out, top_k, None, True)
+
+
+@KERNELS.kernel("softmax", "default")
+def softmax(logits, out, temperature) -> None:
+    from . import _sampling_kernels as K
+
+    logits = logits.contiguous()
+    n_rows, vocab = logits.shape
+    if n_rows == 0:
+        return
+    dst = out if out.is_contiguous() else torch.empty_like(out)
+    t_t = isinstance(temperature, torch.Tensor)
+    t_ptr = temperature if t_t else dst
+    t_val = 1.0 if temperature is None or t_t else float(temperature)
+    q, warps = _launch_shape(vocab, n_rows)
+    with _device_of(logits):
+        K.softmax_kernel[(n_rows,)](
+            logits, dst, t_ptr, t_val, vocab, logits.stride(0), dst.stride(0),
+            T_T=t_t, BLOCK=4 * q, num_warps=warps,
+        )
+    if dst is not out:
+        out.copy_(dst)
+
+
+@KERNELS.kernel("chain_speculative_sampling", "default")
+def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, output, accepted,
+                               emitted, deterministic, seed, offset) -> None:
+    from . import _sampling_kernels as K
+
+    batch, n_draft, vocab = draft_probs.shape
+    if batch == 0:
+        return
+    s_ptr, s_val, s_stride, s_t = _rng(seed, output)
+    o_ptr, o_val, o_stride, o_t = _rng(offset, output)
+    q, warps = _launch_shape(vocab, batch)
+    with _device_of(target_probs):
+        K.chain_spec_kernel[(batch,)](
+            draft_probs.contiguous(), draft_token_ids.contiguous(), target_probs.contiguous(),
+            output, accepted, emitted, s_ptr, o_ptr, s_val, o_val, s_stride, o_stride,
+            n_draft, vocab, SEED_T=s_t, OFF_T=o_t, NPAD=_pow2(n_draft + 1),
+            Q=q, PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
+        )

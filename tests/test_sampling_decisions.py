@@ -1,0 +1,82 @@
+"""Dispatch decisions for the sampling ops on simulated SMs (no GPU needed) and on the CPU."""
+
+import pytest
+import torch
+
+import flashinfer
+from flashinfer.device import simulated
+from flashinfer.dispatch import Problem, select
+
+SMS = ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0", "cpu"]
+
+PROBLEMS = {
+    "sampling_from_probs": ({"probs": "float32"}, ["top_k", "top_p", "joint", "indices"]),
+    "sampling_from_logits": ({"logits": "bfloat16"}, ["indices"]),
+    "renorm_probs": ({"probs": "float16"}, ["top_p"]),
+    "top_k_mask_logits": ({"logits": "float32"}, []),
+    "softmax": ({"logits": "bfloat16"}, ["temperature"]),
+    "chain_speculative_sampling": ({"probs": "float32"}, []),
+}
+
+
+def _problem(op, sm, features=None):
+    dtypes, default_features = PROBLEMS[op]
+    shape = {"batch_size": 64, "vocab_size": 131072}
+    if op == "chain_speculative_sampling":
+        shape["num_draft"] = 4
+    return Problem.make(op, simulated(None if sm == "cpu" else sm), dtypes=dtypes, shape=shape,
+                        features=default_features if features is None else features)
+
+
+@pytest.mark.parametrize("sm", SMS)
+@pytest.mark.parametrize("op", list(PROBLEMS))
+def test_default_order(op, sm):
+    decision = select(_problem(op, sm), assume_installed=True)
+    usable = {c.backend for c in decision.candidates if c.usable}
+    assert {"reference", "torch"} <= usable
+    if sm == "cpu":
+        assert decision.backend == "reference"
+        assert decision.order[:2] == ("reference", "torch")
+    else:
+        # triton first where its record accepts the problem, then the torch baseline
+        expected = [b for b in ("triton", "torch", "reference") if b in usable]
+        assert [n.split(":")[0] for n in decision.order] == expected
+        assert decision.backend == expected[0]
+    assert "not yet measured" in decision.basis
+
+
+@pytest.mark.parametrize("sm", SMS)
+@pytest.mark.parametrize("op", ["sampling_from_probs", "sampling_from_logits",
+                                "chain_speculative_sampling"])
+def test_tensor_seeds_reject_the_torch_backend(op, sm):
+    features = ["seed_tensor"] + ([] if op == "chain_speculative_sampling" else ["indices"])
+    decision = select(_problem(op, sm, features), assume_installed=True)
+    torch_cand = next(c for c in decision.candidates if c.backend == "torch")
+    assert [(r.field, r.actual) for r in torch_cand.reasons] == [("feature", "seed_tensor")]
+    assert decision.backend != "torch"
+    if sm == "cpu":
+        assert decision.backend == "reference"
+
+
+def test_torch_records_are_unverified_until_run_on_a_gpu():
+    decision = select(_problem("sampling_from_probs", "9.0"), assume_installed=True)
+    torch_cand = next(c for c in decision.candidates if c.backend == "torch")
+    assert not torch_cand.verified
+
+
+def test_calls_record_the_decision():
+    p = torch.rand(4, 16)
+    with flashinfer.record_decisions() as log:
+        flashinfer.top_k_top_p_sampling_from_probs(p, 3, 0.5, seed=0, offset=0)
+        flashinfer.top_p_renorm_probs(p, 0.5, backend="torch")
+    assert [(d.problem.op, d.backend) for d in log] == [("sampling_from_probs", "reference"),
+                                                        ("renorm_probs", "torch")]
+    assert log[0].problem.features == frozenset({"top_k", "top_p"})
+    assert dict(log[0].problem.shape) == {"batch_size": 4, "vocab_size": 16}
+
+
+def test_environment_override_selects_the_family_backend(monkeypatch):
+    monkeypatch.setenv("FLASHINFER_SAMPLING_BACKEND", "torch")
+    with flashinfer.record_decisions() as log:
+        flashinfer.sampling_from_probs(torch.rand(3, 10), seed=1, offset=0)
+    assert log[-1].backend == "torch" and log[-1].source == "environment"
