@@ -47,3 +47,5 @@ from .page import (  # noqa: F401,E402
 from .prefill import (  # noqa: F401,E402
     BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper,
 )
+from . import gemm, quantization  # noqa: F401,E402
+from .gemm import bmm_fp8, mm_bf16, mm_fp8  # noqa: F401,E402

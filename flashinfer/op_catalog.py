@@ -53,6 +53,16 @@ SAMPLING_FEATURES = (
     "seed_tensor",     # seed / offset given as device tensors (CUDA-graph safe)
 )
 
+GEMM_FEATURES = (
+    "bias",            # mm_bf16: a [n] bias added to the product
+    "scale_rowwise",   # fp8 groupwise, granularity (1, 1, >=K): a scale per row of a and of b
+    "scale_1x128",     # fp8 groupwise (1, 128, 128): DeepSeek-V3 activations 1x128, weights 128x128
+    "scale_128x128",   # fp8 groupwise (128, 128, 128): gemm_fp8_nt_blockscaled
+    "scale_groupwise",  # fp8 groupwise, any other granularity
+)
+
+_GEMM_SHAPE = ("m", "n", "k")  # m bucketed to a power of two; n and k exact (weight sizes)
+
 
 @dataclass(frozen=True)
 class OpSpec:
@@ -110,6 +120,13 @@ OPS: dict[str, OpSpec] = {
         OpSpec("chain_speculative_sampling", "sampling", ("probs",),
                ("batch_size", "vocab_size", "num_draft"), ("seed_tensor",), (),
                "accept/reject a chain of draft tokens against target probabilities"),
+        OpSpec("mm_bf16", "gemm", ("a", "b", "out"), _GEMM_SHAPE, ("bias",), (),
+               "out[m,n] = a[m,k] @ b[k,n] (+ bias), bf16 inputs, fp32 accumulation"),
+        OpSpec("bmm_fp8", "gemm", ("a", "b", "out"), ("batch",) + _GEMM_SHAPE, (), (),
+               "out[b] = (A[b] * A_scale) @ (B[b] * B_scale), fp8 inputs, per-tensor scales"),
+        OpSpec("gemm_fp8_groupwise", "gemm", ("a", "b", "out"), _GEMM_SHAPE,
+               ("scale_rowwise", "scale_1x128", "scale_128x128", "scale_groupwise"), (),
+               "out = dequant(a) @ dequant(b).T, fp8 a [m,k] / b [n,k] with block scales"),
     )
 }
 

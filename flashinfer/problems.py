@@ -25,17 +25,26 @@ DEFAULT_FACTS: dict[str, int] = {
     "num_qo_heads": 32, "num_kv_heads": 8, "num_q_heads": 32, "num_k_heads": 8,
     "qo_len": 1024, "kv_len": 4096, "num_tokens": 1024, "num_rows": 128, "hidden_size": 4096,
     "batch_size": 64, "vocab_size": 128256, "num_draft": 4,
+    "m": 128, "n": 8192, "k": 8192, "batch": 1,
 }
 
 #: dtype of a family's value roles when the caller names none (sampling reads fp32 probs).
-FAMILY_DTYPE: dict[str, str] = {"sampling": "float32"}
+FAMILY_DTYPE: dict[str, str] = {"sampling": "float32", "gemm": "bfloat16"}
+
+#: per-op value dtypes where one dtype for every role cannot describe the op (fp8 GEMMs):
+#: ``default`` replaces the family dtype when the caller names none; the other roles listed
+#: keep their dtype whatever the caller names (an fp8 GEMM's output is bf16).
+OP_DTYPES: dict[str, dict[str, str]] = {
+    "bmm_fp8": {"default": "float8_e4m3fn", "out": "bfloat16"},
+    "gemm_fp8_groupwise": {"default": "float8_e4m3fn", "out": "bfloat16"},
+}
 
 #: per-op departures from DEFAULT_FACTS that the op's definition imposes.
 OP_FACTS: dict[str, dict[str, int]] = {"single_decode": {"qo_len": 1}}
 
 #: facts that are lengths / row counts: the op modules bucket them with ``length_bucket``.
 BUCKETED_FACTS = frozenset({"qo_len", "kv_len", "num_tokens", "num_rows", "batch_size",
-                            "vocab_size"})
+                            "vocab_size", "m", "batch"})
 
 #: short dtype spellings accepted besides the torch names.
 DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32",
@@ -74,8 +83,9 @@ def representative(op: str, device: DeviceFacts, *, dtype: str | None = None,
     ``layout`` defaults to the op's first layout (``NHD`` for attention), ``None`` if it has none.
     """
     spec = op_spec(op)
+    pinned = OP_DTYPES.get(op, {})
     if dtype is None:
-        dtype = FAMILY_DTYPE.get(spec.family, "float16")
+        dtype = pinned.get("default") or FAMILY_DTYPE.get(spec.family, "float16")
     dtype = DTYPE_ALIASES.get(dtype, dtype)
     facts = default_shape(op)
     for fact, value in (shape or {}).items():
@@ -95,6 +105,6 @@ def representative(op: str, device: DeviceFacts, *, dtype: str | None = None,
     elif layout not in spec.layouts:
         raise ValueError(f"layout {layout!r} is not valid for {op}; "
                          f"valid: {', '.join(spec.layouts) or 'none (the op has no layout)'}")
-    dtypes = {role: INDEX_ROLES.get(role, dtype) for role in spec.dtype_roles}
+    dtypes = {role: INDEX_ROLES.get(role, pinned.get(role, dtype)) for role in spec.dtype_roles}
     bucketed = {k: length_bucket(v) if k in BUCKETED_FACTS else v for k, v in facts.items()}
     return Problem.make(op, device, dtypes=dtypes, shape=bucketed, features=feats, layout=layout)

@@ -315,3 +315,4 @@ for _op in _ATTENTION_OPS:
     KERNELS.check(_op, "sdpa_efficient")(_efficient_reasons)
 
 from . import torch_sampling  # noqa: E402,F401  (registers the sampling kernels into KERNELS)
+from . import torch_gemm  # noqa: E402,F401  (registers the GEMM kernels into KERNELS)

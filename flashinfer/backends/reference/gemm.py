@@ -1,0 +1,47 @@
+"""Reference GEMM kernels: dequantise to float32, one float32 matmul, round once to ``out``.
+
+Signatures are the canonical ones of :mod:`flashinfer.gemm`. Runs on any device (fp8 tensors are
+only converted, never multiplied, so CPUs without fp8 matmul run it too). A product of two fp8
+values is exact in float32; the sums are float32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import KERNELS
+
+
+@KERNELS.kernel("mm_bf16")
+def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
+            out: torch.Tensor) -> None:
+    acc = a.float() @ b.float()
+    if bias is not None:
+        acc += bias.float()
+    out.copy_(acc)
+
+
+@KERNELS.kernel("bmm_fp8")
+def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor,
+            out: torch.Tensor) -> None:
+    scale = A_scale.float().reshape(()) * B_scale.float().reshape(())
+    out.copy_(torch.bmm(A.float(), B.float()) * scale)
+
+
+def expand_scale(scale: torch.Tensor, rows: int, cols: int, block_rows: int,
+                 block_cols: int) -> torch.Tensor:
+    """``[ceil(rows/br), ceil(cols/bc)]`` block scales -> a float32 ``[rows, cols]`` map (the
+    last block of a dimension may be partial)."""
+    full = scale.float().repeat_interleave(block_rows, 0).repeat_interleave(block_cols, 1)
+    return full[:rows, :cols]
+
+
+@KERNELS.kernel("gemm_fp8_groupwise")
+def gemm_fp8_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
+                       b_scale: torch.Tensor, granularity: tuple[int, int, int],
+                       out: torch.Tensor) -> None:
+    gm, gn, gk = granularity
+    (m, k), n = a.shape, b.shape[0]
+    a_deq = a.float() * expand_scale(a_scale, m, k, gm, gk)
+    b_deq = b.float() * expand_scale(b_scale, n, k, gn, gk)
+    out.copy_(a_deq @ b_deq.t())

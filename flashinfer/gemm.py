@@ -1,0 +1,372 @@
+"""Dense GEMM (upstream module ``flashinfer.gemm``): bf16 ``mm_bf16``, per-tensor fp8 ``bmm_fp8``
+and ``mm_fp8``, block-scaled fp8 ``gemm_fp8_nt_groupwise`` and ``gemm_fp8_nt_blockscaled``.
+
+Names, argument order, defaults of the tensor arguments, output allocation and return
+conventions are upstream's (api-spec.md §3): each function returns ``out`` (allocated when not
+given, else written in place and returned). Layouts: ``mm_bf16`` takes ``a [m, k]`` and
+``b [k, n]`` (upstream wants ``b`` column-major, i.e. ``weight.T``; any strides work here);
+``bmm_fp8`` ``A [b, m, k]``, ``B [b, k, n]``; ``mm_fp8`` and the groupwise GEMMs take the
+weight as ``b [n, k]`` ("NT"). Outputs are row-major and must be contiguous when given.
+
+Backends
+--------
+``backend="auto"`` (our default for every function here) lets the dispatcher choose; upstream's
+defaults (``"cudnn"`` for mm_bf16, ``"cublas"`` for bmm_fp8, ``"trtllm_low_latency"`` for
+mm_fp8, ``"cutlass"`` for gemm_fp8_nt_groupwise) name vendor kernels that may not be installed,
+so they are not the default here (api-spec §13 item 9). Upstream's spellings are accepted:
+``"cublas"`` and ``"cublaslt"`` mean ``torch`` (torch's GEMMs are cuBLAS / cuBLASLt);
+``"cudnn"``, ``"cutlass"``, ``"cute-dsl"`` and ``"trtllm"`` name those backends (an error with
+their reasons while they declare no kernel for the op); ``"tgv"``, ``"tinygemm"``, ``"cutile"``,
+``"trtllm_low_latency"`` and ``"cutedsl_low_latency"`` have no counterpart and raise
+``ValueError``. ``pdl`` and ``mma_sm`` are accepted and ignored (they tune launches, not results).
+
+Canonical kernel signatures (every backend registers exactly these; kernels write all of ``out``)
+---------------------------------------------------------------------------------------------------
+* ``mm_bf16`` (op ``"mm_bf16"``): ``kernel(a, b, bias, out) -> None``; ``a [M, K]``,
+  ``b [K, N]`` bf16, any strides; ``bias`` None or bf16 ``[N]``; ``out [M, N]`` contiguous
+  bf16/fp16/fp32. ``out = a @ b (+ bias)``, fp32 accumulation.
+* ``bmm_fp8`` (op ``"bmm_fp8"``; ``mm_fp8`` too, with batch 1): ``kernel(A, B, A_scale, B_scale,
+  out) -> None``; ``A [Bt, M, K]``, ``B [Bt, K, N]`` float8_e4m3fn/e5m2, any strides; scales
+  fp32 with one element each, on the device; ``out [Bt, M, N]`` contiguous bf16/fp16.
+  ``out = (A @ B) * A_scale * B_scale``.
+* ``gemm_fp8_groupwise`` (op ``"gemm_fp8_groupwise"``): ``kernel(a, b, a_scale, b_scale,
+  granularity, out) -> None``; ``a [M, K]``, ``b [N, K]`` fp8; ``granularity = (gm, gn, gk)``;
+  ``a_scale [ceil(M/gm), ceil(K/gk)]``, ``b_scale [ceil(N/gn), ceil(K/gk)]`` fp32, any strides
+  (MN-major scales arrive transposed, as views); ``out [M, N]`` contiguous bf16/fp16.
+  ``out[i, j] = sum_k a[i,k] a_scale[i//gm, k//gk] * b[j,k] b_scale[j//gn, k//gk]``.
+
+Scales multiply (they are dequantisation scales, ``amax / fp8_max``). K or N that is not a
+multiple of the scale granularity is served (the last block is partial) by the reference;
+kernels with alignment needs (torch's cuBLASLt: K and N multiples of 16) declare them in their
+capability records and are skipped, or named with their reason when asked for.
+
+Dispatch Problem: dtypes ``a``, ``b``, ``out``; shape facts ``m`` (bucketed to a power of two),
+``n``, ``k`` (and ``batch``, bucketed, for bmm_fp8); groupwise features ``scale_rowwise``
+(granularity ``(1, 1, >=K)``), ``scale_1x128`` (``(1, 128, 128)``), ``scale_128x128``
+(``(128, 128, 128)``) or ``scale_groupwise`` (any other).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import dispatch
+from .api_logging import flashinfer_api
+from .custom_op import custom_op
+from .dispatch import Problem
+
+__all__ = ["mm_bf16", "bmm_fp8", "mm_fp8", "gemm_fp8_nt_groupwise", "gemm_fp8_nt_blockscaled"]
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+_FP8_OUT = (torch.bfloat16, torch.float16)
+_BF16_OUT = (torch.bfloat16, torch.float16, torch.float32)
+
+#: upstream backend names and what they mean here (None: no counterpart).
+_UPSTREAM_BACKENDS: dict[str, Optional[str]] = {
+    "cublas": "torch", "cublaslt": "torch",
+    "tgv": None, "tinygemm": None, "cutile": None, "trtllm_low_latency": None,
+    "cutedsl_low_latency": None,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# validation (metadata only: runs on fake tensors too)
+
+
+def _names(dtypes) -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def _tensor(name: str, t, rank: int, dtypes, device=None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must be {rank}-D, got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        raise ValueError(f"{name} has unsupported dtype {t.dtype}; allowed: {_names(dtypes)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device} but a is on {device}")
+    return t
+
+
+def _out_dtype(name: str, dtype, allowed) -> torch.dtype:
+    if dtype not in allowed:
+        raise ValueError(f"{name}={dtype} is not supported; allowed: {_names(allowed)}")
+    return dtype
+
+
+def _output(out, shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"out shape mismatch: expected {shape}, got {tuple(out.shape)}")
+    if out.dtype != dtype:
+        raise ValueError(f"out dtype mismatch: expected {dtype}, got {out.dtype}")
+    if out.device != device:
+        raise ValueError(f"out is on {out.device} but a is on {device}")
+    if not out.is_contiguous():
+        raise ValueError(f"out must be contiguous (row-major), got strides {out.stride()}")
+    return out
+
+
+def _scalar_scale(name: str, t, device) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a float32 torch.Tensor with one element, "
+                        f"got {type(t).__name__}")
+    if t.dtype != torch.float32 or t.numel() != 1:
+        raise ValueError(f"{name} must be a float32 tensor with one element (a per-tensor "
+                         f"scale), got dtype {t.dtype}, shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but a is on {device}")
+    return t
+
+
+def _backend(backend) -> str:
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
+    key = backend.strip().lower()
+    if key not in _UPSTREAM_BACKENDS:
+        return backend  # the dispatcher resolves it (ValueError naming it when unknown)
+    mapped = _UPSTREAM_BACKENDS[key]
+    if mapped is None:
+        raise ValueError(f"backend={backend!r} is an upstream FlashInfer kernel with no "
+                         "counterpart in this library; use 'auto', 'torch' or 'reference' "
+                         "(or 'cudnn' / 'cutlass' where they declare the op)")
+    return mapped
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _granularity(value) -> tuple[int, int, int]:
+    if (not isinstance(value, (tuple, list)) or len(value) != 3
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
+        raise ValueError(f"scale_granularity_mnk must be three positive ints (m, n, k), "
+                         f"got {value!r}")
+    return tuple(value)
+
+
+def _block_scale(name: str, t, rows: int, blocks_k: int, mode: Optional[str],
+                 device) -> torch.Tensor:
+    """Check a groupwise scale and return it as the logical ``[rows, blocks_k]`` view."""
+    expected = (blocks_k, rows) if mode == "MN" else (rows, blocks_k)
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise ValueError(f"{name} has unsupported dtype {t.dtype}; allowed: float32")
+    if tuple(t.shape) != expected:
+        raise ValueError(f"{name} must have shape {expected} (scale_major_mode="
+                         f"{mode!r}), got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but a is on {device}")
+    return t.t() if mode == "MN" else t
+
+
+def _scale_feature(granularity: tuple[int, int, int], k: int) -> str:
+    gm, gn, gk = granularity
+    if gm == 1 and gn == 1 and gk >= k:
+        return "scale_rowwise"
+    return {(1, 128, 128): "scale_1x128",
+            (128, 128, 128): "scale_128x128"}.get(granularity, "scale_groupwise")
+
+
+# --------------------------------------------------------------------------------------------
+# custom ops (dispatch + kernel call; opaque to torch.compile)
+
+
+def _no_output(*args, **kwargs) -> None:
+    """Fake impl of the ops below: they only write into ``out``."""
+    return None
+
+
+@custom_op("mm_bf16", mutates_args=("out",), fake=_no_output)
+def _mm_bf16_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                bias: Optional[torch.Tensor], backend: str) -> None:
+    problem = Problem.make("mm_bf16", a.device,
+                           dtypes={"a": a.dtype, "b": b.dtype, "out": out.dtype},
+                           shape={"m": dispatch.length_bucket(a.shape[0]), "n": b.shape[1],
+                                  "k": a.shape[1]},
+                           features=("bias",) if bias is not None else ())
+    dispatch.decide(problem, backend).kernel(a, b, bias, out)
+
+
+def _bmm_fp8_decision(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor,
+                      backend: str) -> dispatch.Decision:
+    problem = Problem.make("bmm_fp8", A.device,
+                           dtypes={"a": A.dtype, "b": B.dtype, "out": out.dtype},
+                           shape={"batch": dispatch.length_bucket(A.shape[0]),
+                                  "m": dispatch.length_bucket(A.shape[1]), "n": B.shape[2],
+                                  "k": A.shape[2]})
+    return dispatch.decide(problem, backend)
+
+
+@custom_op("bmm_fp8", mutates_args=("out",), fake=_no_output)
+def _bmm_fp8_op(out: torch.Tensor, A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor,
+                B_scale: torch.Tensor, backend: str) -> None:
+    _bmm_fp8_decision(A, B, out, backend).kernel(A, B, A_scale, B_scale, out)
+
+
+@custom_op("mm_fp8", mutates_args=("out",), fake=_no_output)
+def _mm_fp8_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+               alpha: Optional[torch.Tensor], backend: str) -> None:
+    A, B, O = a.unsqueeze(0), b.t().unsqueeze(0), out.unsqueeze(0)
+    one = torch.ones((), dtype=torch.float32, device=a.device)
+    _bmm_fp8_decision(A, B, O, backend).kernel(A, B, one if alpha is None else alpha, one, O)
+
+
+@custom_op("gemm_fp8_groupwise", mutates_args=("out",), fake=_no_output)
+def _gemm_fp8_groupwise_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                           a_scale: torch.Tensor, b_scale: torch.Tensor, gm: int, gn: int,
+                           gk: int, backend: str) -> None:
+    k = a.shape[1]
+    problem = Problem.make("gemm_fp8_groupwise", a.device,
+                           dtypes={"a": a.dtype, "b": b.dtype, "out": out.dtype},
+                           shape={"m": dispatch.length_bucket(a.shape[0]), "n": b.shape[0],
+                                  "k": k},
+                           features=(_scale_feature((gm, gn, gk), k),))
+    dispatch.decide(problem, backend).kernel(a, b, a_scale, b_scale, (gm, gn, gk), out)
+
+
+# --------------------------------------------------------------------------------------------
+# public API
+
+
+@flashinfer_api
+def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
+            pdl: bool = False, out: Optional[torch.Tensor] = None,
+            out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> torch.Tensor:
+    """``out = a @ b (+ bias)``: ``a [m, k]``, ``b [k, n]`` bf16 (upstream: ``b`` column-major);
+    ``bias`` optional bf16 ``[n]``; ``out``/``out_dtype`` bf16, fp16 or fp32 (``out``'s dtype
+    must equal ``out_dtype``). Runs on every SM (fp32 accumulation). Returns ``out [m, n]``.
+    ``pdl`` is ignored. ``backend``: see the module docstring.
+    """
+    _tensor("a", a, 2, (torch.bfloat16,))
+    _tensor("b", b, 2, (torch.bfloat16,), a.device)
+    if b.shape[0] != a.shape[1]:
+        raise ValueError(f"b must be [k, n] with k = a.shape[1] = {a.shape[1]}, "
+                         f"got b.shape {tuple(b.shape)}")
+    if bias is not None:
+        _tensor("bias", bias, 1, (torch.bfloat16,), a.device)
+        if bias.shape[0] != b.shape[1]:
+            raise ValueError(f"bias must have shape ({b.shape[1]},), got {tuple(bias.shape)}")
+    backend = _backend(backend)
+    out = _output(out, (a.shape[0], b.shape[1]), _out_dtype("out_dtype", out_dtype, _BF16_OUT),
+                  a.device)
+    if out.numel():
+        _mm_bf16_op(out, a, b, bias, backend)
+    return out
+
+
+@flashinfer_api
+def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor,
+            dtype: torch.dtype, out: Optional[torch.Tensor] = None,
+            backend: str = "auto") -> torch.Tensor:
+    """Batched fp8 GEMM with per-tensor scales: ``out[i] = (A[i] @ B[i]) * A_scale * B_scale``.
+
+    ``A [b, m, k]``, ``B [b, k, n]`` float8_e4m3fn / float8_e5m2 (upstream: ``B`` column-major);
+    ``A_scale``, ``B_scale``: fp32 one-element tensors (dequantisation scales); ``dtype``: output
+    dtype, bf16 or fp16. Returns ``out [b, m, n]``. ``backend``: see the module docstring.
+    """
+    _tensor("A", A, 3, _FP8)
+    _tensor("B", B, 3, _FP8, A.device)
+    if B.shape[0] != A.shape[0] or B.shape[1] != A.shape[2]:
+        raise ValueError(f"B must be [b, k, n] = [{A.shape[0]}, {A.shape[2]}, n] to match "
+                         f"A {tuple(A.shape)}, got B.shape {tuple(B.shape)}")
+    _scalar_scale("A_scale", A_scale, A.device)
+    _scalar_scale("B_scale", B_scale, A.device)
+    backend = _backend(backend)
+    out = _output(out, (A.shape[0], A.shape[1], B.shape[2]), _out_dtype("dtype", dtype, _FP8_OUT),
+                  A.device)
+    if out.numel():
+        _bmm_fp8_op(out, A, B, A_scale, B_scale, backend)
+    return out
+
+
+@flashinfer_api
+def mm_fp8(a: torch.Tensor, b: torch.Tensor, alpha: Optional[torch.Tensor] = None,
+           out_dtype: torch.dtype = torch.bfloat16, out: Optional[torch.Tensor] = None,
+           backend: str = "auto") -> torch.Tensor:
+    """fp8 GEMM ``out = alpha * (a @ b.T)``: ``a [m, k]``, ``b [n, k]`` (the unprocessed weight)
+    float8_e4m3fn / e5m2; ``alpha`` None (1.0) or an fp32 one-element tensor, typically
+    ``a_scale * b_scale``; output bf16 only (upstream). Returns ``out [m, n]``.
+
+    Upstream's pre-shuffled ``[k // 128, n, 128]`` weights (``prepare_low_latency_gemm_weights``)
+    need its trtllm low-latency kernel, which this library does not have: they are rejected.
+    """
+    _tensor("a", a, 2, _FP8)
+    if isinstance(b, torch.Tensor) and b.dim() == 3:
+        raise ValueError(f"b of shape {tuple(b.shape)} looks like a prepared [k // 128, n, 128] "
+                         "weight (prepare_low_latency_gemm_weights), which needs upstream's "
+                         "trtllm_low_latency kernel (not available here); pass the unprocessed "
+                         "[n, k] weight")
+    _tensor("b", b, 2, _FP8, a.device)
+    if b.shape[1] != a.shape[1]:
+        raise ValueError(f"b must be [n, k] with k = a.shape[1] = {a.shape[1]}, "
+                         f"got b.shape {tuple(b.shape)}")
+    if alpha is not None:
+        _scalar_scale("alpha", alpha, a.device)
+    backend = _backend(backend)
+    out = _output(out, (a.shape[0], b.shape[0]),
+                  _out_dtype("out_dtype", out_dtype, (torch.bfloat16,)), a.device)
+    if out.numel():
+        _mm_fp8_op(out, a, b, alpha, backend)
+    return out
+
+
+@flashinfer_api
+def gemm_fp8_nt_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
+                          b_scale: torch.Tensor, scale_major_mode: Optional[str] = None,
+                          mma_sm: int = 1,
+                          scale_granularity_mnk: Tuple[int, int, int] = (1, 128, 128),
+                          out: Optional[torch.Tensor] = None,
+                          out_dtype: Optional[torch.dtype] = None,
+                          backend: str = "auto") -> torch.Tensor:
+    """fp8 GEMM with block scales: ``out = dequant(a) @ dequant(b).T``.
+
+    ``a [m, k]``, ``b [n, k]`` float8_e4m3fn / e5m2. With ``scale_granularity_mnk = (gm, gn, gk)``
+    the fp32 scales are ``a_scale [ceil(m/gm), ceil(k/gk)]`` and ``b_scale [ceil(n/gn),
+    ceil(k/gk)]`` for ``scale_major_mode`` ``"K"`` or ``None``, transposed (``[ceil(k/gk), *]``)
+    for ``"MN"``. Output bf16 (default) or fp16; ``out``'s dtype wins over ``out_dtype``, as
+    upstream. Returns ``out [m, n]``. ``mma_sm`` (1 or 2) is ignored.
+    """
+    _tensor("a", a, 2, _FP8)
+    _tensor("b", b, 2, _FP8, a.device)
+    if b.shape[1] != a.shape[1]:
+        raise ValueError(f"b must be [n, k] with k = a.shape[1] = {a.shape[1]}, "
+                         f"got b.shape {tuple(b.shape)}")
+    if scale_major_mode not in (None, "K", "MN"):
+        raise ValueError(f"scale_major_mode must be None, 'K' or 'MN', got {scale_major_mode!r}")
+    if mma_sm not in (1, 2):
+        raise ValueError(f"mma_sm must be 1 or 2, got {mma_sm!r}")
+    gm, gn, gk = _granularity(scale_granularity_mnk)
+    (m, k), n = a.shape, b.shape[0]
+    a_scale = _block_scale("a_scale", a_scale, _cdiv(m, gm), _cdiv(k, gk), scale_major_mode,
+                           a.device)
+    b_scale = _block_scale("b_scale", b_scale, _cdiv(n, gn), _cdiv(k, gk), scale_major_mode,
+                           a.device)
+    backend = _backend(backend)
+    if out is not None and isinstance(out, torch.Tensor):
+        out_dtype = out.dtype
+    dtype = _out_dtype("out_dtype", out_dtype or torch.bfloat16, _FP8_OUT)
+    out = _output(out, (m, n), dtype, a.device)
+    if out.numel():
+        _gemm_fp8_groupwise_op(out, a, b, a_scale, b_scale, gm, gn, gk, backend)
+    return out
+
+
+@flashinfer_api
+def gemm_fp8_nt_blockscaled(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
+                            b_scale: torch.Tensor, scale_major_mode: Optional[str] = "MN",
+                            mma_sm: int = 1, out: Optional[torch.Tensor] = None,
+                            out_dtype: Optional[torch.dtype] = None, *,
+                            backend: str = "auto") -> torch.Tensor:
+    """:func:`gemm_fp8_nt_groupwise` with ``scale_granularity_mnk = (128, 128, 128)``: scales
+    ``[ceil(m/128), ceil(k/128)]`` and ``[ceil(n/128), ceil(k/128)]`` (transposed for the
+    default ``scale_major_mode="MN"``)."""
+    return gemm_fp8_nt_groupwise(a, b, a_scale, b_scale, scale_major_mode, mma_sm,
+                                 (128, 128, 128), out, out_dtype, backend)
