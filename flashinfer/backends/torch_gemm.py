@@ -105,7 +105,18 @@ def _rowwise_reasons(problem) -> list[Reason]:
 def gemm_fp8_blockwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
                        b_scale: torch.Tensor, granularity: tuple[int, int, int],
                        out: torch.Tensor) -> None:
+    # cuBLASLt refuses the block-wise recipe for some M (M = 7 on the H200, cuBLASLt 13): rows
+    # are padded to a multiple of 16 (zeros, scale 1) and the extra output rows dropped
+    m = a.shape[0]
+    rows = -(-m // 16) * 16
+    if rows != m:
+        a = torch.cat([a, a.new_zeros(rows - m, a.shape[1])])
+        a_scale = torch.cat([a_scale, a_scale.new_ones(rows - m, a_scale.shape[1])])
     scale_a = a_scale.float().t().contiguous().t()  # [M, K/128], outer-dim-major
     scale_b = b_scale.float().contiguous().t()      # [K/128, N/128]
-    torch._scaled_mm(_row_major(a), _col_major(b.t()), scale_a, scale_b,
-                     out_dtype=out.dtype, out=out)
+    if rows == m:
+        torch._scaled_mm(_row_major(a), _col_major(b.t()), scale_a, scale_b,
+                         out_dtype=out.dtype, out=out)
+    else:
+        out.copy_(torch._scaled_mm(_row_major(a), _col_major(b.t()), scale_a, scale_b,
+                                   out_dtype=out.dtype)[:m])

@@ -250,11 +250,11 @@ def _rng_words(seed_ptr, off_ptr, seed_val, off_val, seed_stride, off_stride, i,
     if SEED_T:
         seed = tl.load(seed_ptr + i * seed_stride).to(tl.int64)
     else:
-        seed = seed_val.to(tl.int64)
+        seed = tl.zeros([], tl.int64) + seed_val  # an int arg equal to 1 arrives as a constexpr
     if OFF_T:
         off = tl.load(off_ptr + i * off_stride).to(tl.int64)
     else:
-        off = off_val.to(tl.int64)
+        off = tl.zeros([], tl.int64) + off_val
     off_lo = (off & 0xFFFFFFFF).to(tl.uint32)
     off_hi = ((off >> 32) & 0xFFFF).to(tl.uint32)
     return seed, off_lo, off_hi

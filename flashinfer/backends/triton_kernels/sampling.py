@@ -32,6 +32,8 @@ NP = 8
 MAX_ROUNDS = 66
 #: lanes compared at a time when ranking the per-lane bracket samples.
 RANK_CHUNK = 32
+#: elements per loop step of the softmax kernel
+SOFTMAX_BLOCK = 4096
 #: Philox4x32 rounds (7 pass BigCrush, Salmon et al. 2011; Triton's default is 10).
 PHILOX_ROUNDS = 7
 
@@ -167,11 +169,13 @@ def softmax(logits, out, temperature) -> None:
     t_t = isinstance(temperature, torch.Tensor)
     t_ptr = temperature if t_t else dst
     t_val = 1.0 if temperature is None or t_t else float(temperature)
-    q, warps = _launch_shape(vocab, n_rows)
+    # a streaming kernel: wide chunks keep enough loads in flight (512-element chunks with 4
+    # warps read 256 x 128k at 0.46 TB/s on the H200); two fp32 accumulators per element
+    block = max(16, min(SOFTMAX_BLOCK, _pow2(vocab)))
     with _device_of(logits):
         K.softmax_kernel[(n_rows,)](
             logits, dst, t_ptr, t_val, vocab, logits.stride(0), dst.stride(0),
-            T_T=t_t, BLOCK=4 * q, num_warps=warps,
+            T_T=t_t, BLOCK=block, num_warps=8 if block >= 2048 else 4,
         )
     if dst is not out:
         out.copy_(dst)
