@@ -71,6 +71,9 @@ from . import dispatch
 from .api_logging import flashinfer_api
 from .custom_op import custom_op
 from .dispatch import Problem
+from .sampling_args import (FLOAT_DTYPES, INDEX_DTYPES, check_backend, check_nan_arg, distribution, fraction_arg,
+                            index_map, resolve_seed, seed_kind, top_k_arg, vector_arg,
+                            get_seed_and_offset)
 
 __all__ = [
     "softmax", "sampling_from_logits", "sampling_from_probs", "top_p_sampling_from_probs",
@@ -79,150 +82,6 @@ __all__ = [
     "top_k_renorm_probs", "top_k_renorm_prob", "top_k_mask_logits", "chain_speculative_sampling",
     "get_seed_and_offset",
 ]
-
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-_INDEX = (torch.int32, torch.int64)
-_M64 = 1 << 64
-
-
-# --------------------------------------------------------------------------------------------
-# generators
-
-
-def get_seed_and_offset(increment: int, generator: Optional[torch.Generator] = None,
-                        device: Optional[torch.device] = None) -> Tuple[int, int]:
-    """``(seed, offset)`` for a call consuming ``increment`` random numbers; advances the
-    generator (CUDA: offset += ceil4(increment); CPU: one draw, offset 0 — module docstring)."""
-    if generator is None:
-        device = torch.device(device) if device is not None else (
-            torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
-        if device.type == "cuda":
-            generator = torch.cuda.default_generators[
-                device.index if device.index is not None else torch.cuda.current_device()]
-        else:
-            generator = torch.default_generator
-    if generator.device.type == "cpu":
-        seed = int(torch.randint(0, 1 << 62, (1,), generator=generator).item())
-        return seed, 0
-    seed, offset = (int(v) for v in generator.get_state().view(torch.int64))
-    new_offset = offset + (int(increment) + 3) // 4 * 4
-    generator.set_state(torch.tensor([seed, new_offset], dtype=torch.int64).view(torch.uint8))
-    return seed, offset
-
-
-# --------------------------------------------------------------------------------------------
-# validation (metadata only: runs on fake tensors too)
-
-
-def _dist(name: str, t, rank: int = 2, dtypes=_FLOATS) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise TypeError(f"{name} dtype {t.dtype} is not supported; allowed: "
-                        f"{', '.join(str(d).removeprefix('torch.') for d in dtypes)}")
-    if t.dim() != rank:
-        raise ValueError(f"{name} must be {rank}-D, got shape {tuple(t.shape)}")
-    if t.shape[-1] == 0:
-        raise ValueError(f"{name} vocabulary (last dim) must be >= 1, got shape {tuple(t.shape)}")
-    return t
-
-
-def _vector(name: str, t, length: int, device, dtypes) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise TypeError(f"{name} dtype {t.dtype} is not supported; allowed: "
-                        f"{', '.join(str(d).removeprefix('torch.') for d in dtypes)}")
-    if t.dim() != 1 or t.shape[0] != length:
-        raise ValueError(f"{name} must have shape ({length},), got {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device} but the input is on {device}")
-    return t
-
-
-def _indices(indices, device) -> Optional[torch.Tensor]:
-    if indices is None:
-        return None
-    if not isinstance(indices, torch.Tensor) or indices.dim() != 1:
-        raise ValueError(f"indices must be a 1-D int32/int64 tensor, got "
-                         f"{getattr(indices, 'shape', type(indices).__name__)}")
-    return _vector("indices", indices, indices.shape[0], device, _INDEX).contiguous()
-
-
-def _top_k(top_k, rows: int, device):
-    """-> (tensor int32 [R] or None, int)."""
-    if isinstance(top_k, torch.Tensor):
-        t = _vector("top_k", top_k, rows, device, _INDEX)
-        return t.to(torch.int32).contiguous(), 0
-    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
-        raise TypeError(f"top_k must be an int or an int32/int64 tensor, got {type(top_k).__name__}")
-    return None, int(top_k)
-
-
-def _fraction(name: str, value, rows: int, device):
-    """-> (tensor fp32 [R] or None, float) for top_p / min_p in [0, 1]."""
-    if isinstance(value, torch.Tensor):
-        t = _vector(name, value, rows, device, _FLOATS + (torch.float64,))
-        return t.to(torch.float32).contiguous(), 0.0
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a float or a float tensor, got {type(value).__name__}")
-    if not 0.0 <= float(value) <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
-    return None, float(value)
-
-
-def _seed_kind(seed, offset, count: int, device):
-    """-> (seed tensor, offset tensor, seed int, offset int, use_default_generator)."""
-    if (seed is None) != (offset is None):
-        raise ValueError("seed and offset must be given together (both None: use the generator)")
-    if seed is None:
-        return None, None, 0, 0, True
-    if isinstance(seed, torch.Tensor) != isinstance(offset, torch.Tensor):
-        raise ValueError("seed and offset must both be tensors or both be ints, got "
-                         f"{type(seed).__name__} and {type(offset).__name__}")
-    if isinstance(seed, torch.Tensor):
-        out = []
-        for name, t in (("seed", seed), ("offset", offset)):
-            if t.dtype not in (torch.int64, torch.uint64):
-                raise TypeError(f"{name} tensor dtype {t.dtype} is not supported; allowed: int64, uint64")
-            if t.dim() != 1 or t.shape[0] not in (1, count):
-                raise ValueError(f"{name} tensor must have shape (1,) or ({count},), got {tuple(t.shape)}")
-            if t.device != device:
-                raise ValueError(f"{name} tensor is on {t.device} but the input is on {device}")
-            out.append(t.view(torch.int64) if t.dtype == torch.uint64 else t)
-        return out[0], out[1], 0, 0, False
-    vals = []
-    for name, v in (("seed", seed), ("offset", offset)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-            raise TypeError(f"{name} must be an int or an int64 tensor, got {type(v).__name__}")
-        if not 0 <= int(v) < _M64:
-            raise ValueError(f"{name} must be in [0, 2**64), got {v}")
-        vals.append(int(v) - _M64 if int(v) >= 1 << 63 else int(v))  # as int64 bits
-    return None, None, vals[0], vals[1], False
-
-
-def _resolve_seed(generator, increment: int, seeds, device):
-    """Resolve an explicit generator here (outside the op); the default one inside the op."""
-    seed_t, offset_t, seed_v, offset_v, use_default = seeds
-    if use_default and generator is not None:
-        if not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-        if generator.device.type != device.type:
-            raise ValueError(f"generator is on {generator.device} but the input is on {device}")
-        seed_v, offset_v = get_seed_and_offset(increment, generator, device)
-        seed_v, use_default = (seed_v - _M64 if seed_v >= 1 << 63 else seed_v), False
-    return seed_t, offset_t, seed_v, offset_v, use_default
-
-
-def _check_nan(name: str, t: torch.Tensor, check_nan: bool) -> None:
-    if check_nan and bool(torch.isnan(t).any()):
-        raise ValueError(f"Input {name} contains NaN.")
-
-
-def _check_backend(backend) -> None:
-    if not isinstance(backend, str):
-        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
-
 
 # --------------------------------------------------------------------------------------------
 # custom ops (dispatch + kernel call; opaque to torch.compile)
@@ -390,17 +249,17 @@ _ORDERS = ("top_k_first", "joint")
 
 def _sample_probs(probs, indices, top_k, top_p, min_p, joint, deterministic, generator,
                   check_nan, seed, offset, return_valid, per_row_draws: int, backend):
-    _dist("probs", probs)
-    _check_backend(backend)
+    distribution("probs", probs)
+    check_backend(backend)
     rows, device = probs.shape[0], probs.device
-    indices = _indices(indices, device)
+    indices = index_map(indices, device)
     count = indices.shape[0] if indices is not None else rows
-    k_arr, k_val = _top_k(top_k, rows, device) if top_k is not None else (None, None)
-    p_arr, p_val = _fraction("top_p", top_p, rows, device) if top_p is not None else (None, None)
-    m_arr, m_val = _fraction("min_p", min_p, rows, device) if min_p is not None else (None, None)
-    seeds = _resolve_seed(generator, count * per_row_draws, _seed_kind(seed, offset, count, device),
+    k_arr, k_val = top_k_arg(top_k, rows, device) if top_k is not None else (None, None)
+    p_arr, p_val = fraction_arg("top_p", top_p, rows, device) if top_p is not None else (None, None)
+    m_arr, m_val = fraction_arg("min_p", min_p, rows, device) if min_p is not None else (None, None)
+    seeds = resolve_seed(generator, count * per_row_draws, seed_kind(seed, offset, count, device),
                           device)
-    _check_nan("probs", probs, check_nan)
+    check_nan_arg("probs", probs, check_nan)
     out, valid = _sampling_from_probs_op(probs, indices, k_arr, k_val, p_arr, p_val, m_arr, m_val,
                                          bool(joint), bool(deterministic), *seeds,
                                          count * per_row_draws, backend)
@@ -413,12 +272,12 @@ def softmax(logits: torch.Tensor, temperature: Optional[Union[torch.Tensor, floa
     """Row softmax of ``logits / temperature`` in fp32. ``logits`` ``[batch, vocab]``
     fp32/fp16/bf16; ``temperature`` None, a float > 0 or a ``[batch]`` float tensor.
     Returns fp32 ``[batch, vocab]``. ``enable_pdl`` is accepted and ignored."""
-    _dist("logits", logits)
-    _check_backend(backend)
+    distribution("logits", logits)
+    check_backend(backend)
     t_arr, t_val = None, None
     if isinstance(temperature, torch.Tensor):
-        t_arr = _vector("temperature", temperature, logits.shape[0], logits.device,
-                        _FLOATS + (torch.float64,)).to(torch.float32).contiguous()
+        t_arr = vector_arg("temperature", temperature, logits.shape[0], logits.device,
+                        FLOAT_DTYPES + (torch.float64,)).to(torch.float32).contiguous()
     elif temperature is not None:
         if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
             raise TypeError(f"temperature must be None, a float or a float tensor, got "
@@ -437,14 +296,14 @@ def sampling_from_logits(logits: torch.Tensor, indices: Optional[torch.Tensor] =
     """Sample one token per output from ``softmax(logits)``. ``logits`` ``[rows, vocab]``
     fp32/fp16/bf16; ``indices`` optional ``[batch]`` int32/int64 (output ``i`` reads row
     ``indices[i]``). Returns int32 ``[batch]`` (``indices.dtype`` with indices)."""
-    _dist("logits", logits)
-    _check_backend(backend)
+    distribution("logits", logits)
+    check_backend(backend)
     device = logits.device
-    indices = _indices(indices, device)
+    indices = index_map(indices, device)
     count = indices.shape[0] if indices is not None else logits.shape[0]
-    seeds = _resolve_seed(generator, count * logits.shape[1], _seed_kind(seed, offset, count, device),
+    seeds = resolve_seed(generator, count * logits.shape[1], seed_kind(seed, offset, count, device),
                           device)
-    _check_nan("logits", logits, check_nan)
+    check_nan_arg("logits", logits, check_nan)
     return _sampling_from_logits_op(logits, indices, bool(deterministic), *seeds, backend)
 
 
@@ -531,9 +390,9 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: Union[torch.Te
                                      offset: _Seed = None, *, backend: str = "auto") -> torch.Tensor:
     """:func:`softmax` of ``logits`` then :func:`top_k_top_p_sampling_from_probs` (no
     ``return_valid``, as upstream)."""
-    _dist("logits", logits)
+    distribution("logits", logits)
     joint = _joint(filter_apply_order)
-    _check_nan("logits", logits, check_nan)
+    check_nan_arg("logits", logits, check_nan)
     probs = softmax(logits, backend=backend)
     return _sample_probs(probs, indices, top_k, top_p, None, joint, deterministic, generator,
                          False, seed, offset, False, 32, backend)
@@ -545,9 +404,9 @@ def top_p_renorm_probs(probs: torch.Tensor, top_p: Union[torch.Tensor, float],
     """Zero the probabilities outside the top-p nucleus and renormalise. ``probs``
     ``[rows, vocab]`` fp32/fp16/bf16; returns the same shape and dtype. ``is_deterministic`` is
     accepted; every kernel here is deterministic."""
-    _dist("probs", probs)
-    _check_backend(backend)
-    p_arr, p_val = _fraction("top_p", top_p, probs.shape[0], probs.device)
+    distribution("probs", probs)
+    check_backend(backend)
+    p_arr, p_val = fraction_arg("top_p", top_p, probs.shape[0], probs.device)
     return _renorm_op(probs, None, None, p_arr, p_val, backend)
 
 
@@ -555,9 +414,9 @@ def top_p_renorm_probs(probs: torch.Tensor, top_p: Union[torch.Tensor, float],
 def top_k_renorm_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, int],
                        is_deterministic: bool = False, *, backend: str = "auto") -> torch.Tensor:
     """Zero the probabilities outside the top-k and renormalise (same shape and dtype)."""
-    _dist("probs", probs)
-    _check_backend(backend)
-    k_arr, k_val = _top_k(top_k, probs.shape[0], probs.device)
+    distribution("probs", probs)
+    check_backend(backend)
+    k_arr, k_val = top_k_arg(top_k, probs.shape[0], probs.device)
     return _renorm_op(probs, k_arr, k_val, None, None, backend)
 
 
@@ -569,9 +428,9 @@ top_k_renorm_prob = top_k_renorm_probs
 def top_k_mask_logits(logits: torch.Tensor, top_k: Union[torch.Tensor, int], *,
                       backend: str = "auto") -> torch.Tensor:
     """Set the logits outside the top-k to ``-inf`` (same shape and dtype)."""
-    _dist("logits", logits)
-    _check_backend(backend)
-    k_arr, k_val = _top_k(top_k, logits.shape[0], logits.device)
+    distribution("logits", logits)
+    check_backend(backend)
+    k_arr, k_val = top_k_arg(top_k, logits.shape[0], logits.device)
     return _mask_op(logits, k_arr, k_val, backend)
 
 
@@ -586,17 +445,17 @@ def chain_speculative_sampling(draft_probs: torch.Tensor, draft_token_ids: torch
     """Accept/reject a chain of ``n`` draft tokens per request (module docstring). Returns the
     3-tuple ``(output_token_ids int32 [B, n+1] (-1 after the first rejection), accepted [B],
     emitted [B])``; the counts are added into the given counter tensors (int32 ``[B]``)."""
-    _dist("draft_probs", draft_probs, rank=3)
-    _check_backend(backend)
+    distribution("draft_probs", draft_probs, rank=3)
+    check_backend(backend)
     batch, n, vocab = draft_probs.shape
     device = draft_probs.device
-    _dist("target_probs", target_probs, rank=3)
+    distribution("target_probs", target_probs, rank=3)
     if tuple(target_probs.shape) != (batch, n + 1, vocab):
         raise ValueError(f"target_probs must have shape {(batch, n + 1, vocab)} (draft_probs "
                          f"with one more position), got {tuple(target_probs.shape)}")
     if target_probs.device != device:
         raise ValueError(f"target_probs is on {target_probs.device} but draft_probs is on {device}")
-    if not isinstance(draft_token_ids, torch.Tensor) or draft_token_ids.dtype not in _INDEX:
+    if not isinstance(draft_token_ids, torch.Tensor) or draft_token_ids.dtype not in INDEX_DTYPES:
         raise TypeError(f"draft_token_ids must be an int32/int64 tensor, got "
                         f"{getattr(draft_token_ids, 'dtype', type(draft_token_ids).__name__)}")
     if tuple(draft_token_ids.shape) != (batch, n):
@@ -608,8 +467,8 @@ def chain_speculative_sampling(draft_probs: torch.Tensor, draft_token_ids: torch
     for name, t in (("maybe_output_accepted_token_num", maybe_output_accepted_token_num),
                     ("maybe_output_emitted_draft_token_num", maybe_output_emitted_draft_token_num)):
         counters.append(torch.zeros(batch, dtype=torch.int32, device=device) if t is None else
-                        _vector(name, t, batch, device, (torch.int32,)))
-    seeds = _resolve_seed(generator, batch * (n + 1), _seed_kind(seed, offset, batch, device), device)
+                        vector_arg(name, t, batch, device, (torch.int32,)))
+    seeds = resolve_seed(generator, batch * (n + 1), seed_kind(seed, offset, batch, device), device)
     output = _chain_op(draft_probs, draft_token_ids, target_probs, counters[0], counters[1],
                        bool(deterministic), *seeds, backend)
     return output, counters[0], counters[1]
