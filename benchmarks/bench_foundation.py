@@ -26,6 +26,8 @@ from typing import Callable
 
 import torch
 
+from bench_timing import cuda_events, graph_ms
+
 import flashinfer
 from flashinfer.capability_db import database
 from flashinfer.dispatch import NoBackendError
@@ -104,15 +106,11 @@ def build(op: str, p: dict, dtype=torch.bfloat16) -> tuple[list, Callable, float
     raise ValueError(op)
 
 
-def _events():
-    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-
 def eager_ms(sets: list, call: Callable, backend: str, iters: int) -> float:
     """Per-call time of back-to-back eager calls (host overhead included when it dominates)."""
     times = []
     for _ in range(iters):
-        start, end = _events()
+        start, end = cuda_events()
         start.record()
         for args in sets:
             call(args, backend)
@@ -123,33 +121,9 @@ def eager_ms(sets: list, call: Callable, backend: str, iters: int) -> float:
 
 
 def gpu_ms(sets: list, call: Callable, backend: str, iters: int) -> float | None:
-    """Per-call GPU time: the calls captured once in a CUDA graph, then replayed (no host cost).
-    ``None`` when the path cannot be captured (e.g. it synchronises with the host)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.stream(stream):
-            call(sets[0], backend)  # warm on the capture stream (workspaces, plans)
-            stream.synchronize()
-            with torch.cuda.graph(graph, stream=stream):
-                for args in sets:
-                    call(args, backend)
-    except Exception:  # noqa: BLE001 - not capturable: report eager time only
-        torch.cuda.synchronize()
-        return None
-    torch.cuda.current_stream().wait_stream(stream)
-    graph.replay()
-    times = []
-    for _ in range(iters):
-        start, end = _events()
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / len(sets))
-    del graph
-    return statistics.median(times)
+    """Per-call GPU time (ms) of the calls captured once in a CUDA graph and replayed; ``None``
+    when the path cannot be captured (see bench_timing.graph_ms)."""
+    return graph_ms(sets, call, backend, iters)
 
 
 def time_ms(sets: list, call: Callable, backend: str, iters: int) -> dict:

@@ -47,6 +47,8 @@ import threading  # noqa: E402
 
 import torch  # noqa: E402
 
+from bench_timing import cuda_events, graph_ms  # noqa: E402
+
 _T_TORCH = time.perf_counter()
 
 # ---------------------------------------------------------------------------- shape table
@@ -200,15 +202,11 @@ def deadline(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-def _events():
-    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-
 def eager_us(sets, call, backend, iters) -> float:
     times = []
     for _ in range(iters):
         if sets[0][0].is_cuda:
-            start, end = _events()
+            start, end = cuda_events()
             start.record()
             for a in sets:
                 call(a, backend)
@@ -224,35 +222,10 @@ def eager_us(sets, call, backend, iters) -> float:
 
 
 def graph_us(sets, call, backend, iters) -> float | None:
-    """Per-call GPU time from replaying the rotated calls captured in one CUDA graph; None when
-    the path cannot be captured (host synchronisation, host-side RNG state reads, ...)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.stream(stream):
-            call(sets[0], backend)
-            stream.synchronize()
-            with torch.cuda.graph(graph, stream=stream):
-                for a in sets:
-                    call(a, backend)
-    except CaseTimeout:
-        raise
-    except Exception:  # noqa: BLE001 - not capturable: eager time only
-        torch.cuda.synchronize()
-        return None
-    torch.cuda.current_stream().wait_stream(stream)
-    graph.replay()
-    times = []
-    for _ in range(iters):
-        start, end = _events()
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(sets))
-    del graph
-    return statistics.median(times)
+    """Per-call GPU time (us) from replaying the rotated calls captured in one CUDA graph; None
+    when the path cannot be captured (host synchronisation, host-side RNG state reads, ...)."""
+    ms = graph_ms(sets, call, backend, iters, passthrough=(CaseTimeout,))
+    return None if ms is None else ms * 1e3
 
 
 def chosen_kernels(flashinfer_mod, sets, call, backend) -> str | None:
