@@ -1,0 +1,174 @@
+"""GEMM benchmark (issue 5): bf16 and fp8 GEMMs at the layer shapes of Llama-3.1-70B and
+DeepSeek-V3, every backend and ``auto``, beside the vendor kernel called directly.
+
+    python benchmarks/gemm.py --out results.json            # H200: the grid below
+    python benchmarks/gemm.py --quick --out results.json    # the issue's target points only
+    python benchmarks/gemm.py --smoke --out /tmp/smoke.json # CPU: tiny shapes, reference/torch
+
+Shapes: M in {1, 16, 128, 1024, 8192} x the (N, K) of each layer below, plus the square
+8192^3 points of the targets (fp8 >= 1,300 TFLOP/s, every point >= 0.97x the best single vendor
+kernel). Functions: ``mm_bf16`` (a [M, K] @ w.T, w [N, K] bf16), ``mm_fp8`` (per-tensor scales),
+``gemm_fp8_nt_groupwise`` with DeepSeek-V3's recipe (1x128 activations, 128x128 weights).
+``vendor`` is the kernel the torch backend wraps, called directly (``torch.mm`` /
+``torch._scaled_mm``): the best single vendor kernel the target compares against.
+Timing: CUDA-graph replay of calls over input copies rotated past the L2 (bench_timing.py),
+eager time where a path cannot be captured; TFLOP/s = 2 M N K / time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from bench_timing import cuda_events, graph_ms
+
+import flashinfer
+from flashinfer import quantization as Q
+
+LAYERS = {  # name: (N, K)
+    "llama70b.qkv": (10240, 8192), "llama70b.o": (8192, 8192),
+    "llama70b.gate_up": (57344, 8192), "llama70b.down": (8192, 28672),
+    "dsv3.q_a": (1536, 7168), "dsv3.kv_a": (576, 7168), "dsv3.o": (7168, 16384),
+    "dsv3.gate_up": (36864, 7168), "dsv3.down": (7168, 18432),
+}
+MS = (1, 16, 128, 1024, 8192)
+SQUARE = {"square.8192": (8192, 8192)}
+FUNCTIONS = ("mm_bf16", "mm_fp8", "gemm_fp8_nt_groupwise")
+BACKENDS = ("auto", "torch", "vendor")
+L2_BYTES = 60 * 2**20
+
+
+def _inputs(fn: str, m: int, n: int, k: int, device: str):
+    """One set of call arguments: (a, b, extra) for ``fn``."""
+    a = torch.randn(m, k, device=device)
+    w = torch.randn(n, k, device=device) / k ** 0.5
+    if fn == "mm_bf16":
+        return a.bfloat16(), w.bfloat16().t(), None  # b [k, n] column-major, as upstream
+    if fn == "mm_fp8":
+        aq, a_s = Q.quantize_fp8_per_tensor(a)
+        wq, w_s = Q.quantize_fp8_per_tensor(w)
+        return aq, wq, (a_s * w_s).reshape(1)
+    aq, a_s = Q.quantize_fp8_blockwise(a, (1, 128))
+    wq, w_s = Q.quantize_fp8_blockwise(w, (128, 128))
+    return aq, wq, (a_s, w_s)
+
+
+def _call(fn: str, args, backend: str):
+    a, b, extra = args
+    if backend == "vendor":
+        if fn == "mm_bf16":
+            return torch.mm(a, b)
+        if fn == "mm_fp8":
+            one = torch.ones((), device=a.device)
+            return torch._scaled_mm(a, b.t(), extra, one, out_dtype=torch.bfloat16)
+        a_s, w_s = extra
+        return torch._scaled_mm(a, b.t(), a_s.t().contiguous().t(), w_s.contiguous().t(),
+                                out_dtype=torch.bfloat16)
+    if fn == "mm_bf16":
+        return flashinfer.mm_bf16(a, b, backend=backend)
+    if fn == "mm_fp8":
+        return flashinfer.mm_fp8(a, b, extra, backend=backend)
+    a_s, w_s = extra
+    return flashinfer.gemm.gemm_fp8_nt_groupwise(a, b, a_s, w_s, "K", 1, (1, 128, 128),
+                                                 backend=backend)
+
+
+def _eager_ms(sets, fn, backend, iters) -> float:
+    times = []
+    for _ in range(iters):
+        if sets[0][0].is_cuda:
+            start, end = cuda_events()
+            start.record()
+            for args in sets:
+                _call(fn, args, backend)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / len(sets))
+        else:
+            t = time.perf_counter()
+            for args in sets:
+                _call(fn, args, backend)
+            times.append((time.perf_counter() - t) * 1e3 / len(sets))
+    return statistics.median(times)
+
+
+def _chosen(fn, args) -> str | None:
+    with flashinfer.record_decisions() as log:
+        _call(fn, args, "auto")
+    return "+".join(sorted({d.name for d in log})) or None
+
+
+def bench_point(fn, m, n, k, backends, iters, device) -> dict:
+    one = _inputs(fn, m, n, k, device)
+    nbytes = sum(t.numel() * t.element_size() for t in one[:2])
+    copies = max(1, min(8, -(-2 * L2_BYTES // max(nbytes, 1)))) if device == "cuda" else 1
+    sets = [one] + [_inputs(fn, m, n, k, device) for _ in range(copies - 1)]
+    point = {"function": fn, "m": m, "n": n, "k": k, "backends": {}}
+    for backend in backends:
+        try:
+            _call(fn, one, backend)  # first call: plans, compiles, errors
+            ms = graph_ms(sets, lambda a, b: _call(fn, a, b), backend, iters) if device == "cuda" else None
+            eager = _eager_ms(sets, fn, backend, iters)
+            used = ms if ms is not None else eager
+            entry = {"ms": used, "graph_ms": ms, "eager_ms": eager,
+                     "tflops": 2 * m * n * k / used / 1e9}
+            if backend == "auto":
+                entry["chosen"] = _chosen(fn, one)
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot run a point is a finding
+            entry = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+        point["backends"][backend] = entry
+    return point
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--quick", action="store_true", help="target points only")
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes")
+    ap.add_argument("--only", default="", help="substring filter on function names")
+    args = ap.parse_args()
+    device = "cpu" if args.smoke else "cuda"
+    if args.smoke:
+        grid = [(fn, m, 256, 256) for fn in ("mm_bf16",) for m in (1, 16)]
+        backends = ("auto", "reference", "torch")
+    else:
+        layers = dict(SQUARE) if args.quick else {**LAYERS, **SQUARE}
+        ms = (8192,) if args.quick else MS
+        grid = [(fn, m, n, k) for fn in FUNCTIONS for (n, k) in layers.values() for m in ms]
+        if args.quick:
+            grid += [(fn, m, *LAYERS["dsv3.gate_up"]) for fn in FUNCTIONS for m in (16, 1024)]
+        backends = BACKENDS
+    grid = [g for g in grid if args.only in g[0]]
+    doc = {"command": "python " + " ".join(sys.argv),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+           "torch": torch.__version__, "layers": LAYERS,
+           "timing": "median of --iters; graph_ms = CUDA-graph replay over copies rotated past "
+                     "the L2, eager_ms = back-to-back calls; ms = graph_ms when capturable",
+           "results": []}
+    for i, (fn, m, n, k) in enumerate(grid):
+        point = bench_point(fn, m, n, k, backends, args.iters, device)
+        doc["results"].append(point)
+        cells = " ".join(f"{b}:{e['tflops']:.0f}" if "tflops" in e else f"{b}:ERR"
+                         for b, e in point["backends"].items())
+        print(f"[{i + 1}/{len(grid)}] {fn:22s} M={m:<5d} N={n:<6d} K={k:<6d} TFLOP/s {cells}",
+              flush=True)
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+    print("\nauto / vendor (target >= 0.97):")
+    for point in doc["results"]:
+        auto, vendor = point["backends"].get("auto", {}), point["backends"].get("vendor", {})
+        if "ms" in auto and "ms" in vendor:
+            print(f"  {point['function']:22s} M={point['m']:<5d} N={point['n']:<6d} "
+                  f"K={point['k']:<6d} {vendor['ms'] / auto['ms']:.2f} ({auto.get('chosen')})")
+
+
+if __name__ == "__main__":
+    main()
