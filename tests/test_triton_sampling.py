@@ -193,6 +193,20 @@ def test_invalid_rows_and_indices():
     assert out[1:].tolist() == [0] * 5 and 0 <= int(out[0]) < 16
 
 
+@pytest.mark.parametrize("k, top_p", [(3, None), (None, 0.5), (16, None), (None, 1.0)])
+def test_renorm_invalid_rows_come_out_zero(k, top_p):
+    """As the reference: a NaN, a negative entry or no mass gives a row of zeros (filter on or
+    off), never inf or NaN."""
+    p = probs_rows(4, 16, seed=12)
+    p[1, 2] = float("nan")
+    p[2, 0] = -0.1
+    p[3] = 0.0
+    out = torch.full_like(p, 7.0)
+    kernel("renorm_probs")(p, out, k, top_p)
+    assert torch.isfinite(out).all()
+    assert (out[1:] == 0).all() and abs(float(out[0].sum()) - 1.0) < 1e-5
+
+
 def test_determinism_and_seed_forms():
     p = probs_rows(3, 32, seed=9)
     idx = torch.arange(3, dtype=torch.int32)

@@ -466,6 +466,7 @@ def threshold_kernel(src, dst, k_ptr, p_ptr, k_val, p_val, V, stride_src, stride
     else:
         samp = _first_pivots(V, NP)
     exact = (on == 0).to(tl.int32)
+    row_bad = tl.zeros([], tl.int32)  # probabilities: a NaN or negative entry (seen in pass 0)
     rnd = tl.zeros([], tl.int32)
     while (exact == 0) & (rnd < MAX_ROUNDS):
         piv = _pivots(lo, hi, _mid(lo, hi), samp, NP)
@@ -473,6 +474,7 @@ def threshold_kernel(src, dst, k_ptr, p_ptr, k_val, p_val, V, stride_src, stride
             src_row, V, lo, lo, hi, mass_w, piv, 0x5EED, row.to(tl.uint32),
             rnd.to(tl.uint32), 0, NEG, False, True, not IS_LOGITS, NP, Q, PHILOX_ROUNDS)
         if rnd == 0:
+            row_bad = bad
             rmax = mx
             s_all = sm
             hi = mx
@@ -498,6 +500,7 @@ def threshold_kernel(src, dst, k_ptr, p_ptr, k_val, p_val, V, stride_src, stride
     # an exhausted budget (not reached in exact arithmetic) keeps {x >= hi}, hi always kept
     cut = tl.where(exact != 0, lo, _unord(_ord(hi) - 1))
     cut = tl.where(on, cut, NEG)
+    ok = tl.full([], 1, tl.int32)
     if not IS_LOGITS:
         s_keep = tl.where(on, mlo, s_all)
         if (exact == 0) | (on == 0):
@@ -506,7 +509,10 @@ def threshold_kernel(src, dst, k_ptr, p_ptr, k_val, p_val, V, stride_src, stride
                 offs = start + tl.arange(0, 4 * Q)
                 x = tl.load(src_row + offs, mask=offs < V, other=0.0).to(tl.float32)
                 s_keep += tl.sum(tl.where(x > cut, x, 0.0), axis=0)
-        inv = 1.0 / s_keep
+                row_bad |= tl.max(((x != x) | (x < 0.0)).to(tl.int32), axis=0)
+        # an invalid row (NaN, negative entry, kept mass <= 0 or infinite) comes out all zeros
+        ok = ((row_bad == 0) & (s_keep > 0.0) & (s_keep < float("inf"))).to(tl.int32)
+        inv = 1.0 / tl.where(ok != 0, s_keep, 1.0)
     for start in range(0, V, 4 * Q):
         offs = start + tl.arange(0, 4 * Q)
         mask = offs < V
@@ -514,7 +520,7 @@ def threshold_kernel(src, dst, k_ptr, p_ptr, k_val, p_val, V, stride_src, stride
         if IS_LOGITS:
             y = tl.where(x > cut, x, float("-inf"))
         else:
-            y = tl.where(x > cut, x * inv, 0.0)
+            y = tl.where((ok != 0) & (x > cut), x * inv, 0.0)
         tl.store(dst_row + offs, y.to(dst.dtype.element_ty), mask=mask)
 
 
