@@ -370,3 +370,6 @@ def gemm_fp8_nt_blockscaled(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Ten
     default ``scale_major_mode="MN"``)."""
     return gemm_fp8_nt_groupwise(a, b, a_scale, b_scale, scale_major_mode, mma_sm,
                                  (128, 128, 128), out, out_dtype, backend)
+
+
+from .gemm_grouped import SegmentGEMMWrapper, group_gemm_fp8_nt_groupwise  # noqa: E402,F401

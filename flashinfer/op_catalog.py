@@ -61,7 +61,23 @@ GEMM_FEATURES = (
     "scale_groupwise",  # fp8 groupwise, any other granularity
 )
 
+MOE_ROUTING_FEATURES = (
+    "bias",            # a routing bias (DeepSeek-V3 / MiniMax2: added to the sigmoid scores)
+    "grouped_topk",    # DeepSeek-V3 group-limited top-k (n_group > 1)
+)
+
+MOE_FEATURES = (
+    "fp8_block_scale",  # fp8 e4m3 experts with 128x128 weight / 1x128 activation block scales
+    "fp8_per_tensor",   # fp8 e4m3 experts with per-expert scalar scales
+    "geglu",            # GELU-gated activation (Geglu / GegluTanh) instead of SwiGLU
+    "scales_on_input",  # routing weights applied to the expert input (Llama-4), not its output
+)
+
+_MOE_SHAPE = ("num_tokens", "hidden_size", "intermediate_size", "num_experts", "top_k")
+
 _GEMM_SHAPE = ("m", "n", "k")  # m bucketed to a power of two; n and k exact (weight sizes)
+# grouped / segment GEMM: the group count and total rows m bucketed; n and k exact
+_GROUPED_GEMM_SHAPE = ("num_groups", "m", "n", "k")
 
 
 @dataclass(frozen=True)
@@ -127,6 +143,17 @@ OPS: dict[str, OpSpec] = {
         OpSpec("gemm_fp8_groupwise", "gemm", ("a", "b", "out"), _GEMM_SHAPE,
                ("scale_rowwise", "scale_1x128", "scale_128x128", "scale_groupwise"), (),
                "out = dequant(a) @ dequant(b).T, fp8 a [m,k] / b [n,k] with block scales"),
+        OpSpec("moe_routing", "moe", ("logits",), ("num_tokens", "num_experts", "top_k"),
+               MOE_ROUTING_FEATURES, (), "router logits [T, E] -> top-k expert ids and weights"),
+        OpSpec("fused_moe", "moe", ("hidden", "weight", "out"), _MOE_SHAPE, MOE_FEATURES, (),
+               "routed experts: gated gemm1, activation, gemm2, weighted sum over top-k"),
+        OpSpec("segment_gemm", "gemm", ("x", "weights", "out"), _GROUPED_GEMM_SHAPE,
+               ("weight_indices",), ("row_major", "column_major"),
+               "out[seg] = x[seg] @ W[weight_indices[i] or i] per segment (LoRA / grouped GEMM); "
+               "layout is the weights' (column_major: [num_weights, n, k])"),
+        OpSpec("group_gemm_fp8_groupwise", "gemm", ("a", "b", "out"), _GROUPED_GEMM_SHAPE,
+               ("scale_rowwise", "scale_1x128", "scale_128x128", "scale_groupwise"), (),
+               "out[seg g] = dequant(a[seg g]) @ dequant(b[g]).T, fp8 with block scales"),
     )
 }
 

@@ -37,6 +37,7 @@ FAMILY_DTYPE: dict[str, str] = {"sampling": "float32", "gemm": "bfloat16"}
 OP_DTYPES: dict[str, dict[str, str]] = {
     "bmm_fp8": {"default": "float8_e4m3fn", "out": "bfloat16"},
     "gemm_fp8_groupwise": {"default": "float8_e4m3fn", "out": "bfloat16"},
+    "group_gemm_fp8_groupwise": {"default": "float8_e4m3fn", "out": "bfloat16"},
 }
 
 #: per-op departures from DEFAULT_FACTS that the op's definition imposes.

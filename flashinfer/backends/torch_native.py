@@ -316,3 +316,5 @@ for _op in _ATTENTION_OPS:
 
 from . import torch_sampling  # noqa: E402,F401  (registers the sampling kernels into KERNELS)
 from . import torch_gemm  # noqa: E402,F401  (registers the GEMM kernels into KERNELS)
+from . import torch_gemm_grouped  # noqa: E402,F401  (registers the grouped GEMM kernels)
+from . import torch_moe  # noqa: E402,F401  (registers the MoE kernels into KERNELS)

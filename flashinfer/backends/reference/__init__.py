@@ -10,4 +10,5 @@ from .. import KernelTable
 KERNELS = KernelTable("reference")
 
 from . import activation, attention, norm, rope  # noqa: E402,F401  (fill KERNELS)
-from . import batch_attention, gemm, page, sampling  # noqa: E402,F401
+from . import batch_attention, gemm, gemm_grouped, page, sampling  # noqa: E402,F401
+from . import moe  # noqa: E402,F401

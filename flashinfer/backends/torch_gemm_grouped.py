@@ -1,0 +1,93 @@
+"""torch backend for grouped / segment GEMM: ``torch._grouped_mm`` (CUTLASS inside torch) and loops
+of ``torch.mm`` (cuBLAS / CPU BLAS).
+
+* ``segment_gemm:grouped_mm`` — one ``torch._grouped_mm(x, W, offs=indptr[1:])`` call, bf16 only
+  (torch's grouped GEMM takes bf16 inputs), bf16 output. ``W`` is ``weights`` (or
+  ``weights[weight_indices]``, gathered) as ``[segments, k, n]``; column-major weights go in as a
+  transposed view (torch accepts either layout). torch needs every operand's leading stride to
+  be a multiple of 16 bytes (k and n multiples of 8, capability record) and 16-byte aligned data;
+  an operand that is not is copied once. The offsets are not read on the host (no sync, CUDA
+  graph safe), so they are not checked here — like upstream's kernels; rows outside
+  ``[indptr[0], indptr[-1])`` are zeroed with a device-side mask.
+* ``segment_gemm:segment_loop`` — one ``torch.mm`` per non-empty segment into ``out``'s rows (any
+  device, fp16/bf16/fp8 inputs; fp8 and mixed output dtypes go through float32). Reads the
+  offsets on the host (one sync) and checks them.
+* ``group_gemm_fp8_groupwise:dequant_loop`` — per group: dequantise ``a``'s rows and ``b[g]``
+  block by block to float32, one float32 ``torch.mm``, round once to ``out``. Any device; the
+  fp8 path torch lacks (its grouped fp8 GEMM takes row-wise scales only).
+
+Registered into the ``torch`` adapter's table (``backends/torch_native.py`` imports this module).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .reference.gemm_grouped import segment_bounds, weight_choice, zero_uncovered
+from .torch_native import KERNELS
+
+
+def _grouped_mm_operand(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when torch's grouped GEMM accepts its strides and alignment, else a copy."""
+    stride, align = t.stride(), 16 // t.element_size()
+    ok_layout = ((stride[-1] == 1 and stride[-2] % align == 0)
+                 or (stride[-2] == 1 and stride[-1] % align == 0))
+    if ok_layout and t.data_ptr() % 16 == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+@KERNELS.kernel("segment_gemm", "grouped_mm")
+def segment_gemm_grouped(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.Tensor,
+                         weight_indices: torch.Tensor | None, weight_column_major: bool,
+                         alpha: torch.Tensor | None, out: torch.Tensor) -> None:
+    w = weights if weight_indices is None else weights.index_select(0, weight_indices)
+    mat_b = w.transpose(1, 2) if weight_column_major else w
+    offs = seg_indptr[1:].to(torch.int32)
+    y = torch._grouped_mm(_grouped_mm_operand(x), _grouped_mm_operand(mat_b), offs=offs)
+    rows = torch.arange(x.shape[0], device=x.device)
+    inside = (rows >= seg_indptr[0]) & (rows < seg_indptr[-1])
+    if alpha is not None:
+        y = y * alpha.reshape(())
+    torch.where(inside.unsqueeze(1), y, y.new_zeros(()), out=out)
+
+
+@KERNELS.kernel("segment_gemm", "segment_loop")
+def segment_gemm_loop(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.Tensor,
+                      weight_indices: torch.Tensor | None, weight_column_major: bool,
+                      alpha: torch.Tensor | None, out: torch.Tensor) -> None:
+    bounds = segment_bounds(seg_indptr, x.shape[0], "seg_indptr")
+    chosen = weight_choice(weight_indices, len(bounds) - 1, weights.shape[0])
+    zero_uncovered(out, bounds)
+    direct = x.dtype == out.dtype and alpha is None  # mm straight into out's rows
+    for seg, w_index in enumerate(chosen):
+        start, end = bounds[seg], bounds[seg + 1]
+        if start == end:
+            continue
+        w = weights[w_index]
+        w = w.t() if weight_column_major else w
+        if direct:
+            torch.mm(x[start:end], w, out=out[start:end])
+            continue
+        y = torch.mm(x[start:end].float(), w.float())
+        if alpha is not None:
+            y *= alpha.float().reshape(())
+        out[start:end].copy_(y)
+
+
+@KERNELS.kernel("group_gemm_fp8_groupwise", "dequant_loop")
+def group_gemm_fp8_dequant_loop(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
+                                b_scale: torch.Tensor, m_indptr: torch.Tensor,
+                                granularity: tuple[int, int, int], out: torch.Tensor) -> None:
+    gm, gn, gk = granularity
+    k, n = a.shape[1], b.shape[1]
+    bounds = segment_bounds(m_indptr, a.shape[0], "m_indptr")
+    zero_uncovered(out, bounds)
+    for g in range(len(bounds) - 1):
+        start, end = bounds[g], bounds[g + 1]
+        if start == end:
+            continue
+        scale_rows = start // gm + torch.arange(end - start, device=a.device) // gm
+        sa = a_scale[scale_rows].float().repeat_interleave(gk, 1)[:, :k]
+        sb = b_scale[g].float().repeat_interleave(gn, 0).repeat_interleave(gk, 1)[:n, :k]
+        out[start:end].copy_(torch.mm(a[start:end].float() * sa, (b[g].float() * sb).t()))

@@ -1,0 +1,97 @@
+"""Grouped / segment GEMM dispatch decisions on simulated SMs (no GPU needed) and on the CPU."""
+
+import pytest
+
+from flashinfer.device import simulated
+from flashinfer.dispatch import BackendUnavailableError, Problem, StrictModeError, select
+from flashinfer.overrides import collect
+
+SMS = ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0", "cpu"]
+E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
+
+
+def _device(sm):
+    return simulated(None if sm == "cpu" else sm)
+
+
+def _segment(sm, dtype="bfloat16", out=None, features=(), layout="column_major", **shape):
+    facts = {"num_groups": 8, "m": 1024, "n": 4096, "k": 7168, **shape}
+    return Problem.make("segment_gemm", _device(sm),
+                        dtypes={"x": dtype, "weights": dtype, "out": out or dtype},
+                        shape=facts, features=features, layout=layout)
+
+
+def _group_fp8(sm, feature="scale_1x128", a=E4M3, **shape):
+    facts = {"num_groups": 64, "m": 1024, "n": 2048, "k": 7168, **shape}
+    return Problem.make("group_gemm_fp8_groupwise", _device(sm),
+                        dtypes={"a": a, "b": a, "out": "bfloat16"}, shape=facts,
+                        features=[feature])
+
+
+def _reasons(decision, name):
+    return {r.field for c in decision.candidates if c.name == name for r in c.reasons}
+
+
+@pytest.mark.parametrize("sm", SMS)
+@pytest.mark.parametrize("layout", ["row_major", "column_major"])
+def test_segment_bf16(sm, layout):
+    decision = select(_segment(sm, features=("weight_indices",), layout=layout),
+                      assume_installed=True)
+    if sm in ("9.0", "10.0", "12.0"):  # CUTLASS grouped GEMM inside torch
+        assert decision.name == "torch:grouped_mm"
+        assert decision.order == ("torch:grouped_mm", "torch:segment_loop", "reference")
+    elif sm == "cpu":
+        assert decision.name == "torch:segment_loop"
+        assert _reasons(decision, "torch:grouped_mm") == {"device"}
+    else:  # 7.5 .. 8.9: one cuBLAS call per segment
+        assert decision.name == "torch:segment_loop"
+        assert _reasons(decision, "torch:grouped_mm") == {"sm"}
+
+
+@pytest.mark.parametrize("sm", ["9.0", "10.0"])
+@pytest.mark.parametrize("dtype,out", [("float16", None), (E4M3, "bfloat16"),
+                                       ("bfloat16", "float32")])
+def test_segment_grouped_mm_is_bf16_only(sm, dtype, out):
+    decision = select(_segment(sm, dtype, out), assume_installed=True)
+    assert decision.name == "torch:segment_loop"
+    assert _reasons(decision, "torch:grouped_mm") & {"dtype.x", "dtype.out"}
+
+
+@pytest.mark.parametrize("fact", ["k", "n"])
+def test_segment_grouped_mm_needs_16_byte_strides(fact):
+    decision = select(_segment("9.0", **{fact: 4100}), assume_installed=True)
+    assert decision.name == "torch:segment_loop"
+    assert _reasons(decision, "torch:grouped_mm") == {fact}
+
+
+@pytest.mark.parametrize("sm", SMS)
+@pytest.mark.parametrize("feature", ["scale_rowwise", "scale_1x128", "scale_128x128",
+                                     "scale_groupwise"])
+def test_group_gemm_fp8(sm, feature):
+    decision = select(_group_fp8(sm, feature), assume_installed=True)
+    assert decision.name == "torch:dequant_loop"
+    assert decision.order == ("torch:dequant_loop", "reference")
+    assert "[not verified on hardware]" in decision.explain()
+
+
+def test_group_gemm_fp8_e5m2():
+    assert select(_group_fp8("9.0", a=E5M2), assume_installed=True).name == "torch:dequant_loop"
+
+
+def test_strict_mode_accepts_the_loops():
+    # the loops are torch kernels, not the reference: strict mode lets them run
+    assert select(_segment("8.0", "float16"), strict=True,
+                  assume_installed=True).name == "torch:segment_loop"
+    assert select(_group_fp8("9.0"), strict=True,
+                  assume_installed=True).name == "torch:dequant_loop"
+
+
+def test_strict_mode_refuses_the_reference():
+    with pytest.raises(StrictModeError):
+        select(_segment("9.0"), collect("gemm", "reference"), strict=True,
+               assume_installed=True)
+
+
+def test_explicit_grouped_mm_on_ampere_names_the_sm():
+    with pytest.raises(BackendUnavailableError, match="requires SM 9.0"):
+        select(_segment("8.0"), collect("gemm", "torch:grouped_mm"), assume_installed=True)
