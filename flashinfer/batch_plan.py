@@ -4,9 +4,11 @@ the plan/run machinery the three batch wrappers share.
 Validation happens in ``plan()`` on *host* copies (CPU int32): dtype int32, rank 1, lengths,
 ``indptr[0] == 0`` and monotone, ``last_page_len`` in ``[1, page_size]`` (``[0, page_size]`` for a
 request with no page), page indices ``>= 0``. An index array given on the host is used as is (no
-device-to-host copy) and copied to the device with ``non_blocking``; an array given on the device
-is copied to the host once (a synchronisation, as upstream does for ``indptr``) so that it can be
-checked. Page indices are checked against the *cache size* in ``run()``: plan() does not see the
+device-to-host copy); all of a plan's host arrays reach the device in one non-blocking copy
+(:mod:`flashinfer.plan_upload`). An indptr / last_page_len given on the device is copied to the
+host once (a synchronisation, as upstream does for ``indptr``) so that it can be checked; page
+ids kept on the device stay there (copied device to device into the plan) and only their min
+and max come to the host (one synchronisation). Page indices are checked against the *cache size* in ``run()``: plan() does not see the
 cache, so it keeps the largest index (a Python int) and every run() compares it with
 ``k_cache.shape[0]`` — an int comparison, no device work.
 
