@@ -1,0 +1,167 @@
+"""@triton.jit kernels of the Triton fused MoE (launched by ``moe.py``).
+
+Both GEMMs walk the expert-sorted, block-padded row list built by ``moe.align``: row ``r`` of
+the padded list holds a flat (token, slot) pair index ``p = token * TOP_K + slot``, or the
+sentinel ``NUM_PAIRS`` in padding. M-block ``b`` (rows ``[b * BLOCK_M, (b + 1) * BLOCK_M)``)
+belongs to one local expert, ``block_expert[b]``; the grid is launched for the largest possible
+number of blocks and blocks at or past ``num_blocks[0]`` (a device scalar) return at once.
+
+* ``gemm1_kernel``: ``inter[r, n] = act(x[p // TOP_K] @ w1[e, I + n]) * (x[p // TOP_K] @
+  w1[e, n])`` for ``n`` in the program's column tile (up ``[:I]``, gate ``[I:]``, two
+  accumulators), written in the activation dtype;
+* ``gemm2_kernel``: ``result[p, m] = weight[p] * (inter[r] @ w2[e, m])``, float32, one row per
+  (token, slot) pair; the caller sums over the slots (fixed order, no atomics).
+
+FP8 weights are converted to the activation dtype as they are loaded; 128x128 block scales
+multiply each K step's partial product column by column (``BLOCK_K`` divides 128, so one K step
+sits in one scale block), per-tensor scales the finished accumulators. ``DOT_F32`` (CPU,
+Triton's interpreter) runs the products in float32.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _activation(gate, ACTIVATION: tl.constexpr):
+    """3 Swiglu: SiLU; 4 Geglu: erf GELU; 8 GegluTanh: tanh GELU (float32 in and out)."""
+    if ACTIVATION == 3:
+        act = gate * tl.sigmoid(gate)
+    elif ACTIVATION == 4:
+        act = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476))
+    else:  # 0.5 * (1 + tanh(z)) == sigmoid(2 z), z = sqrt(2/pi) * (g + 0.044715 g^3)
+        z2 = 1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)
+        act = gate * tl.sigmoid(z2)
+    return act
+
+
+@triton.jit
+def gemm1_kernel(
+    x_ptr, w1_ptr, s1_ptr, inter_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr,
+    weights_ptr,
+    NUM_PAIRS, HIDDEN, INTER,
+    stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_ir,
+    TOP_K: tl.constexpr, ACTIVATION: tl.constexpr, QUANT: tl.constexpr,
+    SCALES_ON_INPUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    """QUANT: 0 none, 1 fp8 128x128 block scales ``s1 [E, ceil(2I/128), ceil(H/128)]``,
+    2 fp8 per-tensor ``s1 [E, 2]`` (up, gate). ``EVEN_K``: ``HIDDEN % BLOCK_K == 0``."""
+    b = tl.program_id(0)
+    if b >= tl.load(num_blocks_ptr):
+        return
+    expert = tl.load(block_expert_ptr + b).to(tl.int64)
+    rows = b * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + rows)
+    row_ok = pair < NUM_PAIRS
+    token = tl.where(row_ok, pair // TOP_K, 0)  # padding reads token 0, never stored
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < INTER
+    n_w = n % INTER  # in-bounds weight rows for the edge tile (those columns are not stored)
+    kk = tl.arange(0, BLOCK_K)
+
+    a_ptrs = x_ptr + token[:, None].to(tl.int64) * stride_xt + kk[None, :]
+    up_ptrs = w1_ptr + expert * stride_we + n_w[None, :].to(tl.int64) * stride_wn + kk[:, None]
+    gate_ptrs = up_ptrs + INTER * stride_wn
+    if SCALES_ON_INPUT:
+        route_w = tl.load(weights_ptr + pair, mask=row_ok, other=0.0)
+    if QUANT == 1:
+        s_up = s1_ptr + expert * stride_se + (n_w // 128) * stride_sn
+        s_gate = s1_ptr + expert * stride_se + ((n_w + INTER) // 128) * stride_sn
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, HIDDEN, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            wu = tl.load(up_ptrs)
+            wg = tl.load(gate_ptrs)
+        else:
+            k_ok = kk < HIDDEN - k0
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            wu = tl.load(up_ptrs, mask=k_ok[:, None], other=0.0)
+            wg = tl.load(gate_ptrs, mask=k_ok[:, None], other=0.0)
+        if SCALES_ON_INPUT:
+            a = a.to(tl.float32) * route_w[:, None]
+            if not DOT_F32:  # back to the input dtype (the interpreter's bf16 cast truncates)
+                a = a.to(x_ptr.dtype.element_ty)
+        if DOT_F32:  # the interpreter's tl.dot mishandles bfloat16
+            a = a.to(tl.float32)
+            wu = wu.to(tl.float32)
+            wg = wg.to(tl.float32)
+        else:
+            wu = wu.to(a.dtype)
+            wg = wg.to(a.dtype)
+        if QUANT == 1:
+            su = tl.load(s_up + (k0 // 128) * stride_sk)
+            sg = tl.load(s_gate + (k0 // 128) * stride_sk)
+            acc_up += tl.dot(a, wu) * su[None, :]
+            acc_gate += tl.dot(a, wg) * sg[None, :]
+        else:
+            acc_up = tl.dot(a, wu, acc_up)
+            acc_gate = tl.dot(a, wg, acc_gate)
+        a_ptrs += BLOCK_K
+        up_ptrs += BLOCK_K
+        gate_ptrs += BLOCK_K
+    if QUANT == 2:
+        acc_up *= tl.load(s1_ptr + expert * stride_se)
+        acc_gate *= tl.load(s1_ptr + expert * stride_se + stride_sn)
+    h = _activation(acc_gate, ACTIVATION) * acc_up
+    out_ptrs = inter_ptr + rows[:, None].to(tl.int64) * stride_ir + n[None, :]
+    tl.store(out_ptrs, h.to(inter_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def gemm2_kernel(
+    inter_ptr, w2_ptr, s2_ptr, result_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr,
+    weights_ptr,
+    NUM_PAIRS, HIDDEN, INTER,
+    stride_ir, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_rp,
+    QUANT: tl.constexpr, SCALES_ON_INPUT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    """QUANT: 0 none, 1 fp8 128x128 block scales ``s2 [E, ceil(H/128), ceil(I/128)]``,
+    2 fp8 per-tensor ``s2 [E]``. ``EVEN_K``: ``INTER % BLOCK_K == 0``."""
+    b = tl.program_id(0)
+    if b >= tl.load(num_blocks_ptr):
+        return
+    expert = tl.load(block_expert_ptr + b).to(tl.int64)
+    rows = b * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + rows)
+    row_ok = pair < NUM_PAIRS
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < HIDDEN
+    n_w = n % HIDDEN
+    kk = tl.arange(0, BLOCK_K)
+
+    # padding rows of the intermediate are unwritten: masked to 0 (never stored anyway)
+    a_ptrs = inter_ptr + rows[:, None].to(tl.int64) * stride_ir + kk[None, :]
+    w_ptrs = w2_ptr + expert * stride_we + n_w[None, :].to(tl.int64) * stride_wn + kk[:, None]
+    if QUANT == 1:
+        s_ptrs = s2_ptr + expert * stride_se + (n_w // 128) * stride_sn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, INTER, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            w = tl.load(w_ptrs)
+        else:
+            k_ok = kk < INTER - k0
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+        if DOT_F32:
+            a = a.to(tl.float32)
+            w = w.to(tl.float32)
+        else:
+            w = w.to(a.dtype)
+        if QUANT == 1:
+            s = tl.load(s_ptrs + (k0 // 128) * stride_sk)
+            acc += tl.dot(a, w) * s[None, :]
+        else:
+            acc = tl.dot(a, w, acc)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if QUANT == 2:
+        acc *= tl.load(s2_ptr + expert * stride_se)
+    if not SCALES_ON_INPUT:
+        acc *= tl.load(weights_ptr + pair, mask=row_ok, other=0.0)[:, None]
+    out_ptrs = result_ptr + pair[:, None].to(tl.int64) * stride_rp + n[None, :]
+    tl.store(out_ptrs, acc, mask=row_ok[:, None] & n_ok[None, :])

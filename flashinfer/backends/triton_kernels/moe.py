@@ -1,0 +1,186 @@
+"""Triton fused MoE (op ``fused_moe``): registration, alignment and launch configuration.
+
+Kernel signature and semantics: :mod:`flashinfer.fused_moe.core`. The @triton.jit code lives
+in ``_moe_kernels.py`` and is imported on first use (this module must import without Triton).
+
+One call, never synchronising with the host (so it can be captured in a CUDA graph), and every
+buffer sized from the shapes alone:
+
+1. ``align`` (torch ops on the device): the ``P = T * top_k`` (token, slot) pairs are stably
+   sorted by local expert id (ids of other ranks sort last and are dropped) and each expert's
+   segment is padded to a multiple of ``BLOCK_M`` in a list of ``max_rows(P, E, BLOCK_M)`` rows
+   (the sentinel ``P`` marks padding), with the expert of each M-block and the number of used
+   blocks as a one-element device tensor;
+2. ``gemm1_kernel`` (grid: every possible M-block x column tiles of ``I``): gather the block's
+   token rows, ``x @ w1[e].T`` for the up and gate halves at once, the gated activation, the
+   intermediate ``[rows, I]`` in the activation dtype;
+3. ``gemm2_kernel`` (grid: M-blocks x column tiles of ``H``): ``intermediate @ w2[e].T`` times
+   the routing weight into a float32 ``[T, top_k, H]`` buffer (pairs of other ranks stay 0);
+4. ``out = buffer.sum(1)``: a fixed-order reduction, so results are deterministic.
+
+FP8 experts (float8_e4m3fn weights) keep activations in bfloat16, as the torch backend does:
+an fp8 input is dequantised first (with its 1x128 scales when given), weights are converted in
+the K loop and their 128x128 block or per-tensor scales applied to the float32 products. FP8
+needs Triton's fp8 conversions, SM 8.9 and newer (``_check``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from ...reasons import Reason
+from . import KERNELS
+
+_QUANT = {"none": 0, "fp8_block_scale": 1, "fp8_per_tensor": 2}
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_m: int
+    block_n1: int  # gemm1 column tile (over I; two accumulators: up and gate)
+    block_n2: int  # gemm2 column tile (over H)
+    block_k: int   # divides 128: one K step stays inside one fp8 scale block
+    num_warps: int
+    num_stages: int
+
+
+def launch_config(num_pairs: int, num_experts: int, on_gpu: bool) -> LaunchConfig:
+    """Tile sizes from the average rows per expert (shapes only, nothing read from the device).
+
+    Few rows per expert (decode) -> ``BLOCK_M = 16`` so padding wastes little; many -> 64."""
+    per_expert = num_pairs / max(num_experts, 1)
+    if not on_gpu:  # the interpreter: small tiles, few programs
+        return LaunchConfig(16, 64, 64, 64, 4, 1)
+    if per_expert <= 16:
+        return LaunchConfig(16, 64, 128, 128, 4, 4)
+    if per_expert <= 48:
+        return LaunchConfig(32, 64, 128, 64, 4, 4)
+    return LaunchConfig(64, 64, 128, 64, 4, 3)
+
+
+def max_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """Rows of the padded list: every non-empty expert (at most ``min(E, P)`` of them) adds at
+    most ``block_m - 1`` padding rows; rounded up to whole blocks."""
+    rows = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
+    return -(-rows // block_m) * block_m
+
+
+def align(ids: torch.Tensor, expert_offset: int, num_experts: int, block_m: int):
+    """``(sorted_pairs [R] int32, block_expert [R / block_m] int32, num_blocks [1] int32)`` for
+    ``ids [T, k]`` global expert ids, ``R = max_rows(T * k, num_experts, block_m)``.
+
+    ``sorted_pairs`` holds flat pair indices ``token * k + slot`` grouped by expert (stable:
+    ascending within an expert), each expert's group starting on a multiple of ``block_m``;
+    padding and unused rows hold ``T * k``. Blocks ``>= num_blocks[0]`` are unused."""
+    dev = ids.device
+    num_pairs = ids.numel()
+    rows = max_rows(num_pairs, num_experts, block_m)
+    key = ids.reshape(-1).long() - expert_offset
+    key = torch.where((key >= 0) & (key < num_experts), key, num_experts)
+    sorted_key, order = torch.sort(key, stable=True)
+    experts = torch.arange(num_experts + 1, device=dev)
+    first = torch.searchsorted(sorted_key, experts)  # [E + 1]: first sorted position per expert
+    counts = first[1:] - first[:-1]
+    padded_end = torch.cumsum((counts + block_m - 1) // block_m * block_m, 0)
+    padded_start = padded_end - (counts + block_m - 1) // block_m * block_m
+    e = sorted_key.clamp(max=num_experts - 1)
+    position = torch.arange(num_pairs, device=dev)
+    # pairs of other ranks go past the list (one slot each: no duplicate indices), then cut off
+    dest = torch.where(sorted_key < num_experts, padded_start[e] + position - first[e],
+                       rows + position)
+    sorted_pairs = torch.full((rows + num_pairs,), num_pairs, dtype=torch.int32, device=dev)
+    sorted_pairs[dest] = order.to(torch.int32)
+    block_start = torch.arange(0, rows, block_m, device=dev)
+    block_expert = torch.searchsorted(padded_end, block_start, right=True)
+    block_expert = block_expert.clamp(max=num_experts - 1).to(torch.int32)
+    num_blocks = (padded_end[-1:] // block_m).to(torch.int32)
+    return sorted_pairs[:rows], block_expert, num_blocks
+
+
+def _device_of(t: torch.Tensor):
+    """Launch on ``t``'s GPU even when it is not the current device (Triton uses the current one)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _unit_stride(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _activations(x: torch.Tensor, x_scale) -> torch.Tensor:
+    """The gemm1 input in the compute dtype: x itself, or fp8 x dequantised to bfloat16."""
+    if x.dtype in (torch.float16, torch.bfloat16):
+        return _unit_stride(x)
+    if x_scale is None:
+        return x.to(torch.bfloat16)
+    full = x_scale.float().repeat_interleave(128, -1)[:, : x.shape[1]]
+    return (x.float() * full).to(torch.bfloat16)
+
+
+def _scale_args(scale, quant: int, ref: torch.Tensor):
+    """(tensor, stride_e, stride_n, stride_k): a dummy pointer when unquantised."""
+    if quant == 0:
+        return ref, 0, 0, 0
+    if scale.dim() == 1:
+        return scale, scale.stride(0), 0, 0
+    if scale.dim() == 2:
+        return scale, scale.stride(0), scale.stride(1), 0
+    return scale, scale.stride(0), scale.stride(1), scale.stride(2)
+
+
+@KERNELS.kernel("fused_moe")
+def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -> None:
+    from . import _moe_kernels
+
+    num_tokens, top_k = ids.shape
+    num_experts, hidden, inter = w2.shape
+    num_pairs = num_tokens * top_k
+    quant = _QUANT[spec.quant]
+    on_gpu = x.is_cuda
+    cfg = launch_config(num_pairs, num_experts, on_gpu)
+    a = _activations(x, x_scale)
+    w1, w2 = _unit_stride(w1), _unit_stride(w2)
+    flat_w = weights.reshape(-1).float().contiguous()
+    with _device_of(x):
+        sorted_pairs, block_expert, num_blocks = align(ids, spec.expert_offset, num_experts,
+                                                       cfg.block_m)
+        rows = sorted_pairs.numel()
+        grid_m = rows // cfg.block_m
+        mid = torch.empty((rows, inter), dtype=a.dtype, device=x.device)
+        s1, s1e, s1n, s1k = _scale_args(w1_scale, quant, flat_w)
+        _moe_kernels.gemm1_kernel[(grid_m, -(-inter // cfg.block_n1))](
+            a, w1, s1, mid, sorted_pairs, block_expert, num_blocks, flat_w,
+            num_pairs, hidden, inter,
+            a.stride(0), w1.stride(0), w1.stride(1), s1e, s1n, s1k, mid.stride(0),
+            TOP_K=top_k, ACTIVATION=int(spec.activation), QUANT=quant,
+            SCALES_ON_INPUT=bool(spec.scales_on_input), BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n1, BLOCK_K=cfg.block_k, EVEN_K=hidden % cfg.block_k == 0,
+            DOT_F32=not on_gpu,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        result = torch.zeros((num_tokens, top_k, hidden), dtype=torch.float32, device=x.device)
+        s2, s2e, s2n, s2k = _scale_args(w2_scale, quant, flat_w)
+        _moe_kernels.gemm2_kernel[(grid_m, -(-hidden // cfg.block_n2))](
+            mid, w2, s2, result, sorted_pairs, block_expert, num_blocks, flat_w,
+            num_pairs, hidden, inter,
+            mid.stride(0), w2.stride(0), w2.stride(1), s2e, s2n, s2k, hidden,
+            QUANT=quant, SCALES_ON_INPUT=bool(spec.scales_on_input), BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n2, BLOCK_K=cfg.block_k, EVEN_K=inter % cfg.block_k == 0,
+            DOT_F32=not on_gpu,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        out.copy_(result.sum(1))
+
+
+@KERNELS.check("fused_moe")
+def _check(problem) -> list[Reason]:
+    """FP8 experts need Triton's native fp8 conversions (SM 8.9 and newer)."""
+    fp8 = dict(problem.dtypes).get("weight") == "float8_e4m3fn"
+    if fp8 and problem.sm is not None and problem.sm < (8, 9):
+        sm = f"{problem.sm[0]}.{problem.sm[1]}"
+        return [Reason("sm", sm, ">=8.9 for float8_e4m3fn experts",
+                       f"fp8 experts need SM 8.9 or newer (Triton fp8 conversions), device is "
+                       f"SM {sm}")]
+    return []
