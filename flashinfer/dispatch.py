@@ -19,8 +19,11 @@ for a GPU that is not here (``flashinfer explain --sm 9.0``).
    restricts the candidates; if none of its kernels is usable the call raises
    :class:`BackendUnavailableError` with their reasons (explicit is strict).
 3. **Order** — without an override, the usable kernels are ordered by a tuned rule
-   (``FLASHINFER_TUNED_RULES``), else a named shape threshold, else the per-SM-family priority
-   of ``dispatch_rules/<op>.toml``; unlisted usable kernels go just before the reference.
+   (``FLASHINFER_TUNED_RULES``), else a named threshold (shape limits, optionally features such
+   as ``cuda_graph``: a captured call is ranked by GPU time, an eager one pays launch cost),
+   else the per-SM-family priority of ``dispatch_rules/<op>.toml``; unlisted usable kernels go
+   just before the reference, and a kernel listed after the reference is opt-in (how a kernel
+   not yet run on a GPU is shipped: usable when asked for, never chosen by ``auto``).
 4. **Strict** — with ``FLASHINFER_STRICT=1`` a fall back to ``reference`` for a CUDA problem
    raises instead of silently running the slow path.
 
