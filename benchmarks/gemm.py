@@ -7,7 +7,8 @@ DeepSeek-V3, every backend and ``auto``, beside the vendor kernel called directl
 
 Shapes: M in {1, 16, 128, 1024, 8192} x the (N, K) of each layer below, plus the square
 8192^3 points of the targets (fp8 >= 1,300 TFLOP/s, every point >= 0.97x the best single vendor
-kernel). Functions: ``mm_bf16`` (a [M, K] @ w.T, w [N, K] bf16), ``mm_fp8`` (per-tensor scales),
+kernel), and ``grouped_mm_bf16`` with 8 / 64 / 256 experts of DeepSeek-V3's expert gate_up
+shape (N 2048, K 7168), 16 or 128 tokens each (target: grouped bf16 >= 600 TFLOP/s). Functions: ``mm_bf16`` (a [M, K] @ w.T, w [N, K] bf16), ``mm_fp8`` (per-tensor scales),
 ``gemm_fp8_nt_groupwise`` with DeepSeek-V3's recipe (1x128 activations, 128x128 weights).
 ``vendor`` is the kernel the torch backend wraps, called directly (``torch.mm`` /
 ``torch._scaled_mm``): the best single vendor kernel the target compares against.
@@ -40,12 +41,20 @@ LAYERS = {  # name: (N, K)
 MS = (1, 16, 128, 1024, 8192)
 SQUARE = {"square.8192": (8192, 8192)}
 FUNCTIONS = ("mm_bf16", "mm_fp8", "gemm_fp8_nt_groupwise")
+#: grouped bf16 GEMM (``grouped_mm_bf16``): experts x (N, K) of one expert, tokens per expert
+GROUPED = [(e, 2048, 7168, m) for e in (8, 64, 256) for m in (16, 128)]
 BACKENDS = ("auto", "torch", "vendor")
 L2_BYTES = 60 * 2**20
 
 
-def _inputs(fn: str, m: int, n: int, k: int, device: str):
-    """One set of call arguments: (a, b, extra) for ``fn``."""
+def _inputs(fn: str, m: int, n: int, k: int, device: str, experts: int = 0):
+    """One set of call arguments: (a, b, extra) for ``fn`` (``grouped``: ``m`` tokens per expert,
+    equal loads, offsets in ``extra``)."""
+    if fn == "grouped_mm_bf16":
+        a = torch.randn(experts * m, k, device=device).bfloat16()
+        w = (torch.randn(experts, n, k, device=device) / k ** 0.5).bfloat16()
+        offsets = torch.arange(0, (experts + 1) * m, m, dtype=torch.int32, device=device)
+        return a, w, offsets
     a = torch.randn(m, k, device=device)
     w = torch.randn(n, k, device=device) / k ** 0.5
     if fn == "mm_bf16":
@@ -61,6 +70,10 @@ def _inputs(fn: str, m: int, n: int, k: int, device: str):
 
 def _call(fn: str, args, backend: str):
     a, b, extra = args
+    if fn == "grouped_mm_bf16":
+        if backend == "vendor":  # torch's CUTLASS grouped GEMM: offsets are the segment ends
+            return torch._grouped_mm(a, b.transpose(1, 2), offs=extra[1:])
+        return flashinfer.grouped_mm_bf16(a, b, extra, backend=backend)
     if backend == "vendor":
         if fn == "mm_bf16":
             return torch.mm(a, b)
@@ -104,20 +117,20 @@ def _chosen(fn, args) -> str | None:
     return "+".join(sorted({d.name for d in log})) or None
 
 
-def bench_point(fn, m, n, k, backends, iters, device) -> dict:
-    one = _inputs(fn, m, n, k, device)
+def bench_point(fn, m, n, k, backends, iters, device, experts: int = 0) -> dict:
+    one = _inputs(fn, m, n, k, device, experts)
     nbytes = sum(t.numel() * t.element_size() for t in one[:2])
     copies = max(1, min(8, -(-2 * L2_BYTES // max(nbytes, 1)))) if device == "cuda" else 1
-    sets = [one] + [_inputs(fn, m, n, k, device) for _ in range(copies - 1)]
-    point = {"function": fn, "m": m, "n": n, "k": k, "backends": {}}
+    sets = [one] + [_inputs(fn, m, n, k, device, experts) for _ in range(copies - 1)]
+    point = {"function": fn, "m": m, "n": n, "k": k, "experts": experts, "backends": {}}
+    flops = 2 * m * n * k * max(experts, 1)
     for backend in backends:
         try:
             _call(fn, one, backend)  # first call: plans, compiles, errors
             ms = graph_ms(sets, lambda a, b: _call(fn, a, b), backend, iters) if device == "cuda" else None
             eager = _eager_ms(sets, fn, backend, iters)
             used = ms if ms is not None else eager
-            entry = {"ms": used, "graph_ms": ms, "eager_ms": eager,
-                     "tflops": 2 * m * n * k / used / 1e9}
+            entry = {"ms": used, "graph_ms": ms, "eager_ms": eager, "tflops": flops / used / 1e9}
             if backend == "auto":
                 entry["chosen"] = _chosen(fn, one)
         except Exception as exc:  # noqa: BLE001 - a backend that cannot run a point is a finding
@@ -145,6 +158,10 @@ def main() -> None:
         if args.quick:
             grid += [(fn, m, *LAYERS["dsv3.gate_up"]) for fn in FUNCTIONS for m in (16, 1024)]
         backends = BACKENDS
+    grid = [g + (0,) for g in grid]
+    if not args.smoke:
+        grouped = GROUPED[-2:] if args.quick else GROUPED
+        grid += [("grouped_mm_bf16", m, n, k, e) for e, n, k, m in grouped]
     grid = [g for g in grid if args.only in g[0]]
     doc = {"command": "python " + " ".join(sys.argv),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -153,12 +170,13 @@ def main() -> None:
            "timing": "median of --iters; graph_ms = CUDA-graph replay over copies rotated past "
                      "the L2, eager_ms = back-to-back calls; ms = graph_ms when capturable",
            "results": []}
-    for i, (fn, m, n, k) in enumerate(grid):
-        point = bench_point(fn, m, n, k, backends, args.iters, device)
+    for i, (fn, m, n, k, experts) in enumerate(grid):
+        point = bench_point(fn, m, n, k, backends, args.iters, device, experts)
         doc["results"].append(point)
         cells = " ".join(f"{b}:{e['tflops']:.0f}" if "tflops" in e else f"{b}:ERR"
                          for b, e in point["backends"].items())
-        print(f"[{i + 1}/{len(grid)}] {fn:22s} M={m:<5d} N={n:<6d} K={k:<6d} TFLOP/s {cells}",
+        groups = f" E={experts}" if experts else ""
+        print(f"[{i + 1}/{len(grid)}] {fn:22s} M={m:<5d} N={n:<6d} K={k:<6d}{groups} TFLOP/s {cells}",
               flush=True)
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
