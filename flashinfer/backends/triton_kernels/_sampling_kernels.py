@@ -66,6 +66,13 @@ from triton.language.random import philox, uint_to_uniform_float
 INT_MAX = tl.constexpr(2147483647)
 
 
+#: Integer arguments whose values change from call to call (thresholds, seeds, offsets, their
+#: strides, the row count). Triton specialises an int argument on its value (== 1, a multiple of
+#: 16): a new class means a new compile (~2 s) in the middle of serving, and a value of 1 arrives
+#: as a constexpr. These are passed as plain runtime values instead.
+_VALUE_ARGS = ["k_val", "p_val", "mp_val", "seed_val", "off_val", "seed_stride", "off_stride", "R"]
+
+
 @triton.jit
 def _ord(x):
     """fp32 -> int32 whose signed order is the float order (NaN aside)."""
@@ -260,7 +267,7 @@ def _rng_words(seed_ptr, off_ptr, seed_val, off_val, seed_stride, off_stride, i,
     return seed, off_lo, off_hi
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_VALUE_ARGS)
 def sample_probs_kernel(probs, out, valid, idx_ptr, k_ptr, p_ptr, mp_ptr, k_val, p_val, mp_val,
                         seed_ptr, off_ptr, seed_val, off_val, seed_stride, off_stride,
                         R, V, stride_row,
@@ -421,7 +428,7 @@ def sample_probs_kernel(probs, out, valid, idx_ptr, k_ptr, p_ptr, mp_ptr, k_val,
     tl.store(valid + i, ok != 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k_val"])
 def threshold_kernel(src, dst, k_ptr, p_ptr, k_val, p_val, V, stride_src, stride_dst,
                      IS_LOGITS: tl.constexpr, NEG: tl.constexpr, HAS_K: tl.constexpr,
                      K_T: tl.constexpr, P_T: tl.constexpr, NP: tl.constexpr, CH: tl.constexpr,
@@ -555,7 +562,7 @@ def softmax_kernel(src, dst, t_ptr, t_val, V, stride_src, stride_dst,
         tl.store(dst + row * stride_dst + offs, tl.exp(x - top) * inv, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_VALUE_ARGS[3:])
 def logits_sample_kernel(logits, out, idx_ptr, seed_ptr, off_ptr, seed_val, off_val,
                          seed_stride, off_stride, R, V, stride_row,
                          HAS_IDX: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
@@ -604,7 +611,7 @@ def logits_sample_kernel(logits, out, idx_ptr, seed_ptr, off_ptr, seed_val, off_
     tl.store(out + i, tl.where(good, res, 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_VALUE_ARGS[3:7])
 def chain_spec_kernel(draft_probs, draft_ids, target_probs, output, accepted, emitted,
                       seed_ptr, off_ptr, seed_val, off_val, seed_stride, off_stride,
                       n, V, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
