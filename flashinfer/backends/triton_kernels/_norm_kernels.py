@@ -19,7 +19,9 @@ def _row_offsets(rows, n_inner, stride_b, stride_n):
     return (rows // n_inner) * stride_b + (rows % n_inner) * stride_n
 
 
-@triton.jit
+# n_rows (the token count) changes every call: not specialised on its value, so a batch of one
+# token or of 16k tokens does not compile a kernel of its own
+@triton.jit(do_not_specialize=["n_rows"])
 def rmsnorm_kernel(
     x_ptr, w_ptr, out_ptr, res_ptr,
     n_rows, n_inner, hidden,
@@ -74,7 +76,7 @@ def rmsnorm_kernel(
             tl.store(out_ptr + out_row + c, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def layernorm_kernel(
     x_ptr, g_ptr, b_ptr, out_ptr,
     n_rows, hidden, x_stride, out_stride, eps,
