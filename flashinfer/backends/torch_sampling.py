@@ -30,12 +30,30 @@ def _uniforms(seed, offset, shape: tuple[int, ...], device) -> torch.Tensor:
 
 
 def _column(value, rows, dtype, device):
-    if value is None:
-        return None
-    if isinstance(value, torch.Tensor):
-        col = value.to(device=device, dtype=dtype)
-        return (col if rows is None else col[rows]).unsqueeze(-1)
-    return torch.tensor(value, dtype=dtype, device=device)
+    """A per-row threshold as a ``[B, 1]`` column; a scalar stays a Python number (used as such
+    in the comparisons: no host-to-device copy per call)."""
+    if value is None or not isinstance(value, torch.Tensor):
+        return value
+    col = value.to(device=device, dtype=dtype)
+    return (col if rows is None else col[rows]).unsqueeze(-1)
+
+
+def _kth(s: torch.Tensor, k) -> torch.Tensor:
+    """The k-th largest entry of each descending row ``s`` (``k`` clamped to [1, vocab])."""
+    vocab = s.shape[-1]
+    if isinstance(k, torch.Tensor):
+        return s.gather(-1, (k.clamp(1, vocab) - 1).expand(s.shape[0], 1))
+    k = min(max(int(k), 1), vocab)
+    return s[:, k - 1:k]
+
+
+def _top_k_keep(x: torch.Tensor, s: torch.Tensor, k):
+    """Top-k keep mask of ``x`` given its rows sorted descending ``s``: ``x >= kth``, except where
+    ``k <= 0`` or ``k >= vocab`` (no filter); ``None`` when a scalar ``k`` filters nothing."""
+    vocab = s.shape[-1]
+    if not isinstance(k, torch.Tensor):
+        return x >= _kth(s, k) if 0 < int(k) < vocab else None
+    return (k <= 0) | (k >= vocab) | (x >= _kth(s, k))
 
 
 def _valid(p: torch.Tensor) -> torch.Tensor:
@@ -48,9 +66,9 @@ def _sorted_keep(s: torch.Tensor, top_k, top_p, min_p, joint: bool) -> torch.Ten
     pos = torch.arange(vocab, device=s.device)
     keep = s > 0
     if top_k is not None:
-        kth = s.gather(-1, (top_k.clamp(1, vocab) - 1).expand(s.shape[0], 1))
-        no_filter = (top_k <= 0) | (top_k >= vocab)
-        keep &= no_filter | (s >= kth)
+        top = _top_k_keep(s, s, top_k)
+        if top is not None:
+            keep &= top
     if top_p is not None:
         exclusive = s.cumsum(-1) - s
         # ties: the mass strictly larger is the exclusive sum at the tie group's first member
@@ -59,7 +77,7 @@ def _sorted_keep(s: torch.Tensor, top_k, top_p, min_p, joint: bool) -> torch.Ten
         larger = exclusive.gather(-1, first)
         total = torch.where(keep, s, 0).sum(-1, keepdim=True) if (top_k is not None and not joint) \
             else s.sum(-1, keepdim=True)
-        keep &= (top_p >= 1) | (larger < top_p * total) | (s == s[:, :1])
+        keep &= (larger < top_p * total) | (s == s[:, :1]) | (top_p >= 1)
     if min_p is not None:
         keep &= s >= min_p * s[:, :1]
     return keep
@@ -125,13 +143,10 @@ def renorm_probs(probs, out, top_k, top_p) -> None:
 
 @KERNELS.kernel("top_k_mask_logits")
 def top_k_mask_logits(logits, out, top_k) -> None:
-    vocab = logits.shape[-1]
     k = _column(top_k, None, torch.int64, logits.device)
     s, _ = logits.sort(dim=-1, descending=True)
-    kth = s.gather(-1, (k.clamp(1, vocab) - 1).expand(s.shape[0], 1))
-    keep = (k <= 0) | (k >= vocab) | (logits >= kth)
-    out.copy_(torch.where(keep, logits, torch.tensor(-torch.inf, dtype=logits.dtype,
-                                                         device=logits.device)))
+    keep = _top_k_keep(logits, s, k)
+    out.copy_(logits if keep is None else logits.masked_fill(~keep, -torch.inf))
 
 
 @KERNELS.kernel("softmax")
