@@ -74,6 +74,19 @@ _VALUE_ARGS = ["k_val", "p_val", "mp_val", "seed_val", "off_val", "seed_stride",
 
 
 @triton.jit
+def _quarter(r0, r1, r2, r3, qq: tl.constexpr):
+    """The Philox output word that feeds chunk quarter ``qq`` (one Philox call, four quarters)."""
+    if qq == 0:
+        return r0
+    elif qq == 1:
+        return r1
+    elif qq == 2:
+        return r2
+    else:
+        return r3
+
+
+@triton.jit
 def _ord(x):
     """fp32 -> int32 whose signed order is the float order (NaN aside)."""
     b = x.to(tl.int32, bitcast=True)
@@ -208,14 +221,7 @@ def _row_pass(row_ptr, V, lo, ta, tb, mass_w, piv, seed, c1, c2, c3, NEG: tl.con
             offs = start + qq * Q + lane
             mask = offs < V
             x = tl.load(row_ptr + offs, mask=mask, other=NEG).to(tl.float32)
-            if qq == 0:
-                rb = r0
-            elif qq == 1:
-                rb = r1
-            elif qq == 2:
-                rb = r2
-            else:
-                rb = r3
+            rb = _quarter(r0, r1, r2, r3, qq)
             acc_c, acc_m, best_k, best_i, pbest_k, pbest_i, samp_k, samp_v = _consume(
                 x, mask, offs, rb, lo, ta, tb, mass_w, piv, acc_c, acc_m, best_k, best_i,
                 pbest_k, pbest_i, samp_k, samp_v, DRAW, COUNT, MASS)
@@ -587,14 +593,7 @@ def logits_sample_kernel(logits, out, idx_ptr, seed_ptr, off_ptr, seed_val, off_
         r0, r1, r2, r3 = philox(seed, cnt, cnt * 0 + i.to(tl.uint32), cnt * 0 + c2,
                                 cnt * 0 + off_lo, PHILOX_ROUNDS)
         for qq in tl.static_range(4):
-            if qq == 0:
-                rb = r0
-            elif qq == 1:
-                rb = r1
-            elif qq == 2:
-                rb = r2
-            else:
-                rb = r3
+            rb = _quarter(r0, r1, r2, r3, qq)
             offs = start + qq * Q + lane
             mask = offs < V
             x = tl.load(logits + row * stride_row + offs, mask=mask,
@@ -651,14 +650,7 @@ def chain_spec_kernel(draft_probs, draft_ids, target_probs, output, accepted, em
         r0, r1, r2, r3 = philox(seed, cnt, cnt * 0 + b.to(tl.uint32), cnt * 0 + c2,
                                 cnt * 0 + off_lo, PHILOX_ROUNDS)
         for qq in tl.static_range(4):
-            if qq == 0:
-                rb = r0
-            elif qq == 1:
-                rb = r1
-            elif qq == 2:
-                rb = r2
-            else:
-                rb = r3
+            rb = _quarter(r0, r1, r2, r3, qq)
             offs = start + qq * Q + lane
             mask = offs < V
             tv = tl.load(tgt_row + offs, mask=mask, other=0.0)
