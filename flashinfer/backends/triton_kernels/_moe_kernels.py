@@ -35,7 +35,9 @@ def _activation(gate, ACTIVATION: tl.constexpr):
     return act
 
 
-@triton.jit
+# NUM_PAIRS (tokens x top_k) changes every call: not specialised on its value (one compile
+# for every token count)
+@triton.jit(do_not_specialize=["NUM_PAIRS"])
 def gemm1_kernel(
     x_ptr, w1_ptr, s1_ptr, inter_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr,
     weights_ptr,
@@ -110,7 +112,7 @@ def gemm1_kernel(
     tl.store(out_ptrs, h.to(inter_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NUM_PAIRS"])
 def gemm2_kernel(
     inter_ptr, w2_ptr, s2_ptr, result_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr,
     weights_ptr,
