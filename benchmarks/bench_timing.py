@@ -13,11 +13,11 @@ def cuda_events():
     return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
-def graph_ms(sets: list, call: Callable, backend: str, iters: int,
-             passthrough: tuple[type[BaseException], ...] = ()) -> float | None:
-    """Per-call GPU time in ms: ``call(args, backend)`` for every ``args`` in ``sets`` captured
-    once in a CUDA graph, then replayed (no host cost). ``None`` when the path cannot be
-    captured (it synchronises with the host, reads host-side RNG state, ...); exceptions of the
+def capture(sets: list, call: Callable, backend: str,
+            passthrough: tuple[type[BaseException], ...] = ()) -> "torch.cuda.CUDAGraph | None":
+    """``call(args, backend)`` for every ``args`` in ``sets`` captured once in a CUDA graph
+    (after one warm call on the capture stream); ``None`` when the path cannot be captured (it
+    synchronises with the host, reads host-side RNG state, ...); exceptions of the
     ``passthrough`` types (a runner's deadline) propagate."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -36,13 +36,34 @@ def graph_ms(sets: list, call: Callable, backend: str, iters: int,
         return None
     torch.cuda.current_stream().wait_stream(stream)
     graph.replay()
-    times = []
+    return graph
+
+
+def _replay_ms(graph, calls: int) -> float:
+    start, end = cuda_events()
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def graph_ms(sets: list, call: Callable, backend: str, iters: int,
+             passthrough: tuple[type[BaseException], ...] = ()) -> float | None:
+    """Per-call GPU time in ms of ``capture(...)``'s graph, median of ``iters`` replays (no host
+    cost); ``None`` when the path cannot be captured."""
+    graph = capture(sets, call, backend, passthrough)
+    if graph is None:
+        return None
+    return statistics.median(_replay_ms(graph, len(sets)) for _ in range(iters))
+
+
+def interleaved_graph_ms(graphs: dict, calls: int, iters: int) -> dict:
+    """Per-call GPU time in ms of each captured graph in ``graphs`` (name: graph of ``calls``
+    calls), replayed in turn for ``iters`` rounds: clock ramp-up and power throttling within a
+    point hit every backend alike instead of whichever is timed first or last."""
+    times: dict = {name: [] for name in graphs}
     for _ in range(iters):
-        start, end = cuda_events()
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / len(sets))
-    del graph
-    return statistics.median(times)
+        for name, graph in graphs.items():
+            times[name].append(_replay_ms(graph, calls))
+    return {name: statistics.median(t) for name, t in times.items()}

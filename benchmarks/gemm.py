@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from bench_timing import cuda_events, graph_ms
+from bench_timing import capture, cuda_events, interleaved_graph_ms
 
 import flashinfer
 from flashinfer import quantization as Q
@@ -43,7 +43,9 @@ SQUARE = {"square.8192": (8192, 8192)}
 FUNCTIONS = ("mm_bf16", "mm_fp8", "gemm_fp8_nt_groupwise")
 #: grouped bf16 GEMM (``grouped_mm_bf16``): experts x (N, K) of one expert, tokens per expert
 GROUPED = [(e, 2048, 7168, m) for e in (8, 64, 256) for m in (16, 128)]
-BACKENDS = ("auto", "torch", "vendor")
+BACKENDS = ("auto", "torch", "triton", "vendor")
+#: functions our Triton kernels serve (the others would only record "no such kernel")
+TRITON_FUNCTIONS = ("mm_fp8", "gemm_fp8_nt_groupwise")
 L2_BYTES = 60 * 2**20
 
 
@@ -118,26 +120,36 @@ def _chosen(fn, args) -> str | None:
 
 
 def bench_point(fn, m, n, k, backends, iters, device, experts: int = 0) -> dict:
+    """One grid point: every backend's first call (plans, compiles, errors), eager time, and
+    the GPU time of CUDA graphs of all backends replayed in turn (interleaved_graph_ms)."""
     one = _inputs(fn, m, n, k, device, experts)
     nbytes = sum(t.numel() * t.element_size() for t in one[:2])
     copies = max(1, min(8, -(-2 * L2_BYTES // max(nbytes, 1)))) if device == "cuda" else 1
     sets = [one] + [_inputs(fn, m, n, k, device, experts) for _ in range(copies - 1)]
     point = {"function": fn, "m": m, "n": n, "k": k, "experts": experts, "backends": {}}
     flops = 2 * m * n * k * max(experts, 1)
+    graphs = {}
     for backend in backends:
+        if backend == "triton" and fn not in TRITON_FUNCTIONS:
+            continue
         try:
-            _call(fn, one, backend)  # first call: plans, compiles, errors
-            ms = graph_ms(sets, lambda a, b: _call(fn, a, b), backend, iters) if device == "cuda" else None
-            eager = _eager_ms(sets, fn, backend, iters)
-            used = ms if ms is not None else eager
-            entry = {"ms": used, "graph_ms": ms, "eager_ms": eager, "tflops": flops / used / 1e9}
+            _call(fn, one, backend)
+            entry = {"eager_ms": _eager_ms(sets, fn, backend, iters)}
+            if device == "cuda":
+                graphs[backend] = capture(sets, lambda a, b: _call(fn, a, b), backend)
             if backend == "auto":
                 entry["chosen"] = _chosen(fn, one)
         except Exception as exc:  # noqa: BLE001 - a backend that cannot run a point is a finding
             entry = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
         point["backends"][backend] = entry
+    captured = {b: g for b, g in graphs.items() if g is not None}
+    graph_times = interleaved_graph_ms(captured, len(sets), iters) if captured else {}
+    for backend, entry in point["backends"].items():
+        if "eager_ms" in entry:
+            entry["graph_ms"] = graph_times.get(backend)
+            entry["ms"] = entry["graph_ms"] if entry["graph_ms"] is not None else entry["eager_ms"]
+            entry["tflops"] = flops / entry["ms"] / 1e9
     return point
-
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -168,7 +180,8 @@ def main() -> None:
            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
            "torch": torch.__version__, "layers": LAYERS,
            "timing": "median of --iters; graph_ms = CUDA-graph replay over copies rotated past "
-                     "the L2, eager_ms = back-to-back calls; ms = graph_ms when capturable",
+                     "the L2, the graphs of all backends of a point replayed in turn; eager_ms = "
+                     "back-to-back calls; ms = graph_ms when capturable",
            "results": []}
     for i, (fn, m, n, k, experts) in enumerate(grid):
         point = bench_point(fn, m, n, k, backends, args.iters, device, experts)

@@ -102,7 +102,7 @@ def main() -> None:
     layer = SMOKE if args.smoke else LAYER
     tokens_grid = (1, 7) if args.smoke else TOKENS
     backends = [None] if args.impl == "upstream" else (
-        ["auto", "reference", "torch"] if args.smoke else ["auto", "torch"])
+        ["auto", "reference", "torch"] if args.smoke else ["auto", "torch", "triton"])
     torch.manual_seed(0)
     weights = _weights(layer, device)
     doc = {"command": "python " + " ".join(sys.argv), "impl": args.impl,

@@ -51,6 +51,15 @@ def _fresh_dispatch_cache():
     clear_cache()
 
 
+@pytest.fixture
+def kernel_device():
+    """Tensors made without a device land on the GPU when there is one (Triton kernels run
+    natively) and on the CPU otherwise (they run in Triton's interpreter): the same small-shape
+    kernel tests cover both. Use through ``pytestmark = pytest.mark.usefixtures(...)``."""
+    with torch.device("cuda" if HAS_CUDA else "cpu"):
+        yield
+
+
 def capture_cuda_graph(fn):
     """Run ``fn`` once on a side stream (warm-up outside the capture), then capture it into a
     CUDA graph and return the graph (replay it after refilling the inputs in place)."""

@@ -1,4 +1,9 @@
-"""GEMM dispatch decisions on simulated SMs (no GPU needed) and on the CPU."""
+"""GEMM dispatch decisions on simulated SMs (no GPU needed) and on the CPU.
+
+fp8 rules (dispatch_rules/bmm_fp8.toml, gemm_fp8_groupwise.toml, H200 2026-11-30): torch
+(cuBLASLt ``_scaled_mm``) leads wherever it serves; triton (verified on SM 9.0) serves what torch
+refuses, ahead of the fp32-dequantising reference; the reference is left only where neither can.
+"""
 
 import pytest
 
@@ -50,73 +55,134 @@ def test_mm_bf16(sm):
 @pytest.mark.parametrize("sm", SMS)
 def test_bmm_fp8_per_tensor(sm):
     decision = select(_bmm_fp8(sm), assume_installed=True)
-    if sm in ("8.9", "9.0", "10.0", "12.0"):
+    if sm in ("8.9", "9.0", "10.0", "12.0"):  # torch leads, triton next, reference last
         assert decision.name == "torch:scaled_mm"
-    else:
+        assert decision.order == ("torch:scaled_mm", "triton", "reference")
+    else:  # neither fp8 kernel runs below SM 8.9 (or on the CPU without TRITON_INTERPRET)
         assert decision.backend == "reference"
-        assert _reasons(decision, "torch:scaled_mm") == ({"device"} if sm == "cpu" else {"sm"})
+        why = {"device"} if sm == "cpu" else {"sm"}
+        assert _reasons(decision, "torch:scaled_mm") == why
+        assert _reasons(decision, "triton") == why
 
 
 @pytest.mark.parametrize("k,n,field", [(8200, 8192, "k"), (8192, 8200, "n")])
-def test_bmm_fp8_misaligned_falls_back(k, n, field):
+def test_bmm_fp8_misaligned_goes_to_triton(k, n, field):
+    """cuBLASLt needs K and N multiples of 16; triton masks its tiles, so it serves them."""
     decision = select(_bmm_fp8("9.0", k=k, n=n), assume_installed=True)
-    assert decision.backend == "reference"
+    assert decision.backend == "triton"
+    assert decision.order == ("triton", "reference")
     assert _reasons(decision, "torch:scaled_mm") == {field}
+    assert _reasons(decision, "triton") == set()
 
 
 def test_bmm_fp8_e5m2_pairs():
-    assert select(_bmm_fp8("9.0", a=E5M2), assume_installed=True).name == "torch:scaled_mm"
+    """e4m3 x e5m2 (either way round) is torch's; e5m2 x e5m2, which cuBLASLt refuses, is
+    triton's; triton refuses the mixed pair."""
+    mixed = select(_bmm_fp8("9.0", a=E5M2), assume_installed=True)
+    assert mixed.name == "torch:scaled_mm"
+    assert _reasons(mixed, "triton") == {"dtype.b"}
     decision = select(_bmm_fp8("9.0", a=E5M2, b=E5M2), assume_installed=True)
-    assert decision.backend == "reference"
+    assert decision.backend == "triton"
+    assert decision.order == ("triton", "reference")
     assert _reasons(decision, "torch:scaled_mm") == {"dtype.b"}
+    assert _reasons(decision, "triton") == set()
+
+
+def _below_sm89(decision, sm):
+    """Below SM 8.9 (and on the CPU) no fp8 kernel runs: the reference, with the reason."""
+    assert decision.backend == "reference"
+    assert decision.order == ("reference",)
+    assert _reasons(decision, "triton") == ({"device"} if sm == "cpu" else {"sm"})
 
 
 @pytest.mark.parametrize("sm", SMS)
 def test_groupwise_rowwise(sm):
     decision = select(_groupwise(sm, "scale_rowwise"), assume_installed=True)
-    if sm in ("9.0", "10.0", "12.0"):
+    if sm in ("9.0", "10.0", "12.0"):  # torch leads where it serves, triton next
         assert decision.name == "torch:scaled_mm_rowwise"
+        assert decision.order == ("torch:scaled_mm_rowwise", "triton", "reference")
+    elif sm == "8.9":  # cuBLASLt's row-wise recipe needs SM 9.0; triton serves SM 8.9
+        assert decision.backend == "triton"
+        assert decision.order == ("triton", "reference")
+        assert _reasons(decision, "torch:scaled_mm_rowwise") == {"sm"}
     else:
-        assert decision.backend == "reference"
+        _below_sm89(decision, sm)
         assert _reasons(decision, "torch:scaled_mm_rowwise") == (
             {"device"} if sm == "cpu" else {"sm"})
 
 
-def test_groupwise_rowwise_needs_bf16_out():
+def test_groupwise_rowwise_fp16_out_goes_to_triton():
+    """cuBLASLt's row-wise recipe writes bfloat16 only; triton writes float16 too."""
     decision = select(_groupwise("9.0", "scale_rowwise", out="float16"), assume_installed=True)
-    assert decision.backend == "reference"
+    assert decision.backend == "triton"
+    assert decision.order == ("triton", "reference")
     assert _reasons(decision, "torch:scaled_mm_rowwise") == {"dtype.out"}
+    assert _reasons(decision, "triton") == set()
 
 
 @pytest.mark.parametrize("sm", SMS)
 def test_groupwise_1x128(sm):
     decision = select(_groupwise(sm, "scale_1x128"), assume_installed=True)
-    if sm == "9.0":  # cuBLASLt's block-wise recipe exists on SM 9.0 only
+    if sm == "9.0":  # cuBLASLt's block-wise recipe exists on SM 9.0 only; torch leads there
         assert decision.name == "torch:scaled_mm_blockwise"
+        assert decision.order == ("torch:scaled_mm_blockwise", "triton", "reference")
+    elif sm in ("8.9", "10.0", "12.0"):  # no cuBLASLt block-wise: triton serves
+        assert decision.backend == "triton"
+        assert decision.order == ("triton", "reference")
+        assert _reasons(decision, "torch:scaled_mm_blockwise") == {"sm"}
     else:
-        assert decision.backend == "reference"
+        _below_sm89(decision, sm)
         assert _reasons(decision, "torch:scaled_mm_blockwise") == (
             {"device"} if sm == "cpu" else {"sm"})
     assert "feature" in _reasons(decision, "torch:scaled_mm_rowwise")
 
 
-@pytest.mark.parametrize("k,n,field", [(7168 + 64, 2048, "k"), (7168, 2048 + 16, "n")])
-def test_groupwise_1x128_misaligned_falls_back(k, n, field):
+@pytest.mark.parametrize("k,n,field", [(7168 + 64, 2048, "k"), (7168, 2048 + 8, "n")])
+def test_groupwise_1x128_misaligned_goes_to_triton(k, n, field):
     decision = select(_groupwise("9.0", "scale_1x128", k=k, n=n), assume_installed=True)
-    assert decision.backend == "reference"
+    assert decision.backend == "triton"
+    assert decision.order == ("triton", "reference")
     assert _reasons(decision, "torch:scaled_mm_blockwise") == {field}
+    assert _reasons(decision, "triton") == set()
+
+
+def test_groupwise_1x128_partial_weight_block_stays_on_cublaslt():
+    """N a multiple of 16 but not of 128 (DeepSeek-V3 kv_a, N = 576): cuBLASLt takes it."""
+    decision = select(_groupwise("9.0", "scale_1x128", k=7168, n=576), assume_installed=True)
+    assert decision.name == "torch:scaled_mm_blockwise"
 
 
 @pytest.mark.parametrize("sm", SMS)
-@pytest.mark.parametrize("feature", ["scale_128x128", "scale_groupwise"])
-def test_groupwise_other_blocks_are_reference_only(sm, feature):
-    decision = select(_groupwise(sm, feature), assume_installed=True)
-    assert decision.backend == "reference"
+def test_groupwise_128x128_is_triton_only(sm):
+    """128x128 activation blocks: no cuBLASLt recipe; triton from SM 8.9, else the reference."""
+    decision = select(_groupwise(sm, "scale_128x128"), assume_installed=True)
     for name in ("torch:scaled_mm_rowwise", "torch:scaled_mm_blockwise"):
+        assert "feature" in _reasons(decision, name)
+    if sm in ("8.9", "9.0", "10.0", "12.0"):
+        assert decision.backend == "triton"
+        assert decision.order == ("triton", "reference")
+        assert _reasons(decision, "triton") == set()
+    else:
+        _below_sm89(decision, sm)
+
+
+@pytest.mark.parametrize("sm", SMS)
+def test_groupwise_arbitrary_groups_are_reference_only(sm):
+    decision = select(_groupwise(sm, "scale_groupwise"), assume_installed=True)
+    assert decision.backend == "reference"
+    assert decision.order == ("reference",)
+    for name in ("torch:scaled_mm_rowwise", "torch:scaled_mm_blockwise", "triton"):
         assert "feature" in _reasons(decision, name)
 
 
 def test_strict_refuses_reference_on_gpu():
+    """Strict mode refuses the reference for a CUDA problem; since triton serves 128x128 blocks
+    on SM 9.0, strict now picks it there and raises only where the reference is all that is
+    left (arbitrary groups)."""
     with pytest.raises(StrictModeError):
-        select(_groupwise("9.0", "scale_128x128"), strict=True, assume_installed=True)
+        select(_groupwise("9.0", "scale_groupwise"), strict=True, assume_installed=True)
+    with pytest.raises(StrictModeError):
+        select(_groupwise("8.6", "scale_128x128"), strict=True, assume_installed=True)
+    strict = select(_groupwise("9.0", "scale_128x128"), strict=True, assume_installed=True)
+    assert strict.backend == "triton"
     assert select(_groupwise("cpu", "scale_128x128"), strict=True).backend == "reference"

@@ -14,6 +14,9 @@ pytestmark = pytest.mark.gpu
 BACKENDS = ["torch", "reference"]
 # (m, n, k): small, misaligned for cuBLASLt fp8, Llama-3-70B o_proj and gate/up at M=16
 SHAPES = [(7, 256, 512), (5, 200, 264), (16, 8192, 8192), (16, 28672, 8192), (128, 1024, 1024)]
+#: N a multiple of 16 but not of 128 (DeepSeek-V3's kv_a projection, N = 576): the block-wise
+#: weight scales have a partial last row
+PARTIAL_N = [(1, 576, 7168), (33, 144, 512)]
 FP8_TOL = 1e-2
 
 
@@ -63,8 +66,8 @@ def test_mm_fp8(backend, m, n, k):
     assert rel_error(out, mm_fp8(a, b, a_s * b_s, backend="reference")) < FP8_TOL
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("m,n,k", SHAPES)
+@pytest.mark.parametrize("backend", BACKENDS + ["triton"])
+@pytest.mark.parametrize("m,n,k", SHAPES + PARTIAL_N)
 @pytest.mark.parametrize("granularity", ["rowwise", (1, 128, 128), (128, 128, 128)])
 def test_gemm_fp8_nt_groupwise(backend, m, n, k, granularity):
     torch.manual_seed(n + k)
@@ -88,3 +91,17 @@ def test_auto_picks_torch_for_aligned_fp8():
     with flashinfer.record_decisions() as log:
         bmm_fp8(A, A.transpose(-2, -1), A_s, A_s, torch.bfloat16)
     assert log[-1].name == "torch:scaled_mm"
+
+
+def test_auto_serves_partial_weight_blocks_with_cublaslt_on_sm90():
+    import flashinfer
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("cuBLASLt's block-wise fp8 recipe is SM 9.0 only")
+    a, a_s = Q.quantize_fp8_blockwise(torch.randn(16, 7168, device="cuda"), (1, 128))
+    b, b_s = Q.quantize_fp8_blockwise(torch.randn(576, 7168, device="cuda"), (128, 128))
+    with flashinfer.record_decisions() as log:
+        out = gemm_fp8_nt_groupwise(a, b, a_s, b_s, "K")
+    assert log[-1].name == "torch:scaled_mm_blockwise"
+    expected = gemm_fp8_nt_groupwise(a, b, a_s, b_s, "K", backend="reference")
+    assert rel_error(out, expected) < FP8_TOL

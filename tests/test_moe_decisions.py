@@ -1,7 +1,13 @@
-"""MoE dispatch decisions on simulated SMs (no GPU needed) and on the CPU."""
+"""MoE dispatch decisions on simulated SMs (no GPU needed) and on the CPU.
+
+fused_moe rule (dispatch_rules/fused_moe.toml, H200 2026-11-30): triton (verified on SM 9.0) first
+wherever its record and check allow, torch (per-expert GEMMs) next, the float64 reference last;
+torch stays for fp8 experts below SM 8.9, which triton refuses; the CPU keeps torch first.
+"""
 
 import pytest
 
+from flashinfer.capability_db import import_error
 from flashinfer.device import simulated
 from flashinfer.dispatch import NoBackendError, Problem, select
 
@@ -44,11 +50,25 @@ def test_routing_prefers_torch_everywhere(sm):
 ])
 def test_fused_moe(sm, features, weight, hidden):
     decision = select(_moe(sm, weight, hidden, features), assume_installed=True)
+    fp8 = weight == E4M3
     if sm == "7.5":
         assert decision.backend == "reference"
+        assert decision.order == ("reference",)
         assert _reasons(decision, "torch") == {"sm"}
-    else:  # per-expert torch.mm (cuBLAS / CPU BLAS); fp8 experts are dequantised first
+        assert _reasons(decision, "triton") == {"sm"}
+    elif sm == "cpu":  # per-expert torch.mm on the CPU BLAS; triton only under TRITON_INTERPRET
         assert decision.backend == "torch"
+        assert decision.order == ("torch", "reference")
+        assert _reasons(decision, "triton") == {"device"}
+    elif fp8 and sm in ("8.0", "8.6"):  # triton's fp8 conversions need SM 8.9 (adapter check)
+        assert decision.backend == "torch"
+        assert decision.order == ("torch", "reference")
+        assert _reasons(decision, "triton") == {"sm"}
+    else:  # triton's sorted/padded fused MoE leads, torch's per-expert GEMMs next
+        assert decision.backend == "triton"
+        assert decision.order == ("triton", "torch", "reference")
+        assert _reasons(decision, "triton") == set()
+        assert _reasons(decision, "torch") == set()
     # trtllm-gen is declared for Blackwell (SM 10.x) only, and never chosen: its adapter is
     # not wired (the record documents what it would serve)
     trtllm = _reasons(decision, "trtllm")
@@ -60,10 +80,13 @@ def test_fused_moe(sm, features, weight, hidden):
 
 
 def test_trtllm_needs_tensorrt_llm_when_not_assumed():
+    """Without assume_installed the real imports decide: trtllm says tensorrt_llm is missing;
+    triton leads where it imports, else torch (which needs no vendor package)."""
     decision = select(_moe("10.0"))
     reasons = [r for c in decision.candidates if c.backend == "trtllm" for r in c.reasons]
     assert [r.field for r in reasons] == ["import"] and "tensorrt_llm" in reasons[0].message
-    assert decision.backend == "torch"
+    assert decision.backend == ("triton" if import_error("triton") is None else "torch")
+    assert decision.order[-2:] == ("torch", "reference")
 
 
 @pytest.mark.parametrize("sm", SMS)

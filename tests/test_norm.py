@@ -35,7 +35,7 @@ def naive_layernorm(x, g, b, eps=EPS):
     return (x - mean) / (var + eps).sqrt() * g.double() + b.double()
 
 
-def rand(*shape, dtype=torch.float32, device="cpu"):
+def rand(*shape, dtype=torch.float32, device=None):
     return torch.randn(*shape, dtype=torch.float32, device=device).to(dtype)
 
 
@@ -104,8 +104,9 @@ def test_empty_batch():
 # --- Triton (interpreted on CPU) vs reference ---------------------------------------------
 
 @pytest.fixture(params=["single_pass", "looped"])
-def triton_path(request, monkeypatch):
-    """Run the Triton kernels as launched (one tile per row) or forced to loop over 32-wide chunks."""
+def triton_path(request, monkeypatch, kernel_device):
+    """Run the Triton kernels as launched (one tile per row) or forced to loop over 32-wide
+    chunks; on the GPU when there is one (conftest.kernel_device)."""
     if request.param == "looped":
         monkeypatch.setattr(triton_norm, "MAX_SINGLE_BLOCK", 16)
         monkeypatch.setattr(triton_norm, "LOOP_BLOCK", 32)
@@ -293,7 +294,7 @@ def test_public_calls_build_the_expected_problem(monkeypatch):
     ]
 
 
-def test_context_and_environment_overrides_reach_triton(monkeypatch):
+def test_context_and_environment_overrides_reach_triton(monkeypatch, kernel_device):
     torch.manual_seed(9)
     x, w = rand(3, 40), rand(40)
     expected = fnorm.rmsnorm(x, w, backend="reference")

@@ -17,6 +17,8 @@ from flashinfer.gemm import bmm_fp8, gemm_fp8_nt_blockscaled, gemm_fp8_nt_groupw
 from conftest import TOLERANCE, poison, rel_error
 
 pytest.importorskip("triton")
+#: small-shape kernel tests: interpreter on CPU, native on a GPU (conftest.kernel_device)
+pytestmark = pytest.mark.usefixtures("kernel_device")
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 MS = [1, 7, 33]
@@ -32,7 +34,7 @@ def _naive_block_dequant(q, scale, gr, gc):
     return q.double() * scale.double()[rows, cols]
 
 
-def _quantised(m, n, k, granularity, fp8=E4M3, device="cpu"):
+def _quantised(m, n, k, granularity, fp8=E4M3, device=None):
     gm, gn, gk = granularity
     x = torch.randn(m, k, device=device)
     w = torch.randn(n, k, device=device) * 0.05
@@ -164,24 +166,38 @@ def _rejections(decision, name):
 
 
 @pytest.mark.parametrize("sm", SMS)
-def test_triton_can_serve_128x128_from_sm89_but_is_opt_in(sm):
-    """Unverified on a GPU: usable from SM 8.9, ranked after the reference (auto never picks
-    it), chosen when asked for."""
+def test_auto_picks_triton_for_128x128_from_sm89(sm):
+    """Verified on the H200: torch has no 128x128-activation recipe, so from SM 8.9 ``auto``
+    chooses triton ahead of the reference; below SM 8.9 (and on the CPU) triton says why not,
+    and asking for it explicitly is refused with that reason."""
     decision = select(_groupwise(sm, "scale_128x128"), assume_installed=True)
-    assert decision.backend == "reference"
+    asked = overrides.collect("gemm", "triton")
     if sm in ("8.9", "9.0", "10.0", "12.0"):
+        assert decision.backend == "triton"
+        assert decision.order == ("triton", "reference")
         assert _rejections(decision, "triton") == set()
-        assert decision.order.index("reference") < decision.order.index("triton")
-        asked = select(_groupwise(sm, "scale_128x128"), overrides.collect("gemm", "triton"),
-                       assume_installed=True)
-        assert asked.backend == "triton"
+        assert next(c for c in decision.candidates if c.name == "triton").verified == (
+            sm == "9.0")
+        assert select(_groupwise(sm, "scale_128x128"), asked,
+                      assume_installed=True).backend == "triton"
     else:
+        assert decision.backend == "reference"
         assert _rejections(decision, "triton") == ({"device"} if sm == "cpu" else {"sm"})
+        with pytest.raises(BackendUnavailableError):
+            select(_groupwise(sm, "scale_128x128"), asked, assume_installed=True)
 
 
-def test_torch_leads_where_it_serves():
-    decision = select(_groupwise("9.0", "scale_1x128"), assume_installed=True)
-    assert decision.name == "torch:scaled_mm_blockwise"
+@pytest.mark.parametrize("sm", ["9.0", "10.0", "12.0"])
+def test_torch_leads_where_it_serves(sm):
+    """Where cuBLASLt serves (row-wise from SM 9.0, 1x128 block-wise on SM 9.0) torch stays
+    first and triton is the next choice, ahead of the reference."""
+    rowwise = select(_groupwise(sm, "scale_rowwise"), assume_installed=True)
+    assert rowwise.order == ("torch:scaled_mm_rowwise", "triton", "reference")
+    blockwise = select(_groupwise(sm, "scale_1x128"), assume_installed=True)
+    if sm == "9.0":
+        assert blockwise.order == ("torch:scaled_mm_blockwise", "triton", "reference")
+    else:
+        assert blockwise.order == ("triton", "reference")
 
 
 def test_triton_rejects_other_granularities_and_mixed_pairs():

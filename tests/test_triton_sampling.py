@@ -16,6 +16,9 @@ triton = pytest.importorskip("triton")
 
 from flashinfer.backends import adapter_table  # noqa: E402
 
+#: small-shape kernel tests: interpreter on CPU, native on a GPU (conftest.kernel_device)
+pytestmark = pytest.mark.usefixtures("kernel_device")
+
 
 def kernel(op):
     return adapter_table("triton").kernels[(op, "default")]
@@ -23,8 +26,8 @@ def kernel(op):
 
 def probs_rows(rows, vocab, seed, power=3.0):
     g = torch.Generator().manual_seed(seed)
-    p = torch.rand(rows, vocab, generator=g, dtype=torch.float64).pow(power) + 1e-3
-    return (p / p.sum(-1, keepdim=True)).float()
+    p = torch.rand(rows, vocab, generator=g, dtype=torch.float64, device="cpu").pow(power) + 1e-3
+    return (p / p.sum(-1, keepdim=True)).float().to(torch.get_default_device())
 
 
 def as_rows(value, rows):
@@ -34,8 +37,15 @@ def as_rows(value, rows):
 
 
 def keep_set(p, top_k=None, top_p=None, min_p=None, joint=False):
-    """float64 keep mask of the contract's rules; p [R, V]; thresholds None, scalar or per row."""
-    p = p.double().cpu()
+    """float64 keep mask of the contract's rules; p [R, V]; thresholds None, scalar or per row.
+    Computed on the CPU, returned on ``p``'s device."""
+    device = p.device
+    with torch.device("cpu"):
+        keep = _keep_set_cpu(p.double().cpu(), top_k, top_p, min_p, joint)
+    return keep.to(device)
+
+
+def _keep_set_cpu(p, top_k, top_p, min_p, joint):
     rows, vocab = p.shape
     desc = p.sort(-1, descending=True).values
     count = vocab - torch.searchsorted(desc.flip(-1).contiguous(), p, right=True)  # #{p_j > p_x}
@@ -155,6 +165,9 @@ def test_top_k_mask_logits(dtype):
     dict(top_k=torch.tensor([2, 30], dtype=torch.int32), top_p=torch.tensor([0.3, 0.6])),
 ], ids=["plain", "top_k", "top_p", "min_p", "k_first", "joint", "per_row"])
 def test_samples_in_keep_set(rules):
+    # per-row thresholds are built at collection time, on the CPU: beside the probabilities
+    rules = {k: v.to(torch.get_default_device()) if torch.is_tensor(v) else v
+             for k, v in rules.items()}
     p = probs_rows(2, 30, seed=4)
     idx, out, valid = draw(p, 3, **rules)
     keep = keep_set(p, **rules)
@@ -264,10 +277,11 @@ def test_sampling_from_logits_half():
 
 def spec_inputs(batch, n, vocab, seed):
     g = torch.Generator().manual_seed(seed)
-    draft = torch.rand(batch, n, vocab, generator=g).softmax(-1)
-    target = torch.rand(batch, n + 1, vocab, generator=g).softmax(-1)
-    ids = torch.randint(0, vocab, (batch, n), generator=g, dtype=torch.int32)
-    return draft, ids, target
+    draft = torch.rand(batch, n, vocab, generator=g, device="cpu").softmax(-1)
+    target = torch.rand(batch, n + 1, vocab, generator=g, device="cpu").softmax(-1)
+    ids = torch.randint(0, vocab, (batch, n), generator=g, dtype=torch.int32, device="cpu")
+    here = torch.get_default_device()
+    return draft.to(here), ids.to(here), target.to(here)
 
 
 def run_spec(draft, ids, target, seed=1, offset=0, acc0=0, emit0=0):
@@ -398,7 +412,7 @@ def test_gpu_large_vocab_renorm_and_mask_exact():
     ks = torch.randint(1, 2000, (16,), dtype=torch.int32, device="cuda")
     out = torch.empty_like(p)
     kernel("renorm_probs")(p, out, ks, None)
-    keep = keep_set(p, top_k=ks.cpu())
+    keep = keep_set(p.cpu(), top_k=ks.cpu())
     assert torch.equal((out != 0).cpu(), keep)
     ps = torch.rand(16, device="cuda")
     kernel("renorm_probs")(p, out, None, ps)
@@ -407,12 +421,13 @@ def test_gpu_large_vocab_renorm_and_mask_exact():
     pd = p.double().cpu()
     desc = pd.sort(-1, descending=True).values
     count = 32000 - torch.searchsorted(desc.flip(-1).contiguous(), pd, right=True)
-    mass = torch.cat([torch.zeros(16, 1, dtype=pd.dtype), desc.cumsum(-1)], -1).gather(-1, count)
+    zero = torch.zeros(16, 1, dtype=pd.dtype, device="cpu")
+    mass = torch.cat([zero, desc.cumsum(-1)], -1).gather(-1, count)
     near = (mass - ps.cpu().double()[:, None]).abs() < 1e-5
-    differ = (out != 0).cpu() != keep_set(p, top_p=ps.cpu())
+    differ = (out != 0).cpu() != keep_set(p.cpu(), top_p=ps.cpu())
     assert not (differ & ~near).any()
     logits = torch.randn(16, 32000, device="cuda").to(torch.bfloat16)
     masked = torch.empty_like(logits)
     kernel("top_k_mask_logits")(logits, masked, ks)
-    expect = keep_set(torch.softmax(logits.double(), -1), top_k=ks.cpu())
+    expect = keep_set(torch.softmax(logits.double(), -1).cpu(), top_k=ks.cpu())
     assert torch.equal(torch.isfinite(masked).cpu(), expect)

@@ -11,10 +11,11 @@
 
 * ``gemm_fp8_groupwise:scaled_mm_blockwise`` — ``torch._scaled_mm`` with DeepSeek-V3 scales,
   activations 1x128 (``scale_a [M, K/128]``, outer-dim-major) and weights 128x128 (``scale_b
-  [K/128, N/128]``): cuBLASLt's block-wise recipe, CUDA 12.9+ and SM 9.0 only (torch's own tests
+  [K/128, ceil(N/128)]``; N a multiple of 16, K of 128): cuBLASLt's block-wise recipe, CUDA 12.9+ and SM 9.0 only (torch's own tests
   mark other SMs as expected failures), bf16 output, no fast accumulation.
 
-Other block shapes (128x128 activations, arbitrary granularities) are served by the reference.
+Other block shapes (128x128 activations) go to our Triton kernel, arbitrary granularities to the
+reference.
 ``_scaled_mm`` wants ``mat1`` row-major and ``mat2`` column-major; operands in another layout are
 copied once into that layout.
 
@@ -113,7 +114,7 @@ def gemm_fp8_blockwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
         a = torch.cat([a, a.new_zeros(rows - m, a.shape[1])])
         a_scale = torch.cat([a_scale, a_scale.new_ones(rows - m, a_scale.shape[1])])
     scale_a = a_scale.float().t().contiguous().t()  # [M, K/128], outer-dim-major
-    scale_b = b_scale.float().contiguous().t()      # [K/128, N/128]
+    scale_b = b_scale.float().contiguous().t()      # [K/128, ceil(N/128)]
     if rows == m:
         torch._scaled_mm(_row_major(a), _col_major(b.t()), scale_a, scale_b,
                          out_dtype=out.dtype, out=out)

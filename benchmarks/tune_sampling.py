@@ -1,0 +1,82 @@
+"""Launch-shape sweep of our Triton sampling kernels: (lanes Q, warps) at batch 1 / 16 / 256,
+vocabulary 128256, for plain sampling, top-k-then-top-p sampling and top-k logit masking
+(the pivot search), GPU time of a captured call.
+
+    python benchmarks/tune_sampling.py --out tune_sampling.json
+
+``FEW_ROWS_SHAPE`` / ``MANY_ROWS_SHAPE`` in ``flashinfer/backends/triton_kernels/sampling.py``
+are set from its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+
+import torch
+
+from bench_timing import graph_ms
+
+from flashinfer.backends import adapter_table
+from flashinfer.backends.triton_kernels import sampling as ts
+
+SHAPES = [(q, w) for q in (128, 256, 512, 1024) for w in (4, 8, 16)]
+BATCHES = (1, 16, 256)
+VOCAB = 128256
+
+
+def _kernel(op):
+    return adapter_table("triton").kernels[(op, "default")]
+
+
+def _cases(batch: int):
+    g = torch.Generator(device="cuda").manual_seed(batch)
+    logits = torch.randn(batch, VOCAB, device="cuda", generator=g) * 4.0
+    probs = torch.softmax(logits, -1)
+    out = torch.empty(batch, dtype=torch.int32, device="cuda")
+    valid = torch.empty(batch, dtype=torch.bool, device="cuda")
+    masked = torch.empty_like(logits)
+    sample = _kernel("sampling_from_probs")
+    mask = _kernel("top_k_mask_logits")
+    return {
+        "plain": lambda: sample(probs, out, valid, None, None, None, None, False, True, 7, 0),
+        "top_k_top_p": lambda: sample(probs, out, valid, None, 50, 0.9, None, False, True, 7, 0),
+        "top_k_mask": lambda: mask(logits, masked, 50),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--iters", type=int, default=10)
+    args = ap.parse_args()
+    saved = (ts.FEW_ROWS_SHAPE, ts.MANY_ROWS_SHAPE)
+    doc = {"command": "python " + " ".join(sys.argv),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "device": torch.cuda.get_device_name(), "vocab": VOCAB, "current": saved,
+           "results": []}
+    for batch in BATCHES:
+        cases = _cases(batch)
+        for name, fn in cases.items():
+            ts.FEW_ROWS_SHAPE, ts.MANY_ROWS_SHAPE = saved
+            row = {"batch": batch, "case": name, "current_us": 1e3 * graph_ms([None], lambda a, b: fn(), "", args.iters), "shapes": {}}
+            for shape in SHAPES:
+                ts.FEW_ROWS_SHAPE = ts.MANY_ROWS_SHAPE = shape
+                try:
+                    row["shapes"][str(shape)] = 1e3 * graph_ms([None], lambda a, b: fn(), "", args.iters)
+                except Exception as exc:  # noqa: BLE001 - e.g. out of registers / shared memory
+                    row["shapes"][str(shape)] = f"{type(exc).__name__}: {str(exc)[:80]}"
+            timed = {s: v for s, v in row["shapes"].items() if isinstance(v, float)}
+            best = min(timed, key=timed.get)
+            print(f"B={batch:<4d} {name:12s} current {row['current_us']:8.1f} us  best {best} "
+                  f"{timed[best]:8.1f} us", flush=True)
+            doc["results"].append(row)
+            with open(args.out, "w") as f:
+                json.dump(doc, f, indent=1)
+    ts.FEW_ROWS_SHAPE, ts.MANY_ROWS_SHAPE = saved
+
+
+if __name__ == "__main__":
+    main()
