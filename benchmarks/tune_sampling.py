@@ -4,8 +4,7 @@ vocabulary 128256, for plain sampling, top-k-then-top-p sampling and top-k logit
 
     python benchmarks/tune_sampling.py --out tune_sampling.json
 
-``FEW_ROWS_SHAPE`` / ``MANY_ROWS_SHAPE`` in ``flashinfer/backends/triton_kernels/sampling.py``
-are set from its output.
+``LAUNCH_SHAPE`` in ``flashinfer/backends/triton_kernels/sampling.py`` is set from its output.
 """
 
 from __future__ import annotations
@@ -22,7 +21,8 @@ from bench_timing import graph_ms
 from flashinfer.backends import adapter_table
 from flashinfer.backends.triton_kernels import sampling as ts
 
-SHAPES = [(q, w) for q in (128, 256, 512, 1024) for w in (4, 8, 16)]
+SHAPES = [(128, 4), (256, 4), (256, 8), (256, 16), (512, 4), (512, 8), (512, 16), (1024, 8),
+          (1024, 16)]
 BATCHES = (1, 16, 256)
 VOCAB = 128256
 
@@ -51,19 +51,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
     args = ap.parse_args()
-    saved = (ts.FEW_ROWS_SHAPE, ts.MANY_ROWS_SHAPE)
+    saved = ts.LAUNCH_SHAPE
     doc = {"command": "python " + " ".join(sys.argv),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name(), "vocab": VOCAB, "current": saved,
            "results": []}
-    for batch in BATCHES:
+    for batch in map(int, args.batches.split(",")):
         cases = _cases(batch)
         for name, fn in cases.items():
-            ts.FEW_ROWS_SHAPE, ts.MANY_ROWS_SHAPE = saved
+            ts.LAUNCH_SHAPE = saved
             row = {"batch": batch, "case": name, "current_us": 1e3 * graph_ms([None], lambda a, b: fn(), "", args.iters), "shapes": {}}
             for shape in SHAPES:
-                ts.FEW_ROWS_SHAPE = ts.MANY_ROWS_SHAPE = shape
+                ts.LAUNCH_SHAPE = shape
                 try:
                     row["shapes"][str(shape)] = 1e3 * graph_ms([None], lambda a, b: fn(), "", args.iters)
                 except Exception as exc:  # noqa: BLE001 - e.g. out of registers / shared memory
@@ -75,7 +76,7 @@ def main() -> None:
             doc["results"].append(row)
             with open(args.out, "w") as f:
                 json.dump(doc, f, indent=1)
-    ts.FEW_ROWS_SHAPE, ts.MANY_ROWS_SHAPE = saved
+    ts.LAUNCH_SHAPE = saved
 
 
 if __name__ == "__main__":

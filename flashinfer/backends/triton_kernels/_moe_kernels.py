@@ -12,10 +12,15 @@ number of blocks and blocks at or past ``num_blocks[0]`` (a device scalar) retur
 * ``gemm2_kernel``: ``result[p, m] = weight[p] * (inter[r] @ w2[e, m])``, float32, one row per
   (token, slot) pair; the caller sums over the slots (fixed order, no atomics).
 
-FP8 weights are converted to the activation dtype as they are loaded; 128x128 block scales
-multiply each K step's partial product column by column (``BLOCK_K`` divides 128, so one K step
-sits in one scale block), per-tensor scales the finished accumulators. ``DOT_F32`` (CPU,
-Triton's interpreter) runs the products in float32.
+FP8 128x128 block-scaled experts (``QUANT = 1``) run W8A8, DeepSeek-V3's recipe (and what
+upstream's CUTLASS MoE does): each ``BLOCK_M x 128`` activation tile (``BLOCK_K = 128``, one
+scale group) is quantised to float8_e4m3fn per row on the fly, ``scale = amax / 448``, unless it
+arrives in fp8 with its 1x128 scales, and ``tl.dot`` multiplies fp8 by fp8; the product is scaled
+by ``a_scale[row] * w_scale[column block]``. So the input and the bf16 intermediate carry fp8
+rounding (about 2**-4 relative per element) on top of the weights'. Per-tensor fp8 weights
+(``QUANT = 2``) are converted to the activation dtype as they are loaded and their scales applied
+to the finished accumulators. ``DOT_F32`` (CPU, Triton's interpreter) runs the products in
+float32 on the same (quantised) values.
 """
 
 import triton
@@ -35,19 +40,52 @@ def _activation(gate, ACTIVATION: tl.constexpr):
     return act
 
 
+@triton.jit
+def _round_e4m3(v):
+    """float32 ``v`` (|v| <= 448) rounded to the nearest float8_e4m3fn value, ties to even, by
+    arithmetic: Triton's interpreter converts some values to fp8 wrongly (-127.55 -> -64), so
+    the CPU path rounds this way; the GPU converts in hardware."""
+    bits = v.to(tl.int32, bitcast=True)
+    exp = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)  # e4m3: 3 mantissa bits, min exponent -6
+    step = ((exp - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    r = v / step
+    fl = tl.floor(r)
+    d = r - fl
+    odd = (fl.to(tl.int32) & 1) != 0
+    return (fl + ((d > 0.5) | ((d == 0.5) & odd)).to(tl.float32)) * step
+
+
+@triton.jit
+def _quantise_rows(a, FP8: tl.constexpr, DOT_F32: tl.constexpr):
+    """``(q, scale)``: a ``[BLOCK_M, 128]`` tile as fp8 per row, ``a ~= q * scale[:, None]``,
+    ``scale = amax / 448`` (e4m3's largest finite value); an all-zero row gets scale 0.
+    ``DOT_F32`` (the interpreter): ``q`` is float32 holding the fp8 values."""
+    af = a.to(tl.float32)
+    amax = tl.max(tl.abs(af), axis=1)
+    inv = tl.where(amax > 0.0, 448.0 / tl.maximum(amax, 1e-30), 0.0)
+    scaled = af * inv[:, None]
+    if DOT_F32:
+        q = _round_e4m3(scaled)
+    else:
+        q = scaled.to(FP8)
+    return q, amax * (1.0 / 448.0)
+
+
 # NUM_PAIRS (tokens x top_k) changes every call: not specialised on its value (one compile
 # for every token count)
 @triton.jit(do_not_specialize=["NUM_PAIRS"])
 def gemm1_kernel(
-    x_ptr, w1_ptr, s1_ptr, inter_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr,
+    x_ptr, xs_ptr, w1_ptr, s1_ptr, inter_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr,
     weights_ptr,
     NUM_PAIRS, HIDDEN, INTER,
-    stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_ir,
-    TOP_K: tl.constexpr, ACTIVATION: tl.constexpr, QUANT: tl.constexpr,
+    stride_xt, stride_xst, stride_xsk, stride_we, stride_wn, stride_se, stride_sn, stride_sk,
+    stride_ir,
+    TOP_K: tl.constexpr, ACTIVATION: tl.constexpr, QUANT: tl.constexpr, X_FP8: tl.constexpr,
     SCALES_ON_INPUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
 ):
-    """QUANT: 0 none, 1 fp8 128x128 block scales ``s1 [E, ceil(2I/128), ceil(H/128)]``,
+    """QUANT: 0 none, 1 fp8 128x128 block scales ``s1 [E, ceil(2I/128), ceil(H/128)]`` (W8A8,
+    ``BLOCK_K == 128``; ``X_FP8``: x is float8_e4m3fn with 1x128 scales ``xs [T, ceil(H/128)]``),
     2 fp8 per-tensor ``s1 [E, 2]`` (up, gate). ``EVEN_K``: ``HIDDEN % BLOCK_K == 0``."""
     b = tl.program_id(0)
     if b >= tl.load(num_blocks_ptr):
@@ -82,23 +120,33 @@ def gemm1_kernel(
             a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
             wu = tl.load(up_ptrs, mask=k_ok[:, None], other=0.0)
             wg = tl.load(gate_ptrs, mask=k_ok[:, None], other=0.0)
-        if SCALES_ON_INPUT:
-            a = a.to(tl.float32) * route_w[:, None]
-            if not DOT_F32:  # back to the input dtype (the interpreter's bf16 cast truncates)
-                a = a.to(x_ptr.dtype.element_ty)
-        if DOT_F32:  # the interpreter's tl.dot mishandles bfloat16
-            a = a.to(tl.float32)
-            wu = wu.to(tl.float32)
-            wg = wg.to(tl.float32)
-        else:
-            wu = wu.to(a.dtype)
-            wg = wg.to(a.dtype)
         if QUANT == 1:
+            if X_FP8:
+                a_s = tl.load(xs_ptr + token.to(tl.int64) * stride_xst + (k0 // 128) * stride_xsk)
+            else:
+                a, a_s = _quantise_rows(a, w1_ptr.dtype.element_ty, DOT_F32)
+            if SCALES_ON_INPUT:  # linear: the routing weight folds into the row scale
+                a_s = a_s * route_w
+            if DOT_F32:
+                a = a.to(tl.float32)
+                wu = wu.to(tl.float32)
+                wg = wg.to(tl.float32)
             su = tl.load(s_up + (k0 // 128) * stride_sk)
             sg = tl.load(s_gate + (k0 // 128) * stride_sk)
-            acc_up += tl.dot(a, wu) * su[None, :]
-            acc_gate += tl.dot(a, wg) * sg[None, :]
+            acc_up += tl.dot(a, wu) * (a_s[:, None] * su[None, :])
+            acc_gate += tl.dot(a, wg) * (a_s[:, None] * sg[None, :])
         else:
+            if SCALES_ON_INPUT:
+                a = a.to(tl.float32) * route_w[:, None]
+                if not DOT_F32:  # back to the input dtype (the interpreter's bf16 cast truncates)
+                    a = a.to(x_ptr.dtype.element_ty)
+            if DOT_F32:  # the interpreter's tl.dot mishandles bfloat16
+                a = a.to(tl.float32)
+                wu = wu.to(tl.float32)
+                wg = wg.to(tl.float32)
+            else:
+                wu = wu.to(a.dtype)
+                wg = wg.to(a.dtype)
             acc_up = tl.dot(a, wu, acc_up)
             acc_gate = tl.dot(a, wg, acc_gate)
         a_ptrs += BLOCK_K
@@ -121,8 +169,8 @@ def gemm2_kernel(
     QUANT: tl.constexpr, SCALES_ON_INPUT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
 ):
-    """QUANT: 0 none, 1 fp8 128x128 block scales ``s2 [E, ceil(H/128), ceil(I/128)]``,
-    2 fp8 per-tensor ``s2 [E]``. ``EVEN_K``: ``INTER % BLOCK_K == 0``."""
+    """QUANT: 0 none, 1 fp8 128x128 block scales ``s2 [E, ceil(H/128), ceil(I/128)]`` (W8A8,
+    ``BLOCK_K == 128``), 2 fp8 per-tensor ``s2 [E]``. ``EVEN_K``: ``INTER % BLOCK_K == 0``."""
     b = tl.program_id(0)
     if b >= tl.load(num_blocks_ptr):
         return
@@ -149,15 +197,19 @@ def gemm2_kernel(
             k_ok = kk < INTER - k0
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
-        if DOT_F32:
-            a = a.to(tl.float32)
-            w = w.to(tl.float32)
-        else:
-            w = w.to(a.dtype)
         if QUANT == 1:
+            a, a_s = _quantise_rows(a, w2_ptr.dtype.element_ty, DOT_F32)
+            if DOT_F32:
+                a = a.to(tl.float32)
+                w = w.to(tl.float32)
             s = tl.load(s_ptrs + (k0 // 128) * stride_sk)
-            acc += tl.dot(a, w) * s[None, :]
+            acc += tl.dot(a, w) * (a_s[:, None] * s[None, :])
         else:
+            if DOT_F32:
+                a = a.to(tl.float32)
+                w = w.to(tl.float32)
+            else:
+                w = w.to(a.dtype)
             acc = tl.dot(a, w, acc)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K

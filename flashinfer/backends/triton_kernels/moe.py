@@ -18,10 +18,13 @@ buffer sized from the shapes alone:
    the routing weight into a float32 ``[T, top_k, H]`` buffer (pairs of other ranks stay 0);
 4. ``out = buffer.sum(1)``: a fixed-order reduction, so results are deterministic.
 
-FP8 experts (float8_e4m3fn weights) keep activations in bfloat16, as the torch backend does:
-an fp8 input is dequantised first (with its 1x128 scales when given), weights are converted in
-the K loop and their 128x128 block or per-tensor scales applied to the float32 products. FP8
-needs Triton's fp8 conversions, SM 8.9 and newer (``_check``).
+FP8 128x128 block-scaled experts run W8A8 (DeepSeek-V3's recipe, as upstream's CUTLASS MoE):
+activation tiles are quantised to fp8 per row and 128-wide K group inside both GEMMs, or taken
+as given when the input is fp8 with 1x128 scales, and multiplied fp8 by fp8 (``_moe_kernels``).
+So results differ from the torch backend and the reference, which keep bf16 activations, by the
+fp8 rounding of the input and of the intermediate (a few percent, relative). Per-tensor fp8
+experts keep bfloat16 activations (an fp8 input is dequantised first) and convert the weights in
+the K loop. FP8 needs Triton's fp8 conversions, SM 8.9 and newer (``_check``).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ class LaunchConfig:
     block_m: int
     block_n1: int  # gemm1 column tile (over I; two accumulators: up and gate)
     block_n2: int  # gemm2 column tile (over H)
-    block_k: int   # divides 128: one K step stays inside one fp8 scale block
+    block_k: int   # divides 128: one K step stays inside one fp8 scale block (W8A8: == 128)
     num_warps: int
     num_stages: int
 
@@ -50,17 +53,15 @@ class LaunchConfig:
 def launch_config(num_pairs: int, num_experts: int, on_gpu: bool) -> LaunchConfig:
     """Tile sizes from the average rows per expert (shapes only, nothing read from the device).
 
-    Set from ``benchmarks/tune_moe.py`` on the H200 (DeepSeek-V3 layer, fp8 experts;
-    benchmarks/results/tune_moe_h200_2026-11-30.json): up to 16 rows per expert (decode, <= 512
-    tokens of top-8 over 256 experts) ``BLOCK_M = 16`` with narrow column tiles, so padding wastes
-    little and the weight stream spreads over many programs (within 5 % of the best of 15
-    configurations at 1-256 tokens); more rows ``BLOCK_M = 64`` with 128-deep K steps (best at
-    1,024 and 4,096 tokens: 6.4 and 15.5 ms)."""
+    Set from ``benchmarks/tune_moe.py`` on the H200 (DeepSeek-V3 layer, W8A8 fp8 experts, 12
+    configurations; benchmarks/results/tune_moe_w8a8_h200_2026-11-30.json): up to 32 rows per
+    expert (<= 1,024 tokens of top-8 over 256 experts) ``BLOCK_M = 16``, so padding wastes little
+    (best at 16-1,024 tokens, within 5 % at 1); more rows ``BLOCK_M = 64`` (best at 4,096)."""
     per_expert = num_pairs / max(num_experts, 1)
     if not on_gpu:  # the interpreter: small tiles, few programs
-        return LaunchConfig(16, 64, 64, 64, 4, 1)
-    if per_expert <= 16:
-        return LaunchConfig(16, 32, 64, 128, 4, 4)
+        return LaunchConfig(16, 64, 64, 128, 4, 1)
+    if per_expert <= 32:
+        return LaunchConfig(16, 64, 128, 128, 4, 4)
     return LaunchConfig(64, 64, 128, 128, 4, 3)
 
 
@@ -112,9 +113,10 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _activations(x: torch.Tensor, x_scale) -> torch.Tensor:
-    """The gemm1 input in the compute dtype: x itself, or fp8 x dequantised to bfloat16."""
-    if x.dtype in (torch.float16, torch.bfloat16):
+def _activations(x: torch.Tensor, x_scale, w8a8: bool) -> torch.Tensor:
+    """The gemm1 input: x itself (half precision, or fp8 with 1x128 scales under W8A8), or fp8 x
+    dequantised to bfloat16."""
+    if x.dtype in (torch.float16, torch.bfloat16) or (w8a8 and x_scale is not None):
         return _unit_stride(x)
     if x_scale is None:
         return x.to(torch.bfloat16)
@@ -143,7 +145,15 @@ def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -
     quant = _QUANT[spec.quant]
     on_gpu = x.is_cuda
     cfg = launch_config(num_pairs, num_experts, on_gpu)
-    a = _activations(x, x_scale)
+    w8a8 = quant == 1
+    if w8a8 and cfg.block_k != 128:
+        raise ValueError(f"W8A8 needs 128-deep K steps (one scale group), got {cfg}")
+    a = _activations(x, x_scale, w8a8)
+    x_fp8 = a.dtype == torch.float8_e4m3fn
+    # the W8A8 intermediate is bf16 on the GPU; the interpreter's bf16 cast truncates (and would
+    # move fp8 rounding boundaries), so there it stays float32
+    mid_dtype = (torch.float32 if not on_gpu else torch.bfloat16) if w8a8 else a.dtype
+    xs, xs_t, xs_k = (x_scale, x_scale.stride(0), x_scale.stride(1)) if x_fp8 else (a, 0, 0)
     w1, w2 = _unit_stride(w1), _unit_stride(w2)
     flat_w = weights.reshape(-1).float().contiguous()
     with _device_of(x):
@@ -151,13 +161,13 @@ def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -
                                                        cfg.block_m)
         rows = sorted_pairs.numel()
         grid_m = rows // cfg.block_m
-        mid = torch.empty((rows, inter), dtype=a.dtype, device=x.device)
+        mid = torch.empty((rows, inter), dtype=mid_dtype, device=x.device)
         s1, s1e, s1n, s1k = _scale_args(w1_scale, quant, flat_w)
         _moe_kernels.gemm1_kernel[(grid_m, -(-inter // cfg.block_n1))](
-            a, w1, s1, mid, sorted_pairs, block_expert, num_blocks, flat_w,
+            a, xs, w1, s1, mid, sorted_pairs, block_expert, num_blocks, flat_w,
             num_pairs, hidden, inter,
-            a.stride(0), w1.stride(0), w1.stride(1), s1e, s1n, s1k, mid.stride(0),
-            TOP_K=top_k, ACTIVATION=int(spec.activation), QUANT=quant,
+            a.stride(0), xs_t, xs_k, w1.stride(0), w1.stride(1), s1e, s1n, s1k, mid.stride(0),
+            TOP_K=top_k, ACTIVATION=int(spec.activation), QUANT=quant, X_FP8=x_fp8,
             SCALES_ON_INPUT=bool(spec.scales_on_input), BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n1, BLOCK_K=cfg.block_k, EVEN_K=hidden % cfg.block_k == 0,
             DOT_F32=not on_gpu,

@@ -20,12 +20,12 @@ import torch
 from . import KERNELS
 
 #: (lanes per chunk quarter, warps): a chunk is 4 * Q elements (Q shrinks for small
-#: vocabularies). Up to FEW_ROWS rows each program gets 16 warps (ptxas, sm_90a: 106 registers,
-#: one program per SM); more rows take 4 warps (128 registers, four programs per SM, so batch
-#: 256 runs in one wave on the H200's 132 SMs). Neither spills.
-FEW_ROWS = 128
-FEW_ROWS_SHAPE = (256, 16)
-MANY_ROWS_SHAPE = (128, 4)
+#: vocabularies). The kernels are latency-bound (a pass over a row is a serial loop of chunks),
+#: so wide chunks and many warps win at every batch: ``benchmarks/tune_sampling.py`` on the H200
+#: (benchmarks/results/tune_sampling_h200_2026-11-30.json, vocabulary 128k) found (512, 16) the
+#: fastest of 9 shapes at batch 1, 16 and 256 for plain, top-k-then-top-p and masking (2.0-2.2x
+#: the earlier (128, 4) at batch 256).
+LAUNCH_SHAPE = (512, 16)
 #: pivots per round: the pending candidate, 3 sample pairs, the bracket's bit-space midpoint.
 NP = 8
 #: round budget of the pivot search (worst case 65 rounds, see _sampling_kernels.py).
@@ -43,8 +43,9 @@ def _pow2(n: int) -> int:
 
 
 def _launch_shape(vocab: int, n_rows: int) -> tuple[int, int]:
-    """``(Q, num_warps)`` for ``n_rows`` programs over rows of ``vocab`` elements."""
-    q, warps = FEW_ROWS_SHAPE if n_rows <= FEW_ROWS else MANY_ROWS_SHAPE
+    """``(Q, num_warps)`` for ``n_rows`` programs over rows of ``vocab`` elements (one shape
+    serves every batch size on the H200, see ``LAUNCH_SHAPE``)."""
+    q, warps = LAUNCH_SHAPE
     return max(16, min(q, _pow2(-(-vocab // 4)))), warps
 
 
