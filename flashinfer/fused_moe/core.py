@@ -158,9 +158,11 @@ def cutlass_fused_moe(input: torch.Tensor, token_selected_experts: torch.Tensor,
     rank's partial sum, as upstream). Quantisation:
 
     * none: input and weights float32/float16/bfloat16 of one dtype, ``quant_scales`` empty/None;
-    * ``use_deepseek_fp8_block_scale=True``: bf16/fp16 input (used unquantised: upstream
-      quantises it to fp8 1x128 on the fly), float8_e4m3fn weights, ``quant_scales = [fc1 scales
-      [E, 2I/128, H/128], fc2 scales [E, H/128, I/128]]`` float32 (128x128 blocks);
+    * ``use_deepseek_fp8_block_scale=True``: bf16/fp16 input, float8_e4m3fn weights,
+      ``quant_scales = [fc1 scales [E, 2I/128, H/128], fc2 scales [E, H/128, I/128]]`` float32
+      (128x128 blocks). The Triton kernel (``auto`` from SM 8.9) runs W8A8 as upstream does: the
+      input and the intermediate are quantised to fp8 per token and 128-wide group on the fly;
+      ``backend="torch"`` and the reference keep them in bf16 (a few percent closer to exact);
     * fp8 per tensor (float8_e4m3fn input and weights): ``quant_scales = [fc1 dequant [E],
       fc2 activation quant (one element), fc2 dequant [E], fc1 input dequant (one element, folded
       into fc1 dequant by the caller, unused)]``; the intermediate is not rounded to fp8 here.
