@@ -23,7 +23,8 @@ for a GPU that is not here (``flashinfer explain --sm 9.0``).
    as ``cuda_graph``: a captured call is ranked by GPU time, an eager one pays launch cost),
    else the per-SM-family priority of ``dispatch_rules/<op>.toml``; unlisted usable kernels go
    just before the reference, and a kernel listed after the reference is opt-in (how a kernel
-   not yet run on a GPU is shipped: usable when asked for, never chosen by ``auto``).
+   not yet run on a GPU is shipped: usable when asked for, never chosen by ``auto``; once the
+   GPU tests pass, its benchmark moves it into place, as for the Triton fp8 GEMM and MoE).
 4. **Strict** — with ``FLASHINFER_STRICT=1`` a fall back to ``reference`` for a CUDA problem
    raises instead of silently running the slow path.
 
