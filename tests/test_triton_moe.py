@@ -117,29 +117,31 @@ def _spec(quant="none", activation=SWIGLU, offset=0, on_input=False):
 
 
 # --------------------------------------------------------------------------------------------
-# alignment (plain torch, no Triton)
+# alignment (align_kernel)
 
 
-@pytest.mark.parametrize("t,k,e,block_m", [(1, 1, 4, 16), (7, 2, 8, 16), (33, 2, 6, 32)])
-def test_align_groups_and_pads_by_expert(t, k, e, block_m):
+@pytest.mark.parametrize("t,k,e,block_m,offset", [(1, 1, 4, 16, 0), (7, 2, 8, 16, 0),
+                                                   (33, 2, 6, 32, 0), (33, 2, 6, 16, 4),
+                                                   (300, 8, 256, 16, 0), (50, 3, 5, 64, 0)])
+def test_align_groups_and_pads_by_expert(t, k, e, block_m, offset):
     torch.manual_seed(t * 10 + k)
-    ids = torch.randint(-2, e + 2, (t, k), dtype=torch.int32)  # some of other ranks
-    sorted_pairs, block_expert, num_blocks = align(ids, 0, e, block_m)
+    # global ids, some of other ranks (below the offset or past the local experts)
+    ids = torch.randint(offset - 2, offset + e + 2, (t, k), dtype=torch.int32)
+    sorted_pairs, block_expert, num_blocks = align(ids, offset, e, block_m)
     rows = max_rows(t * k, e, block_m)
     assert sorted_pairs.shape == (rows,) and block_expert.shape == (rows // block_m,)
-    flat = ids.reshape(-1).long()
-    local = ((flat >= 0) & (flat < e)).nonzero().flatten()
-    used = sorted_pairs[: int(num_blocks) * block_m].reshape(-1, block_m)
-    seen = [torch.empty(0, dtype=torch.long)]
-    for b, row in enumerate(used):
-        pairs = row[row < t * k].long()
-        assert (flat[pairs] == block_expert[b]).all()
-        seen.append(pairs)
-    seen = torch.cat(seen)
-    assert sorted(seen.tolist()) == local.tolist()
-    assert (sorted_pairs[int(num_blocks) * block_m:] == t * k).all()
-    counts = torch.bincount(flat[local], minlength=e)
-    assert int(num_blocks) == int(((counts + block_m - 1) // block_m).sum())
+    # the exact list: each expert's pairs ascending (stable), padded to a block multiple
+    flat = ids.reshape(-1).long().cpu() - offset
+    expected, experts = [], []
+    for ex in range(e):
+        pairs = (flat == ex).nonzero().flatten().tolist()
+        padded = -(-len(pairs) // block_m) * block_m
+        expected += pairs + [t * k] * (padded - len(pairs))
+        experts += [ex] * (padded // block_m)
+    assert int(num_blocks) == len(experts)
+    assert sorted_pairs.tolist() == expected + [t * k] * (rows - len(expected))
+    assert block_expert[: len(experts)].tolist() == experts
+    assert ((block_expert >= 0) & (block_expert < e)).all()  # unused blocks: any valid expert
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,6 +6,9 @@ sentinel ``NUM_PAIRS`` in padding. M-block ``b`` (rows ``[b * BLOCK_M, (b + 1) *
 belongs to one local expert, ``block_expert[b]``; the grid is launched for the largest possible
 number of blocks and blocks at or past ``num_blocks[0]`` (a device scalar) return at once.
 
+* ``align_kernel`` (one program): builds that list, a counting sort of the pair indices by
+  local expert (stable: ascending within an expert), each expert's segment padded to a multiple
+  of ``BLOCK_M``, the expert of every block and the number of used blocks;
 * ``gemm1_kernel``: ``inter[r, n] = act(x[p // TOP_K] @ w1[e, I + n]) * (x[p // TOP_K] @
   w1[e, n])`` for ``n`` in the program's column tile (up ``[:I]``, gate ``[I:]``, two
   accumulators), written in the activation dtype;
@@ -38,6 +41,53 @@ def _activation(gate, ACTIVATION: tl.constexpr):
         z2 = 1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)
         act = gate * tl.sigmoid(z2)
     return act
+
+
+@triton.jit
+def _local_experts(ids_ptr, i, NUM_PAIRS, OFFSET, NUM_EXPERTS: tl.constexpr, EP: tl.constexpr):
+    """Local expert of pairs ``i``; ``EP`` (no expert) for other ranks and past the end."""
+    inside = i < NUM_PAIRS
+    key = tl.load(ids_ptr + i, mask=inside, other=0).to(tl.int32) - OFFSET
+    return tl.where(inside & (key >= 0) & (key < NUM_EXPERTS), key, EP)
+
+
+# the pair count changes every call: not specialised on its value
+@triton.jit(do_not_specialize=["NUM_PAIRS", "OFFSET", "ROWS"])
+def align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr, NUM_PAIRS, OFFSET, ROWS,
+                 NUM_EXPERTS: tl.constexpr, EP: tl.constexpr, BLOCK_M: tl.constexpr,
+                 CHUNK: tl.constexpr):
+    """``ids [NUM_PAIRS]`` global expert ids -> ``sorted [ROWS]`` (pair indices by local expert,
+    each expert's run starting on a multiple of BLOCK_M, padding ``NUM_PAIRS``), ``block_expert
+    [ROWS / BLOCK_M]`` and ``num_blocks [1]``. One program; ``EP`` = NUM_EXPERTS rounded up to a
+    power of two. Ranks inside a chunk come from a cumulative sum over a one-hot [CHUNK, EP]."""
+    e = tl.arange(0, EP)
+    lane = tl.arange(0, CHUNK)
+    counts = tl.zeros([EP], tl.int32)
+    for start in range(0, NUM_PAIRS, CHUNK):
+        key = _local_experts(ids_ptr, start + lane, NUM_PAIRS, OFFSET, NUM_EXPERTS, EP)
+        counts += tl.sum((key[:, None] == e[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    end = tl.cumsum(padded, axis=0)
+    first = end - padded
+    tl.store(num_blocks_ptr, tl.sum(padded, axis=0) // BLOCK_M)
+    for b0 in range(0, ROWS // BLOCK_M, CHUNK):
+        b = b0 + lane
+        before = tl.sum((end[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + b, tl.minimum(before, NUM_EXPERTS - 1),
+                 mask=b < ROWS // BLOCK_M)
+    for r0 in range(0, ROWS, CHUNK):
+        r = r0 + lane
+        tl.store(sorted_ptr + r, tl.zeros([CHUNK], tl.int32) + NUM_PAIRS, mask=r < ROWS)
+    tl.debug_barrier()  # the padding fill lands before the pairs overwrite it
+    seen = tl.zeros([EP], tl.int32)
+    for start in range(0, NUM_PAIRS, CHUNK):
+        i = start + lane
+        key = _local_experts(ids_ptr, i, NUM_PAIRS, OFFSET, NUM_EXPERTS, EP)
+        onehot = (key[:, None] == e[None, :]).to(tl.int32)
+        rank = tl.cumsum(onehot, axis=0)  # inclusive rank of each pair within its expert
+        pos = tl.sum(onehot * ((first + seen)[None, :] + rank - 1), axis=1)
+        tl.store(sorted_ptr + pos, i, mask=key < EP)
+        seen += tl.sum(onehot, axis=0)
 
 
 @triton.jit

@@ -6,8 +6,8 @@ in ``_moe_kernels.py`` and is imported on first use (this module must import wit
 One call, never synchronising with the host (so it can be captured in a CUDA graph), and every
 buffer sized from the shapes alone:
 
-1. ``align`` (torch ops on the device): the ``P = T * top_k`` (token, slot) pairs are stably
-   sorted by local expert id (ids of other ranks sort last and are dropped) and each expert's
+1. ``align`` (one program of ``align_kernel``): the ``P = T * top_k`` (token, slot) pairs are
+   stably sorted by local expert id (pairs of other ranks are dropped) and each expert's
    segment is padded to a multiple of ``BLOCK_M`` in a list of ``max_rows(P, E, BLOCK_M)`` rows
    (the sentinel ``P`` marks padding), with the expert of each M-block and the number of used
    blocks as a one-element device tensor;
@@ -38,6 +38,8 @@ from ...reasons import Reason
 from . import KERNELS
 
 _QUANT = {"none": 0, "fp8_block_scale": 1, "fp8_per_tensor": 2}
+#: pairs ranked at a time by ``align_kernel`` (a [ALIGN_CHUNK, experts] one-hot per step)
+ALIGN_CHUNK = 64
 
 
 @dataclass(frozen=True)
@@ -74,34 +76,33 @@ def max_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
 
 def align(ids: torch.Tensor, expert_offset: int, num_experts: int, block_m: int):
     """``(sorted_pairs [R] int32, block_expert [R / block_m] int32, num_blocks [1] int32)`` for
-    ``ids [T, k]`` global expert ids, ``R = max_rows(T * k, num_experts, block_m)``.
+    ``ids [T, k]`` int32 global expert ids, ``R = max_rows(T * k, num_experts, block_m)``; one
+    launch of ``align_kernel`` (no host sync).
 
     ``sorted_pairs`` holds flat pair indices ``token * k + slot`` grouped by expert (stable:
     ascending within an expert), each expert's group starting on a multiple of ``block_m``;
     padding and unused rows hold ``T * k``. Blocks ``>= num_blocks[0]`` are unused."""
+    from . import _moe_kernels
+
     dev = ids.device
     num_pairs = ids.numel()
     rows = max_rows(num_pairs, num_experts, block_m)
-    key = ids.reshape(-1).long() - expert_offset
-    key = torch.where((key >= 0) & (key < num_experts), key, num_experts)
-    sorted_key, order = torch.sort(key, stable=True)
-    experts = torch.arange(num_experts + 1, device=dev)
-    first = torch.searchsorted(sorted_key, experts)  # [E + 1]: first sorted position per expert
-    counts = first[1:] - first[:-1]
-    padded_end = torch.cumsum((counts + block_m - 1) // block_m * block_m, 0)
-    padded_start = padded_end - (counts + block_m - 1) // block_m * block_m
-    e = sorted_key.clamp(max=num_experts - 1)
-    position = torch.arange(num_pairs, device=dev)
-    # pairs of other ranks go past the list (one slot each: no duplicate indices), then cut off
-    dest = torch.where(sorted_key < num_experts, padded_start[e] + position - first[e],
-                       rows + position)
-    sorted_pairs = torch.full((rows + num_pairs,), num_pairs, dtype=torch.int32, device=dev)
-    sorted_pairs[dest] = order.to(torch.int32)
-    block_start = torch.arange(0, rows, block_m, device=dev)
-    block_expert = torch.searchsorted(padded_end, block_start, right=True)
-    block_expert = block_expert.clamp(max=num_experts - 1).to(torch.int32)
-    num_blocks = (padded_end[-1:] // block_m).to(torch.int32)
-    return sorted_pairs[:rows], block_expert, num_blocks
+    sorted_pairs = torch.empty(rows, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(rows // block_m, dtype=torch.int32, device=dev)
+    num_blocks = torch.zeros(1, dtype=torch.int32, device=dev)
+    if num_pairs == 0:
+        return sorted_pairs, block_expert, num_blocks
+    _moe_kernels.align_kernel[(1,)](
+        ids.contiguous().view(-1), sorted_pairs, block_expert, num_blocks,
+        num_pairs, expert_offset, rows,
+        NUM_EXPERTS=num_experts, EP=_pow2(num_experts), BLOCK_M=block_m, CHUNK=ALIGN_CHUNK,
+        num_warps=8,
+    )
+    return sorted_pairs, block_expert, num_blocks
+
+
+def _pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def _device_of(t: torch.Tensor):
