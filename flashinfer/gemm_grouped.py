@@ -7,8 +7,9 @@ returns ``out`` (allocated when not given, else written in place and returned; i
 contiguous). Rows are split into segments by an offsets tensor ``indptr [segments + 1]``
 (segment ``i`` is rows ``indptr[i]:indptr[i+1]``, empty segments allowed); rows outside
 ``[indptr[0], indptr[-1])`` come back as zeros (upstream zero-fills its output). Offsets are
-read on the host and checked by the loop kernels and the reference; ``torch:grouped_mm`` runs
-without reading them (no sync, like upstream's kernels), so there they are trusted.
+read on the host and checked by the loop kernels and the reference; ``torch:grouped_mm`` and our
+``triton`` kernels run without reading them (no sync, CUDA-graph safe, like upstream's kernels),
+so there they are trusted (triton clamps them to the rows, so it never reads out of bounds).
 
 Backends: ``backend="auto"`` (ours) lets the dispatcher choose. Upstream spellings:
 ``SegmentGEMMWrapper(backend="sm80" | "sm90")`` name upstream's CUTLASS kernels and mean
@@ -66,7 +67,8 @@ _NO_COUNTERPART = ("cutile", "cake")
 def _resolve(backend) -> str:
     if isinstance(backend, str) and backend.strip().lower() in _NO_COUNTERPART:
         raise ValueError(f"backend={backend!r} is an upstream FlashInfer kernel with no "
-                         "counterpart in this library; use 'auto', 'torch' or 'reference'")
+                         "counterpart in this library; use 'auto', 'torch', 'triton' or "
+                         "'reference'")
     return _backend(backend)
 
 

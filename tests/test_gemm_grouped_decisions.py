@@ -37,14 +37,20 @@ def _reasons(decision, name):
 def test_segment_bf16(sm, layout):
     decision = select(_segment(sm, features=("weight_indices",), layout=layout),
                       assume_installed=True)
-    if sm in ("9.0", "10.0", "12.0"):  # CUTLASS grouped GEMM inside torch
+    if sm in ("9.0", "10.0", "12.0"):  # CUTLASS grouped GEMM inside torch (measured first)
         assert decision.name == "torch:grouped_mm"
-        assert decision.order == ("torch:grouped_mm", "torch:segment_loop", "reference")
+        assert decision.order == ("torch:grouped_mm", "triton", "torch:segment_loop",
+                                  "reference")
     elif sm == "cpu":
         assert decision.name == "torch:segment_loop"
         assert _reasons(decision, "torch:grouped_mm") == {"device"}
-    else:  # 7.5 .. 8.9: one cuBLAS call per segment
+    elif sm == "7.5":  # below our Triton kernel's SM 8.0: one cuBLAS call per segment
         assert decision.name == "torch:segment_loop"
+        assert _reasons(decision, "torch:grouped_mm") == {"sm"}
+        assert _reasons(decision, "triton") == {"sm"}
+    else:  # 8.0 .. 8.9: our Triton kernel (one launch, no host sync) before the loop
+        assert decision.name == "triton"
+        assert decision.order == ("triton", "torch:segment_loop", "reference")
         assert _reasons(decision, "torch:grouped_mm") == {"sm"}
 
 
@@ -53,14 +59,15 @@ def test_segment_bf16(sm, layout):
                                        ("bfloat16", "float32")])
 def test_segment_grouped_mm_is_bf16_only(sm, dtype, out):
     decision = select(_segment(sm, dtype, out), assume_installed=True)
-    assert decision.name == "torch:segment_loop"
+    # fp16 / fp32 out: triton serves it; fp8 inputs: nothing native, the loop
+    assert decision.name == ("torch:segment_loop" if dtype == E4M3 else "triton")
     assert _reasons(decision, "torch:grouped_mm") & {"dtype.x", "dtype.out"}
 
 
 @pytest.mark.parametrize("fact", ["k", "n"])
 def test_segment_grouped_mm_needs_16_byte_strides(fact):
     decision = select(_segment("9.0", **{fact: 4100}), assume_installed=True)
-    assert decision.name == "torch:segment_loop"
+    assert decision.name == "triton"  # masked loads: any K / N
     assert _reasons(decision, "torch:grouped_mm") == {fact}
 
 
@@ -69,20 +76,26 @@ def test_segment_grouped_mm_needs_16_byte_strides(fact):
                                      "scale_groupwise"])
 def test_group_gemm_fp8(sm, feature):
     decision = select(_group_fp8(sm, feature), assume_installed=True)
-    assert decision.name == "torch:dequant_loop"
-    assert decision.order == ("torch:dequant_loop", "reference")
+    # triton first where it serves: SM 8.9+, the Triton fp8 GEMM's scale granularities
+    triton = sm not in ("7.5", "8.0", "8.6", "cpu") and feature != "scale_groupwise"
+    if triton:
+        assert decision.order == ("triton", "torch:dequant_loop", "reference")
+    else:
+        assert decision.name == "torch:dequant_loop"
+        assert decision.order == ("torch:dequant_loop", "reference")
     assert "[not verified on hardware]" in decision.explain()
 
 
 def test_group_gemm_fp8_e5m2():
-    assert select(_group_fp8("9.0", a=E5M2), assume_installed=True).name == "torch:dequant_loop"
+    assert select(_group_fp8("9.0", a=E5M2), assume_installed=True).name == "triton"
+    assert select(_group_fp8("8.6", a=E5M2), assume_installed=True).name == "torch:dequant_loop"
 
 
 def test_strict_mode_accepts_the_loops():
     # the loops are torch kernels, not the reference: strict mode lets them run
-    assert select(_segment("8.0", "float16"), strict=True,
+    assert select(_segment("7.5", "float16"), strict=True,
                   assume_installed=True).name == "torch:segment_loop"
-    assert select(_group_fp8("9.0"), strict=True,
+    assert select(_group_fp8("8.6"), strict=True,
                   assume_installed=True).name == "torch:dequant_loop"
 
 
