@@ -25,8 +25,9 @@ for a GPU that is not here (``flashinfer explain --sm 9.0``).
    just before the reference, and a kernel listed after the reference is opt-in (how a kernel
    not yet run on a GPU is shipped: usable when asked for, never chosen by ``auto``; once the
    GPU tests pass, its benchmark moves it into place, as for the Triton fp8 GEMM and MoE).
-4. **Strict** — with ``FLASHINFER_STRICT=1`` a fall back to ``reference`` for a CUDA problem
-   raises instead of silently running the slow path.
+4. **Strict** — with ``FLASHINFER_STRICT=1`` a fall back to ``reference``, or to a kernel whose
+   record says ``emulation = true`` (FP4 dequantised to bf16), for a CUDA problem raises instead
+   of silently running the slow path.
 
 The Decision records the chosen (backend, variant), every candidate with its reasons, and the
 source that decided (``argument``, ``context``, ``environment``, ``tuned`` or ``default``).
@@ -133,6 +134,7 @@ class Candidate:
     reasons: tuple[Reason, ...]
     verified: bool = False
     note: str = ""
+    emulation: bool = False  # a slow stand-in for a missing native kernel (record key)
 
     @property
     def name(self) -> str:
@@ -181,6 +183,7 @@ class Decision:
         for cand in self.candidates:
             status = "usable" if cand.usable else "rejected"
             flag = "" if cand.verified else " [not verified on hardware]"
+            flag += " [emulation: refused by FLASHINFER_STRICT=1]" if cand.emulation else ""
             lines.append(f"  {cand.name:<24} {status}{flag}")
             lines.extend(f"      - {r.message}" for r in cand.reasons)
         return "\n".join(lines)
@@ -192,7 +195,7 @@ class Decision:
             "notes": list(self.notes),
             "candidates": [
                 {"backend": c.backend, "variant": c.variant, "usable": c.usable,
-                 "verified": c.verified,
+                 "verified": c.verified, "emulation": c.emulation,
                  "reasons": [{"field": r.field, "actual": str(r.actual), "allowed": str(r.allowed),
                               "message": r.message} for r in c.reasons]}
                 for c in self.candidates
@@ -235,7 +238,7 @@ def evaluate_candidates(problem: Problem, *, assume_installed: bool = False,
         if not reasons:
             reasons = extra_reasons(record.backend, problem.op, record.variant, problem)
         out.append(Candidate(record.backend, record.variant, tuple(reasons),
-                             record.verified_for(problem.sm), record.note))
+                             record.verified_for(problem.sm), record.note, record.emulation))
     return tuple(out)
 
 
@@ -303,10 +306,12 @@ def select(problem: Problem, levels: tuple[overrides.Override, ...] = (), *, str
 def _finish(problem: Problem, ordered: list[Candidate], candidates: tuple[Candidate, ...],
             source: str, rule: str, basis: str, notes: list[str], strict: bool) -> Decision:
     best = ordered[0]
-    if strict and best.backend == "reference" and problem.device == "cuda":
+    if strict and problem.device == "cuda" and (best.backend == "reference" or best.emulation):
+        what = "the slow reference backend" if best.backend == "reference" else (
+            f"{best.name}, an emulation (no native kernel for this problem here)")
         raise StrictModeError(problem, candidates,
-                              "FLASHINFER_STRICT=1: only the slow reference backend can run this "
-                              "CUDA problem", remedy="unset FLASHINFER_STRICT to allow the fallback")
+                              f"FLASHINFER_STRICT=1: only {what} can run this CUDA problem",
+                              remedy="unset FLASHINFER_STRICT to allow the fallback")
     decision = Decision(problem, best.backend, best.variant, source, rule, basis,
                         tuple(c.name for c in ordered), candidates, tuple(notes))
     from . import api_logging

@@ -1,5 +1,6 @@
 """Dense GEMM (upstream module ``flashinfer.gemm``): bf16 ``mm_bf16``, per-tensor fp8 ``bmm_fp8``
-and ``mm_fp8``, block-scaled fp8 ``gemm_fp8_nt_groupwise`` and ``gemm_fp8_nt_blockscaled``.
+and ``mm_fp8``, block-scaled fp8 ``gemm_fp8_nt_groupwise`` and ``gemm_fp8_nt_blockscaled``,
+block-scaled FP4 ``mm_fp4`` (NVFP4 / MXFP4).
 
 Names, argument order, defaults of the tensor arguments, output allocation and return
 conventions are upstream's (api-spec.md §3): each function returns ``out`` (allocated when not
@@ -35,6 +36,15 @@ Canonical kernel signatures (every backend registers exactly these; kernels writ
   (MN-major scales arrive transposed, as views); ``out [M, N]`` contiguous bf16/fp16.
   ``out[i, j] = sum_k a[i,k] a_scale[i//gm, k//gk] * b[j,k] b_scale[j//gn, k//gk]``.
 
+* ``mm_fp4`` (op ``"mm_fp4"``): ``kernel(a, b, a_sf, b_sf, alpha, block_size, a_sf_8x4, out)
+  -> None``; ``a [M, K/2]``, ``b [K/2, N]`` uint8 packed e2m1 (any strides; ``b.T`` is the
+  ``[N, K/2]`` packed weight); ``a_sf`` the 128x4 (8x4 when ``a_sf_8x4``) swizzled storage of
+  a's ``[M, K/block_size]`` scales, ``b_sf`` the 128x4 storage of the weight's
+  ``[N, K/block_size]`` scales, any shape holding it (read in row-major order); scales e4m3
+  (``float8_e4m3fn`` or its uint8 bytes) for ``block_size`` 16, UE8M0 uint8 for 32; ``alpha``
+  None or fp32 one element; ``out [M, N]`` contiguous bf16/fp16.
+  ``out = alpha * dequant(a) @ dequant(b)`` (layouts: :mod:`flashinfer.fp4`).
+
 Scales multiply (they are dequantisation scales, ``amax / fp8_max``). K or N that is not a
 multiple of the scale granularity is served (the last block is partial) by the reference;
 kernels with alignment needs (torch's cuBLASLt: K and N multiples of 16) declare them in their
@@ -43,7 +53,8 @@ capability records and are skipped, or named with their reason when asked for.
 Dispatch Problem: dtypes ``a``, ``b``, ``out``; shape facts ``m`` (bucketed to a power of two),
 ``n``, ``k`` (and ``batch``, bucketed, for bmm_fp8); groupwise features ``scale_rowwise``
 (granularity ``(1, 1, >=K)``), ``scale_1x128`` (``(1, 128, 128)``), ``scale_128x128``
-(``(128, 128, 128)``) or ``scale_groupwise`` (any other).
+(``(128, 128, 128)``) or ``scale_groupwise`` (any other); ``mm_fp4`` features ``mxfp4``
+(block 32, UE8M0 scales) and ``sf_8x4`` (a's scales in the 8x4 layout).
 """
 
 from __future__ import annotations
@@ -57,7 +68,8 @@ from .api_logging import flashinfer_api
 from .custom_op import custom_op
 from .dispatch import Problem
 
-__all__ = ["mm_bf16", "bmm_fp8", "mm_fp8", "gemm_fp8_nt_groupwise", "gemm_fp8_nt_blockscaled"]
+__all__ = ["mm_bf16", "bmm_fp8", "mm_fp8", "gemm_fp8_nt_groupwise", "gemm_fp8_nt_blockscaled",
+           "mm_fp4"]
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _FP8_OUT = (torch.bfloat16, torch.float16)
@@ -232,6 +244,20 @@ def _gemm_fp8_groupwise_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     dispatch.decide(problem, backend).kernel(a, b, a_scale, b_scale, (gm, gn, gk), out)
 
 
+@custom_op("mm_fp4", mutates_args=("out",), fake=_no_output)
+def _mm_fp4_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor,
+               b_descale: torch.Tensor, alpha: Optional[torch.Tensor], block_size: int,
+               use_8x4_sf_layout: bool, backend: str) -> None:
+    features = (("mxfp4",) if block_size == 32 else ()) + (("sf_8x4",) if use_8x4_sf_layout else ())
+    problem = Problem.make("mm_fp4", a.device,
+                           dtypes={"a": a.dtype, "b": b.dtype, "out": out.dtype},
+                           shape={"m": dispatch.length_bucket(a.shape[0]), "n": b.shape[1],
+                                  "k": 2 * a.shape[1]},
+                           features=features)
+    dispatch.decide(problem, backend).kernel(a, b, a_descale, b_descale.t(), alpha, block_size,
+                                             use_8x4_sf_layout, out)
+
+
 # --------------------------------------------------------------------------------------------
 # public API
 
@@ -370,6 +396,98 @@ def gemm_fp8_nt_blockscaled(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Ten
     default ``scale_major_mode="MN"``)."""
     return gemm_fp8_nt_groupwise(a, b, a_scale, b_scale, scale_major_mode, mma_sm,
                                  (128, 128, 128), out, out_dtype, backend)
+
+
+_FP4_PACKED = (torch.uint8,) + ((torch.float4_e2m1fn_x2,) if hasattr(torch, "float4_e2m1fn_x2")
+                                 else ())
+
+
+def _fp4_scale(name: str, t, rows: int, cols: int, layout, transposed: bool, use_nvfp4: bool,
+               device) -> torch.Tensor:
+    """Check a swizzled scale tensor: 2-D, holding the layout's padded storage, the scale
+    columns (``cols`` or padded to 4) on dim 1 (dim 0 when ``transposed``)."""
+    from .fp4 import sf_storage_shape
+
+    allowed = (torch.float8_e4m3fn, torch.uint8) if use_nvfp4 else (torch.uint8,)
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in allowed:
+        raise ValueError(f"{name} has unsupported dtype {t.dtype}; allowed with use_nvfp4="
+                         f"{use_nvfp4}: {_names(allowed)}")
+    srows, scols = sf_storage_shape(rows, cols, layout)
+    col_dim = 0 if transposed else 1
+    if t.dim() != 2 or t.shape[col_dim] not in (cols, scols) or t.numel() != srows * scols:
+        want = f"[{cols}, *]" if transposed else f"[*, {cols}]"
+        raise ValueError(f"{name} must be the {layout.name} swizzled scales of {rows} rows x "
+                         f"{cols} blocks: 2-D {want} holding {srows} x {scols} elements (from "
+                         f"nvfp4_quantize / fp4_quantize{', transposed' if transposed else ''}), "
+                         f"got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but a is on {device}")
+    return t
+
+
+@flashinfer_api
+def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor, b_descale: torch.Tensor,
+           alpha: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
+           out: Optional[torch.Tensor] = None, block_size: int = 16,
+           use_8x4_sf_layout: bool = False, backend: str = "auto", use_nvfp4: bool = True,
+           enable_pdl: bool = True) -> torch.Tensor:
+    """FP4 GEMM ``out = alpha * dequant(a) @ dequant(b)``.
+
+    ``a [m, k/2]`` packed e2m1 (uint8, or float4_e2m1fn_x2), ``b [k/2, n]``: the transposed
+    ``[n, k/2]`` packed weight (upstream passes ``weight_fp4.T``). NVFP4 (``use_nvfp4=True``,
+    ``block_size=16``): e4m3 scales (``float8_e4m3fn`` or their uint8 bytes); MXFP4
+    (``use_nvfp4=False``, ``block_size=32``): UE8M0 uint8 scales. ``a_descale``: a's scales in
+    the 128x4 swizzled layout (8x4 with ``use_8x4_sf_layout``), as ``fp4_quantize`` /
+    ``nvfp4_quantize`` return them (``[*, k/block_size]``); ``b_descale``: the weight's 128x4
+    scales transposed (``weight_sf.T``, ``[k/block_size, *]``). ``alpha``: None (1) or an fp32
+    one-element tensor, typically ``1 / (a_global_sf * b_global_sf)``. Output bf16 (default) or
+    fp16. Returns ``out [m, n]``. ``enable_pdl`` is ignored.
+
+    ``backend``: ``"auto"``, ``"torch"`` (dequantise to bf16 + cuBLAS), ``"reference"``
+    (float64); upstream's ``"cudnn"``, ``"cutlass"``, ``"trtllm"``, ``"cute-dsl"`` name native
+    FP4 kernels that are not wired here (an error with their reasons), ``"b12x"`` has no
+    counterpart (``ValueError``).
+    """
+    from .fp4 import SfLayout
+
+    _tensor("a", a, 2, _FP4_PACKED)
+    _tensor("b", b, 2, _FP4_PACKED, a.device)
+    if b.shape[0] != a.shape[1]:
+        raise ValueError(f"b must be [k/2, n] with k/2 = a.shape[1] = {a.shape[1]} (pass the "
+                         f"packed [n, k/2] weight transposed), got b.shape {tuple(b.shape)}")
+    if not isinstance(use_nvfp4, bool):
+        raise TypeError(f"use_nvfp4 must be a bool, got {type(use_nvfp4).__name__}")
+    if isinstance(block_size, bool) or block_size not in (16, 32):
+        raise ValueError(f"block_size must be 16 (NVFP4) or 32 (MXFP4), got {block_size!r}")
+    if block_size != (16 if use_nvfp4 else 32):
+        raise ValueError(f"block_size={block_size} does not match use_nvfp4={use_nvfp4}: NVFP4 "
+                         "uses block_size=16, MXFP4 (use_nvfp4=False) block_size=32")
+    (m, half_k), n = a.shape, b.shape[1]
+    k = 2 * half_k
+    if k % block_size:
+        raise ValueError(f"k = 2 * a.shape[1] = {k} must be a multiple of block_size = "
+                         f"{block_size}")
+    cols = k // block_size
+    a_layout = SfLayout.layout_8x4 if use_8x4_sf_layout else SfLayout.layout_128x4
+    _fp4_scale("a_descale", a_descale, m, cols, a_layout, False, use_nvfp4, a.device)
+    _fp4_scale("b_descale", b_descale, n, cols, SfLayout.layout_128x4, True, use_nvfp4, a.device)
+    if alpha is not None:
+        _scalar_scale("alpha", alpha, a.device)
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
+    if backend.strip().lower() == "b12x":
+        raise ValueError("backend='b12x' is an upstream FlashInfer kernel with no counterpart "
+                         "in this library; use 'auto', 'torch' or 'reference'")
+    backend = _backend(backend)
+    out = _output(out, (m, n), _out_dtype("out_dtype", out_dtype, _FP8_OUT), a.device)
+    if out.numel():
+        packed_a = a if a.dtype == torch.uint8 else a.view(torch.uint8)
+        packed_b = b if b.dtype == torch.uint8 else b.view(torch.uint8)
+        _mm_fp4_op(out, packed_a, packed_b, a_descale, b_descale, alpha, block_size,
+                   bool(use_8x4_sf_layout), backend)
+    return out
 
 
 from .gemm_grouped import SegmentGEMMWrapper, group_gemm_fp8_nt_groupwise  # noqa: E402,F401

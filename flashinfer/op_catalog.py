@@ -154,6 +154,11 @@ OPS: dict[str, OpSpec] = {
         OpSpec("group_gemm_fp8_groupwise", "gemm", ("a", "b", "out"), _GROUPED_GEMM_SHAPE,
                ("scale_rowwise", "scale_1x128", "scale_128x128", "scale_groupwise"), (),
                "out[seg g] = dequant(a[seg g]) @ dequant(b[g]).T, fp8 with block scales"),
+        OpSpec("mm_fp4", "gemm", ("a", "b", "out"), _GEMM_SHAPE,
+               ("mxfp4",    # MXFP4: blocks of 32, UE8M0 scales (else NVFP4: 16, e4m3)
+                "sf_8x4"),  # a's scales in the 8x4 swizzled layout (else 128x4)
+               (), "out = alpha * dequant(a) @ dequant(b), packed e2m1 a [m, k/2] / "
+                   "b [k/2, n] with swizzled block scales"),
     )
 }
 

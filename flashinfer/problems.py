@@ -38,6 +38,7 @@ OP_DTYPES: dict[str, dict[str, str]] = {
     "bmm_fp8": {"default": "float8_e4m3fn", "out": "bfloat16"},
     "gemm_fp8_groupwise": {"default": "float8_e4m3fn", "out": "bfloat16"},
     "group_gemm_fp8_groupwise": {"default": "float8_e4m3fn", "out": "bfloat16"},
+    "mm_fp4": {"default": "uint8", "out": "bfloat16"},  # packed e2m1 pairs
 }
 
 #: per-op departures from DEFAULT_FACTS that the op's definition imposes.

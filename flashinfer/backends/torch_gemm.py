@@ -121,3 +121,23 @@ def gemm_fp8_blockwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
     else:
         out.copy_(torch._scaled_mm(_row_major(a), _col_major(b.t()), scale_a, scale_b,
                                    out_dtype=out.dtype)[:m])
+
+
+@KERNELS.kernel("mm_fp4", "dequant_mm")
+def mm_fp4_dequant(a: torch.Tensor, b: torch.Tensor, a_sf: torch.Tensor, b_sf: torch.Tensor,
+                   alpha: torch.Tensor | None, block_size: int, a_sf_8x4: bool,
+                   out: torch.Tensor) -> None:
+    """No native FP4: dequantise both operands to bf16 (exact for e4m3 scales), one torch.mm
+    with an fp32 result (cuBLAS; fp32 matmul of the bf16 values on the CPU), times alpha."""
+    from ..fp4 import gemm_operands
+
+    a_deq, b_deq = gemm_operands(a, b, a_sf, b_sf, block_size, a_sf_8x4, torch.bfloat16)
+    if not a.is_cuda:
+        acc = a_deq.float() @ b_deq.float().t()
+    elif _has_mm_dtype():
+        acc = torch.mm(a_deq, b_deq.t(), out_dtype=torch.float32)
+    else:
+        acc = torch.mm(a_deq, b_deq.t()).float()
+    if alpha is not None:
+        acc.mul_(alpha.reshape(()))
+    out.copy_(acc)

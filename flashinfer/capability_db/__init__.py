@@ -22,6 +22,8 @@ Record keys (all but ``name`` and ``verified`` optional)::
     verified_on = ["9.0"]            # the SMs it ran on; elsewhere in its range it counts as
                                      # unverified (omit: verified everywhere, e.g. the reference)
     deterministic = true
+    emulation = true                 # a slow stand-in for a missing native kernel (e.g. FP4
+                                     # dequantised to bf16): strict mode refuses it on CUDA
     note = "free text shown by explain"
 
 :meth:`Record.check` turns a :class:`~flashinfer.dispatch.Problem` into a list of reasons (empty =
@@ -56,7 +58,7 @@ DTYPE_NAMES = (
 _RECORD_KEYS = {
     "name", "variant", "devices", "sm_min", "sm_max", "dtypes", "shape", "features", "layouts",
     "requires", "requires_any", "cpu_under_triton_interpret", "verified", "verified_on",
-    "deterministic", "note",
+    "deterministic", "emulation", "note",
 }
 _SHAPE_KEYS = {"values", "min", "max", "multiple_of"}
 
@@ -110,6 +112,7 @@ class Record:
     verified_on: tuple[tuple[int, int], ...] | None
     deterministic: bool
     note: str
+    emulation: bool = False
     source: str = field(compare=False, default="")
 
     @property
@@ -282,6 +285,7 @@ def _parse_record(backend: str, raw: dict, source: str, index: int) -> Record:
         verified_on=verified_on,
         deterministic=bool(raw.get("deterministic", True)),
         note=str(raw.get("note", "")),
+        emulation=bool(raw.get("emulation", False)),
         source=source,
     )
 

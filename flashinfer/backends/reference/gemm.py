@@ -45,3 +45,17 @@ def gemm_fp8_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
     a_deq = a.float() * expand_scale(a_scale, m, k, gm, gk)
     b_deq = b.float() * expand_scale(b_scale, n, k, gn, gk)
     out.copy_(a_deq @ b_deq.t())
+
+
+@KERNELS.kernel("mm_fp4")
+def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_sf: torch.Tensor, b_sf: torch.Tensor,
+           alpha: torch.Tensor | None, block_size: int, a_sf_8x4: bool,
+           out: torch.Tensor) -> None:
+    """Dequantise both FP4 operands to float64 (exact), one float64 matmul, round once."""
+    from ...fp4 import gemm_operands
+
+    a_deq, b_deq = gemm_operands(a, b, a_sf, b_sf, block_size, a_sf_8x4, torch.float64)
+    acc = a_deq @ b_deq.t()
+    if alpha is not None:
+        acc *= alpha.double().reshape(())
+    out.copy_(acc)
