@@ -378,6 +378,26 @@ def cmd_clear_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_warmup(args: argparse.Namespace) -> int:
+    import torch
+
+    from .warmup import warm_sampling
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to compile (Triton kernels run only on GPUs here)")
+        return 0
+    results = warm_sampling(args.vocab, "cuda")
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return 0
+    for r in results:
+        print(f"{r['function']:42s} vocab {r['vocab']:<7d} {r['seconds']:6.2f} s  -> {r['kernel']}")
+    total = sum(r["seconds"] for r in results)
+    print(f"{len(results)} calls, {total:.1f} s; Triton's cache: "
+          f"{os.environ.get('TRITON_CACHE_DIR', '~/.triton/cache')}")
+    return 0
+
+
 # --------------------------------------------------------------------------------------------
 # argument parsing
 
@@ -439,6 +459,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("clear-cache", help="empty FLASHINFER_CACHE_DIR and the decision cache")
     p.set_defaults(run=cmd_clear_cache)
+
+    p = sub.add_parser("warmup", help="compile the sampling kernels ahead of time (Triton's cache)",
+                       description="Call every sampling function once per vocabulary on this GPU, "
+                       "so later processes load compiled kernels instead of compiling on the "
+                       "first call (see flashinfer/warmup.py).")
+    p.add_argument("--vocab", type=_positive, nargs="+", default=[32000, 128256, 151936],
+                   metavar="V", help="vocabulary sizes served (default: 32000 128256 151936)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_warmup)
     return parser
 
 

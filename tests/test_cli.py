@@ -362,3 +362,22 @@ def test_quickstart_runs():
         assert f"== {name}: ran on backend" in res.stdout
     errors = [float(e) for e in re.findall(r"max \|auto - reference\| = (\S+)", res.stdout)]
     assert len(errors) == 2 and all(e < 5e-2 for e in errors)  # fp16 outputs of size ~10
+
+
+def test_warmup_without_a_gpu_says_so(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the warm-up would compile")
+    assert cli.main(["warmup", "--vocab", "1000"]) == 0
+    assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_warm_sampling_calls_every_function_in_both_threshold_forms():
+    from flashinfer.warmup import sampling_calls, warm_sampling
+
+    results = warm_sampling([300], "cpu")
+    names = [r["function"] for r in results]
+    assert names == [name for name, _ in sampling_calls()]
+    assert any("[per_row]" in n for n in names) and "softmax" in names
+    assert all(r["kernel"] == "reference" and r["seconds"] >= 0 for r in results)

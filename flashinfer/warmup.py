@@ -1,0 +1,73 @@
+"""Ahead-of-time compilation of our Triton kernels (``flashinfer warmup``).
+
+A Triton kernel compiles on its first call in a process that finds no matching entry in Triton's
+on-disk cache (``TRITON_CACHE_DIR``, default ``~/.triton/cache``): about 2.5 s per sampling
+kernel on the H200's host. Run ``flashinfer warmup`` once per machine or container image with
+the serving shapes, and later processes load the compiled kernels instead (the first call of
+``top_k_top_p_sampling_from_probs`` at 256 x 128k: 3.7 s cold, 1.1 s warm;
+benchmarks/results/sampling_first_call_profile_*_h200_2026-11-30.txt).
+
+A compiled kernel is keyed on its compile-time arguments, which for the samplers include the
+vocabulary's alignment class and whether each threshold is a scalar or a per-row tensor, so the
+warm-up calls every sampling function with both threshold forms at each requested vocabulary.
+Row counts, seeds, offsets and threshold values are runtime arguments: any batch size and value
+reuses the same compile. Each call goes through the public API with ``backend="auto"``, so it
+compiles what the dispatcher would choose on this device (nothing on CPU).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+def sampling_calls() -> list[tuple[str, Callable]]:
+    """The warm-up calls: ``(name, fn(probs, logits, ks, ps))``."""
+    from . import sampling as S
+
+    return [
+        ("sampling_from_probs", lambda p, x, ks, ps: S.sampling_from_probs(p)),
+        ("sampling_from_logits", lambda p, x, ks, ps: S.sampling_from_logits(x)),
+        ("top_p_sampling_from_probs", lambda p, x, ks, ps: S.top_p_sampling_from_probs(p, 0.9)),
+        ("top_p_sampling_from_probs[per_row]",
+         lambda p, x, ks, ps: S.top_p_sampling_from_probs(p, ps)),
+        ("top_k_sampling_from_probs", lambda p, x, ks, ps: S.top_k_sampling_from_probs(p, 50)),
+        ("top_k_sampling_from_probs[per_row]",
+         lambda p, x, ks, ps: S.top_k_sampling_from_probs(p, ks)),
+        ("min_p_sampling_from_probs", lambda p, x, ks, ps: S.min_p_sampling_from_probs(p, 0.1)),
+        ("top_k_top_p_sampling_from_probs",
+         lambda p, x, ks, ps: S.top_k_top_p_sampling_from_probs(p, 50, 0.9)),
+        ("top_k_top_p_sampling_from_probs[per_row]",
+         lambda p, x, ks, ps: S.top_k_top_p_sampling_from_probs(p, ks, ps)),
+        ("top_k_top_p_sampling_from_logits",
+         lambda p, x, ks, ps: S.top_k_top_p_sampling_from_logits(x, 50, 0.9)),
+        ("top_p_renorm_probs", lambda p, x, ks, ps: S.top_p_renorm_probs(p, 0.9)),
+        ("top_k_renorm_probs", lambda p, x, ks, ps: S.top_k_renorm_probs(p, 50)),
+        ("top_k_mask_logits", lambda p, x, ks, ps: S.top_k_mask_logits(x, 50)),
+        ("softmax", lambda p, x, ks, ps: S.softmax(x, 0.7)),
+    ]
+
+
+def warm_sampling(vocab_sizes, device: str | torch.device = "cuda", rows: int = 2) -> list[dict]:
+    """Call every sampling function once per vocabulary in ``vocab_sizes`` on ``device``; returns
+    one ``{"function", "vocab", "seconds", "kernel"}`` per call (``kernel``: the Decision)."""
+    from .dispatch import record_decisions
+
+    results = []
+    for vocab in vocab_sizes:
+        gen = torch.Generator(device=device).manual_seed(vocab)
+        logits = torch.randn(rows, vocab, device=device, generator=gen) * 4.0
+        probs = torch.softmax(logits, -1)
+        ks = torch.full((rows,), 50, dtype=torch.int32, device=device)
+        ps = torch.full((rows,), 0.9, dtype=torch.float32, device=device)
+        for name, call in sampling_calls():
+            start = time.perf_counter()
+            with record_decisions() as log:
+                call(probs, logits, ks, ps)
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize(device)
+            results.append({"function": name, "vocab": vocab,
+                            "seconds": time.perf_counter() - start,
+                            "kernel": "+".join(sorted({d.name for d in log})) or None})
+    return results
