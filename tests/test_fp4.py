@@ -449,3 +449,11 @@ def test_mm_fp4_gpu_torch_vs_reference(m, n, k, nvfp4, out_dtype):
     assert rel_error(out, ref) < TOLERANCE[out_dtype]
     assert rel_error(out, x.double() @ w.double().T) < 0.2
     assert not math.isnan(rel_error(ref, x.double() @ w.double().T))
+
+
+def test_legacy_module_path_reexports_the_same_objects():
+    import flashinfer.fp4_quantization as fp4q
+    from flashinfer import fp4
+
+    for name in fp4q.__all__:
+        assert getattr(fp4q, name) is getattr(fp4, name)
