@@ -30,6 +30,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._gemm_kernels import scaled_k_loop
+
 
 @triton.jit
 def _find_tile(indptr_ptr, S, M, tile, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
@@ -120,25 +122,12 @@ def group_gemm_fp8_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if (piece >= 1) & (piece <= G):
             g = (piece - 1).to(tl.int64)
-            rk = tl.arange(0, BLOCK_K)
             a_rows = a_ptr + rm.to(tl.int64)[:, None] * s_am
             b_cols = b_ptr + g * s_bg + rn.to(tl.int64)[None, :] * s_bn
             scale_row = seg_start // GM + (rm - seg_start) // GM
             as_rows = as_ptr + scale_row.to(tl.int64) * s_asm
             bs_cols = bs_ptr + g * s_bsg + (rn // GN).to(tl.int64) * s_bsn
-            for k0 in range(0, K, BLOCK_K):
-                kk = k0 + rk
-                k_ok = kk < K
-                a = tl.load(a_rows + kk[None, :] * s_ak, mask=m_ok[:, None] & k_ok[None, :],
-                            other=0.0)
-                b = tl.load(b_cols + kk[:, None] * s_bk, mask=k_ok[:, None] & n_ok[None, :],
-                            other=0.0)
-                kb = k0 // GK
-                sa = tl.load(as_rows + kb * s_ask, mask=m_ok, other=0.0)
-                sb = tl.load(bs_cols + kb * s_bsk, mask=n_ok, other=0.0)
-                if DOT_F32:
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+            acc = scaled_k_loop(acc, a_rows, b_cols, as_rows, bs_cols, m_ok, n_ok, K, s_ak, s_bk,
+                                s_ask, s_bsk, GK, BLOCK_K, DOT_F32)
         out = out_ptr + rm.to(tl.int64)[:, None] * s_om + rn[None, :]
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])

@@ -38,26 +38,13 @@ def _tile_coords(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
-def gemm_fp8_groupwise_kernel(
-    a_ptr, b_ptr, as_ptr, bs_ptr, out_ptr,
-    M, N, K,
-    s_am, s_ak, s_bn, s_bk, s_asm, s_ask, s_bsn, s_bsk, s_om,
-    GM, GN, GK,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, DOT_F32: tl.constexpr,
-):
-    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+def scaled_k_loop(acc, a_rows, b_cols, as_rows, bs_cols, m_ok, n_ok, K, s_ak, s_bk, s_ask, s_bsk,
+                  GK, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr):
+    """``acc += dot(a, b) * a_s[:, None] * b_s[None, :]`` over K in ``BLOCK_K`` steps, one scale
+    per row and column per step (``k // GK``); ``a_rows [BLOCK_M, 1]`` / ``b_cols [1, BLOCK_N]``
+    point at the tile's rows / columns, ``as_rows`` / ``bs_cols`` at their scale rows / columns.
+    Shared with the grouped kernel (``_gemm_grouped_kernels``)."""
     rk = tl.arange(0, BLOCK_K)
-    m_ok = rm < M
-    n_ok = rn < N
-    a_rows = a_ptr + rm.to(tl.int64)[:, None] * s_am
-    b_cols = b_ptr + rn.to(tl.int64)[None, :] * s_bn
-    as_rows = as_ptr + (rm // GM).to(tl.int64) * s_asm
-    bs_cols = bs_ptr + (rn // GN).to(tl.int64) * s_bsn
-
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         k_ok = kk < K
@@ -70,6 +57,31 @@ def gemm_fp8_groupwise_kernel(
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+    return acc
+
+
+@triton.jit
+def gemm_fp8_groupwise_kernel(
+    a_ptr, b_ptr, as_ptr, bs_ptr, out_ptr,
+    M, N, K,
+    s_am, s_ak, s_bn, s_bk, s_asm, s_ask, s_bsn, s_bsk, s_om,
+    GM, GN, GK,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < N
+    a_rows = a_ptr + rm.to(tl.int64)[:, None] * s_am
+    b_cols = b_ptr + rn.to(tl.int64)[None, :] * s_bn
+    as_rows = as_ptr + (rm // GM).to(tl.int64) * s_asm
+    bs_cols = bs_ptr + (rn // GN).to(tl.int64) * s_bsn
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = scaled_k_loop(acc, a_rows, b_cols, as_rows, bs_cols, m_ok, n_ok, K, s_ak, s_bk, s_ask,
+                        s_bsk, GK, BLOCK_K, DOT_F32)
 
     out = out_ptr + rm.to(tl.int64)[:, None] * s_om + rn[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
