@@ -69,7 +69,7 @@ def _setup(kind, backend, host_indices):
     return w, plan, run
 
 
-def _profile(fn, n, top):
+def _profile(fn, n, top, sort="tottime"):
     prof = cProfile.Profile()
     torch.cuda.synchronize()
     prof.enable()
@@ -77,17 +77,22 @@ def _profile(fn, n, top):
         fn()
     prof.disable()
     s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
+    pstats.Stats(prof, stream=s).sort_stats(sort).print_stats(top)
     return "\n".join(line for line in s.getvalue().splitlines()[6:] if line.strip())
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--top", type=int, default=22)
+    ap.add_argument("--sort", default="tottime", help="pstats key: tottime or cumulative")
+    ap.add_argument("--only", default="", help="comma list of kinds (decode, paged, ragged)")
     args = ap.parse_args()
+    only = set(filter(None, args.only.split(",")))
     table = []
     for kind, backend in (("decode", "cudnn"), ("decode", "triton"), ("paged", "fa3"),
                           ("paged", "cudnn"), ("ragged", "fa3"), ("ragged", "cudnn")):
+        if only and kind not in only:
+            continue
         for host in (False, True):
             try:
                 w, plan, run = _setup(kind, backend, host)
@@ -98,8 +103,8 @@ def main():
                 if not host or kind == "decode":
                     print(f"\n===== {kind} {backend} indices on {'host' if host else 'device'}: "
                           f"plan {plan_ms:.3f} ms, run (host) {run_ms:.3f} ms =====")
-                    print("-- plan() x50 by own time --")
-                    print(_profile(plan, 50, args.top))
+                    print(f"-- plan() x50 by {args.sort} --")
+                    print(_profile(plan, 50, args.top, args.sort))
                     if not host:
                         print("-- run() x50 by own time --")
                         print(_profile(run, 50, 12))

@@ -87,6 +87,10 @@ class BatchPlan:
     mask_indptr_host: torch.Tensor | None = None  # [B+1] offsets into custom_mask
     cuda_graph: bool = False
     workspace: torch.Tensor | None = None  # the user's float workspace buffer (uint8)
+    # the wrapper's scratch dict, the same object every plan(): a planner may keep device buffers
+    # here and rewrite them in the next plan() instead of allocating (runs of an older plan of
+    # the same wrapper are never issued after a new plan()). None: nothing is kept.
+    reusable: dict | None = None
 
 
 @dataclass(frozen=True)

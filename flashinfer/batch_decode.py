@@ -19,7 +19,7 @@ from .api_logging import flashinfer_api
 from .batch_attention_params import BatchPlan, KVInput
 from .batch_plan import (
     KV_DTYPES, Q_DTYPES, BatchWrapperBase, canonical_dtype, check_fixed_buffer, check_indptr,
-    index_array, page_indices, paged_kv_lens, positive_int, set_plan_attributes,
+    host_index_arrays, index_array, page_indices, paged_kv_lens, positive_int, set_plan_attributes,
 )
 from .page import unpack_paged_kv_cache
 
@@ -116,11 +116,10 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         o_dtype = canonical_dtype("o_data_type", o_data_type, q_dtype, Q_DTYPES)
         window_left, cap, scale = self._common_scalars(window_left, logits_soft_cap, sm_scale, head_dim)
 
-        last_h = index_array("last_page_len", last_page_len)
+        indptr_h, last_h = host_index_arrays(("indptr", indptr), ("last_page_len", last_page_len))
         batch = last_h.shape[0]
         if batch < 1:
             raise ValueError("last_page_len must hold at least one request")
-        indptr_h = index_array("indptr", indptr)
         check_indptr("indptr", indptr_h, batch)
         n_pages = int(indptr_h.numpy()[-1])
         indices_d, max_page = page_indices("indices", index_array("indices", indices, host=False),
@@ -136,6 +135,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
                                           dtype=np.int32))
         dev, graph = self.device, self._use_cuda_graph
         buf = (lambda name: getattr(self, name)) if graph else (lambda name: None)
+        self._drop_plan()
         on_device = self._upload.upload(
             {"qo_indptr": qo_h, "kv_indptr": indptr_h, "kv_lens": kv_lens_h,
              "kv_last_page_len": last_h, "kv_indices": indices_d},
@@ -152,7 +152,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
             kv_last_page_len_host=last_h, **on_device,
             total_qo=batch * q_len_per_req, max_qo_len=q_len_per_req,
             max_kv_len=int(kv_lens_h.numpy().max()), cuda_graph=graph,
-            workspace=self._float_workspace_buffer)
+            workspace=self._float_workspace_buffer, reusable=self._reusable)
         self._finish_plan(plan, max_page)
         set_plan_attributes(self, plan, window_left, replay)
         self._pos_encoding_mode = "NONE"

@@ -82,6 +82,22 @@ def index_array(name: str, t, length: int | None = None, host: bool = True) -> t
     return t.clone() if t.device.type == "cpu" else t.to("cpu")
 
 
+def host_index_arrays(*named: tuple[str, object]) -> list[torch.Tensor]:
+    """:func:`index_array` of every ``(name, tensor)``, with the arrays that live on a GPU brought
+    to the host in one copy (one synchronisation for all of them, not one each)."""
+    arrays = [index_array(name, t, host=False) for name, t in named]
+    out = [t.clone() if t.device.type == "cpu" else None for t in arrays]
+    remote = [i for i, t in enumerate(arrays) if t.device.type != "cpu"]
+    if len(remote) > 1 and len({arrays[i].device for i in remote}) == 1:
+        host = torch.cat([arrays[i] for i in remote]).to("cpu")
+        for i, part in zip(remote, host.split([arrays[i].shape[0] for i in remote])):
+            out[i] = part
+    else:
+        for i in remote:
+            out[i] = arrays[i].to("cpu")
+    return out
+
+
 def check_indptr(name: str, host: torch.Tensor, batch_size: int | None = None) -> None:
     if host.shape[0] < 1 or (batch_size is not None and host.shape[0] != batch_size + 1):
         want = "batch_size + 1" if batch_size is None else str(batch_size + 1)
@@ -193,6 +209,7 @@ class BatchWrapperBase:
         self._pin_memory_int_workspace_buffer = None
         self.device = float_workspace_buffer.device
         self._upload = PlanUpload(self.device)
+        self._reusable: dict = {}  # planners' buffers kept across plans (BatchPlan.reusable)
         self._kv_layout = check_kv_layout(kv_layout)
         self._use_cuda_graph = bool(use_cuda_graph)
         self._backend = backend
@@ -248,6 +265,13 @@ class BatchWrapperBase:
         if not math.isfinite(scale) or scale <= 0:
             raise ValueError(f"sm_scale={sm_scale!r} must be a finite float > 0")
         return window_left, cap, scale
+
+    def _drop_plan(self) -> None:
+        """Called by plan() before its first write into the wrapper's device buffers (the
+        upload, a fixed mask buffer, a planner's reused buffers): from then on the previous
+        plan's arrays may be overwritten, so if this plan() fails, run() must raise instead of
+        running the old plan on them."""
+        self._plan, self._runners, self._choices, self.decision = None, {}, {}, None
 
     def _finish_plan(self, plan: BatchPlan, max_page: int = -1) -> None:
         """Decide for every run-time feature combination, build the runner, keep the plan."""
@@ -440,7 +464,7 @@ def set_plan_attributes(wrapper: BatchWrapperBase, plan: BatchPlan, window_left:
     wrapper._replay_args = replay_args
 
 
-__all__ = ["BatchWrapperBase", "canonical_dtype", "index_array", "check_indptr", "paged_kv_lens",
+__all__ = ["BatchWrapperBase", "canonical_dtype", "index_array", "host_index_arrays", "check_indptr", "paged_kv_lens",
            "page_indices",
            "check_fixed_buffer", "require_workspace", "unpack_segments",
            "set_plan_attributes"]

@@ -18,7 +18,8 @@ from .batch_attention_params import BatchPlan, KVInput
 from .batch_decode import paged_kv_pages
 from .batch_plan import (
     KV_DTYPES, Q_DTYPES, BatchWrapperBase, canonical_dtype, check_fixed_buffer, check_indptr,
-    index_array, page_indices, paged_kv_lens, positive_int, set_plan_attributes, unpack_segments,
+    host_index_arrays, index_array, page_indices, paged_kv_lens, positive_int, set_plan_attributes,
+    unpack_segments,
 )
 
 __all__ = ["BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper"]
@@ -55,17 +56,20 @@ class _PrefillBase(BatchWrapperBase):
         window_left, cap, scale = self._common_scalars(window_left, logits_soft_cap, sm_scale, head_dim_qk)
 
         paged = self._op == "batch_prefill_paged"
-        qo_h = index_array("qo_indptr", qo_indptr)
+        kv_name = "paged_kv_indptr" if paged else "kv_indptr"
+        named = [("qo_indptr", qo_indptr), (kv_name, kv_indptr)]
+        if paged:
+            named.append(("paged_kv_last_page_len", last_page_len))
+        qo_h, kv_h, *last_h = host_index_arrays(*named)
         check_indptr("qo_indptr", qo_h)
         batch = qo_h.shape[0] - 1
         if batch < 1:
             raise ValueError("qo_indptr must describe at least one request (length >= 2)")
-        kv_name = "paged_kv_indptr" if paged else "kv_indptr"
-        kv_h = index_array(kv_name, kv_indptr)
         check_indptr(kv_name, kv_h, batch)
-        max_page, indices_h, last_h = -1, None, None
+        max_page, indices_h, last_h = -1, None, (last_h[0] if paged else None)
         if paged:
-            last_h = index_array("paged_kv_last_page_len", last_page_len, batch)
+            if last_h.shape[0] != batch:
+                raise ValueError(f"paged_kv_last_page_len must have length {batch}, got {last_h.shape[0]}")
             page_size = positive_int("page_size", page_size)
             indices_h, max_page = page_indices(
                 "paged_kv_indices", index_array("paged_kv_indices", indices, host=False), int(kv_h.numpy()[-1]),
@@ -87,6 +91,7 @@ class _PrefillBase(BatchWrapperBase):
                                  f"{self._max_total_num_rows} rows of this CUDA-graph wrapper")
 
         dev, graph = self.device, self._use_cuda_graph
+        self._drop_plan()
         mask, mask_h = self._mask(custom_mask, packed_custom_mask, qo_lens_h, kv_lens_h, dev, non_blocking)
         buf = (lambda name: getattr(self, name)) if graph else (lambda name: None)
         arrays = {"qo_indptr": qo_h, "kv_indptr": kv_h, "kv_lens": kv_lens_h}
@@ -108,7 +113,7 @@ class _PrefillBase(BatchWrapperBase):
             kv_last_page_len=on_device.pop("kv_last_page_len", None), **on_device,
             total_qo=total_qo, max_qo_len=int(qo_lens_h.numpy().max()), max_kv_len=int(kv_lens_h.numpy().max()),
             custom_mask=mask, mask_indptr_host=mask_h, cuda_graph=graph,
-            workspace=self._float_workspace_buffer)
+            workspace=self._float_workspace_buffer, reusable=self._reusable)
         self._finish_plan(plan, max_page)
         set_plan_attributes(self, plan, window_left, replay)
         self._causal = bool(causal)

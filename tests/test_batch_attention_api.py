@@ -50,6 +50,20 @@ def test_last_page_len_out_of_range():
                    torch.tensor([bad], dtype=I32), 2, 2, 16, 4)
 
 
+def test_a_plan_that_fails_after_writing_buffers_leaves_no_plan(monkeypatch):
+    w, cache, q = _decode(ps=4, lens=(5, 9), hq=4, hk=2, d=16)
+    w.run(q, cache)
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("planner failed")
+    monkeypatch.setattr(w, "_finish_plan", boom)
+    with pytest.raises(RuntimeError, match="planner failed"):
+        w.plan(torch.tensor([0, 2, 3], dtype=I32), torch.tensor([0, 1, 2], dtype=I32),
+               torch.tensor([1, 2], dtype=I32), 4, 2, 16, 4, q_data_type=torch.float32)
+    with pytest.raises(RuntimeError, match="before plan"):
+        w.run(q, cache)  # the old plan's device arrays were overwritten: no silent stale run
+
+
 def test_page_index_beyond_cache():
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws())
     cache = torch.randn(3, 2, 4, 2, 16)

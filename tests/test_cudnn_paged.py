@@ -225,6 +225,21 @@ def test_decode_metadata_pads_with_one_and_page_zero():
     assert all(entry in ids for row in rows for entry in row)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_page_table_rows_are_the_requests_pages_then_the_last_page(seed):
+    g = torch.Generator().manual_seed(100 + seed)
+    b = int(torch.randint(1, 20, (1,), generator=g))
+    kv = torch.randint(0, 200, (b,), generator=g).tolist()
+    plan = make_plan(bp.DECODE, [1] * b, kv, page_size=8, seed=seed)
+    spec = bp.make_spec(plan, device_index=0, scale=0.1)
+    src = bp.build_metadata(spec, plan).page_src.view(spec.batch_bucket, spec.kv_bucket)
+    indptr = plan.kv_indptr_host.tolist()
+    last = max(indptr[-1] - 1, 0)
+    for r in range(b):  # naive: position indptr[r] + j, clipped to the last listed page
+        assert src[r].tolist() == [min(indptr[r] + j, last) for j in range(spec.kv_bucket)]
+    assert not src[b:].any()  # padded requests: position 0
+
+
 def test_prefill_metadata_offsets_and_padding():
     plan = make_plan(bp.PAGED, [3, 0, 5], [3, 4, 40], heads=(4, 2), dim=64)
     spec = bp.make_spec(plan, device_index=0, scale=0.1)
@@ -563,6 +578,57 @@ def test_gpu_new_composition_reuses_the_graph():
     run_and_check(second, q[:9], kv)
     after = adapter.batch_graph_cache_state()
     assert after["size"] == before["size"] and after["misses"] == before["misses"]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("seed", range(5))
+def test_gpu_decode_metadata_filled_on_the_device_matches_the_host_contract(seed):
+    from flashinfer.backends.cudnn import _batch_graphs as cg
+
+    g = torch.Generator().manual_seed(200 + seed)
+    b = int(torch.randint(1, 20, (1,), generator=g))
+    kv = torch.randint(0, 200, (b,), generator=g).tolist()
+    if seed % 2 == 0:
+        kv[int(torch.randint(0, b, (1,), generator=g))] = 0  # a request without keys
+    plan = make_plan(bp.DECODE, [1] * b, kv, page_size=8, seed=seed, device="cuda",
+                     cuda_graph=seed == 4)
+    spec = bp.make_spec(plan, device_index=torch.cuda.current_device(), scale=0.1)
+    host = bp.build_metadata(spec, plan)
+    buffers = cg._Buffers(spec, plan.device, b)
+    for name in ("seq_len_kv", "page_src", "dead_rows"):  # poison: every entry must be written
+        buffers.tensors[name].view(torch.uint8).fill_(0x7F)
+    dead = buffers.fill_decode(plan)
+    torch.cuda.synchronize()
+    assert dead == (host.num_dead > 0)
+    for name in ("seq_len_q", "seq_len_kv", "page_src"):
+        assert torch.equal(buffers.tensors[name].cpu(), getattr(host, name)), name
+    if dead or plan.cuda_graph:
+        assert torch.equal(buffers.tensors["dead_rows"][:b].cpu(), host.dead_rows[:b])
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_next_plan_of_a_wrapper_refills_its_buffers():
+    import dataclasses
+
+    from flashinfer.backends import cudnn as adapter
+
+    reusable: dict = {}
+    kept = []
+    # 12 and 10 requests share bucket 16 (both padded); 16 requests need unpadded buffers
+    for seed, b in ((11, 12), (12, 10), (13, 16)):
+        plan = make_plan(bp.DECODE, [1] * b, random_lengths(b, 250, seed=seed), heads=(8, 2),
+                         dim=128, dtype=torch.bfloat16, device="cuda", num_pages=300, seed=seed)
+        plan = dataclasses.replace(plan, reusable=reusable)
+        q, kv = cuda_inputs(plan, pool=300, seed=seed)
+        runner = run_and_check(plan, q, kv)
+        kept.append(runner.buffers)
+        assert reusable["cudnn"] is runner.buffers
+    assert kept[0] is kept[1] and kept[2] is not kept[1]
+    fresh = adapter.KERNELS.kernels[(bp.DECODE, "default")](make_plan(
+        bp.DECODE, [1] * 12, [5] * 12, heads=(8, 2), dim=128, dtype=torch.bfloat16, device="cuda"))
+    assert fresh.buffers is not kept[2]  # a plan without a wrapper's dict keeps nothing
 
 
 @pytest.mark.gpu

@@ -4,6 +4,7 @@ the fixed buffers of a CUDA-graph wrapper."""
 import pytest
 import torch
 
+from flashinfer.batch_plan import host_index_arrays
 from flashinfer.plan_upload import PlanUpload
 
 gpu = pytest.mark.gpu
@@ -64,3 +65,30 @@ def test_cuda_fixed_buffers_keep_their_addresses():
         assert out[name].data_ptr() == fixed[name].data_ptr()
     for name, t in arrays.items():
         assert torch.equal(out[name].cpu(), t), name
+
+
+def _index_mix(device):
+    g = torch.Generator().manual_seed(11)
+    host = torch.randint(0, 100, (9,), generator=g, dtype=torch.int32)
+    a = torch.randint(0, 100, (5,), generator=g, dtype=torch.int32).to(device)
+    b = torch.randint(0, 100, (3,), generator=g, dtype=torch.int32).to(device)
+    return host, a, b
+
+
+def test_host_index_arrays_are_host_snapshots():
+    host, a, b = _index_mix("cpu")
+    out = host_index_arrays(("x", host), ("a", a), ("b", b))
+    assert [t.device.type for t in out] == ["cpu"] * 3
+    assert all(torch.equal(o, t) for o, t in zip(out, (host, a, b)))
+    host.add_(1)  # the caller's array changes after plan(): the plan's copy does not
+    assert not torch.equal(out[0], host)
+    with pytest.raises(ValueError, match="b must be int32"):
+        host_index_arrays(("a", a), ("b", b.long()))
+
+
+@gpu
+def test_host_index_arrays_bring_gpu_arrays_in_one_copy():
+    host, a, b = _index_mix("cuda")
+    out = host_index_arrays(("a", a), ("x", host), ("b", b))
+    assert [t.device.type for t in out] == ["cpu"] * 3
+    assert all(torch.equal(o, t.cpu()) for o, t in zip(out, (a, host, b)))

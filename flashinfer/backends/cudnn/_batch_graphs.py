@@ -10,9 +10,15 @@ Graphs use cuDNN's padding mask (``seq_len_q`` / ``seq_len_kv``), page tables
 offsets on Q/O (prefill) and K/V (ragged op); built with heuristic A only and static shapes, as
 in :mod:`._graphs` (same handles and per-stream workspaces).
 
+Metadata: dense decode (one query row per request) writes it on the device from the plan's
+device arrays (:meth:`_Buffers.fill_decode`, four small launches); prefill and multi-query decode
+build it on the host (:func:`~.batch_plan.build_metadata`) and upload it with one non-blocking
+copy from pinned memory. A wrapper's next plan with the same graph key rewrites its previous
+plan's buffers (``BatchPlan.reusable``) instead of allocating new ones.
+
 CUDA-graph plans (``plan.cuda_graph``): the metadata buffers belong to a store keyed by the
-wrapper's fixed index buffers and are refilled in place at every plan (non-blocking copies from
-pinned memory), so a captured run replays with the new batch. The store's buckets are fixed by
+wrapper's fixed index buffers and are rewritten in place at every plan, so a captured run
+replays with the new batch. The store's buckets are fixed by
 its first plan — pages per request from the capacity of the fixed ``kv_indices`` buffer — and a
 later plan that outgrows them raises (the captured graph would be stale).
 """
@@ -20,16 +26,18 @@ later plan that outgrows them raises (the captured graph would be stale).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import threading
 from dataclasses import dataclass
 
 import cudnn
+import numpy as np
 import torch
 
 from ._graphs import _DTYPES, _LOG2E, _binding, _workspace
 from .batch_plan import (RAGGED, BatchSpec, build_metadata, byte_layout, container,
-                         fill_page_table, fits, kv_key, make_spec, unpack)
+                         fill_page_table, fits, kv_key, make_spec, metadata_layout, unpack)
 from .plan import GraphCache
 
 BATCH_GRAPHS = GraphCache(maxsize=64)
@@ -120,12 +128,12 @@ def _build(spec: BatchSpec, geometry: tuple, handle) -> Entry:
 
 class _Buffers:
     """The device memory one plan's graph reads beyond q/k/v/o, in one allocation: the packed
-    metadata (uploaded with one copy), then the page table, the stats and the decode scratch
-    rows (uninitialised: padded query rows compute nothing that is kept)."""
+    metadata (:func:`~.batch_plan.metadata_layout`), then the page table, the stats and the
+    decode scratch rows (uninitialised: padded query rows compute nothing that is kept)."""
 
-    def __init__(self, spec: BatchSpec, meta, device: torch.device, batch_size: int):
+    def __init__(self, spec: BatchSpec, device: torch.device, batch_size: int):
         self.spec = spec
-        host, layout = meta.flat, meta.layout
+        layout, nbytes = metadata_layout(spec)
         extra = {"stats": (torch.float32, spec.stats_dims())}
         if spec.page_size:
             extra["page_table"] = (torch.int32, spec.table_dims())
@@ -133,26 +141,55 @@ class _Buffers:
             io = getattr(torch, spec.dtype)
             extra["q_pad"] = (io, (spec.batch_bucket, spec.num_qo_heads, spec.head_dim_qk))
             extra["o_pad"] = (io, (spec.batch_bucket, spec.num_qo_heads, spec.head_dim_vo))
-        scratch, size = byte_layout(extra, start=host.numel())
+        scratch, size = byte_layout(extra, start=nbytes)
         self.memory = torch.empty(size, dtype=torch.uint8, device=device)
         self.tensors = unpack(self.memory, layout)
         views = unpack(self.memory, scratch)
         self.stats = views["stats"]
         self.page_table = views.get("page_table")
         self.q_pad, self.o_pad = views.get("q_pad"), views.get("o_pad")
-        self._upload(host)
+        if not spec.ragged_q:  # dense decode: one query row per request, for good
+            self.tensors["seq_len_q"].fill_(1)
 
-    def refill(self, meta) -> None:
-        """Copy a new plan's host metadata into these buffers in place (non-blocking)."""
-        self._upload(meta.flat)
-
-    def _upload(self, host: torch.Tensor) -> None:
+    def upload(self, meta) -> None:
+        """Copy a plan's host metadata (:func:`~.batch_plan.build_metadata`) into these buffers
+        (non-blocking, from pinned memory)."""
+        host = meta.flat
         dst = self.memory[:host.numel()]
         if dst.is_cuda:
             dst.copy_(_staged(dst.device, host), non_blocking=True)
             _STAGING[dst.device][1].record()
         else:
             dst.copy_(host)
+
+    def fill_decode(self, plan) -> bool:
+        """Dense decode: the metadata :func:`~.batch_plan.build_metadata` describes, written on
+        the device from the plan's device arrays (4 small launches; no host metadata and no
+        second upload, the larger part of a decode plan's host time). Returns whether a
+        request has no key (its rows are then cleared)."""
+        spec, t = self.spec, self.tensors
+        b, bb, pb = plan.batch_size, spec.batch_bucket, spec.kv_bucket
+        seq_kv = t["seq_len_kv"].view(bb)
+        torch.clamp(plan.kv_lens, min=1, out=seq_kv[:b])  # no key: runs on one, then cleared
+        pos = t["page_src"].view(bb, pb)
+        torch.add(plan.kv_indptr[:-1, None], _device_arange(plan.device, pb), out=pos[:b])
+        indptr = plan.kv_indptr_host.numpy()
+        last = max(int(indptr[-1]) - 1, 0)
+        first = int(np.searchsorted(indptr[:-1], last - pb + 1, side="right"))
+        if first < b:  # rows running past the last listed page (padding, never read)
+            pos[first:b].clamp_(max=last)
+        if b < bb:  # padded requests: one key, position 0
+            seq_kv[b:].fill_(1)
+            pos[b:].zero_()
+        dead = bool((plan.kv_lens_host.numpy() == 0).any())
+        if dead or plan.cuda_graph:
+            torch.eq(plan.kv_lens, 0, out=t["dead_rows"][:b])
+        return dead
+
+
+@functools.lru_cache(maxsize=64)
+def _device_arange(device: torch.device, n: int) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.int32, device=device)
 
 
 #: device -> (pinned uint8 host buffer, event recorded after its last copy was queued)
@@ -173,7 +210,9 @@ def _staged(device: torch.device, flat: torch.Tensor) -> torch.Tensor:
     else:
         entry[1].synchronize()
     staging = entry[0][:flat.numel()]
-    staging.copy_(flat)
+    # numpy, not Tensor.copy_: on a many-core host torch splits a copy of this size (tens of KB)
+    # over its thread pool, and waking the pool cost ~0.35 ms a plan on the H200's host
+    np.copyto(staging.numpy(), flat.numpy())
     return staging
 
 
@@ -262,6 +301,17 @@ def _capacity_pages(plan) -> int:
     return max(1, t.untyped_storage().nbytes() // t.element_size() - t.storage_offset())
 
 
+def _reused_buffers(plan, spec: BatchSpec) -> _Buffers | None:
+    """The buffers the wrapper's previous plan left in ``plan.reusable``, when they have this
+    plan's layout (same graph key and the same decode padding): refilled instead of allocated,
+    which saves most of the planner's host time."""
+    kept = plan.reusable.get("cudnn") if plan.reusable is not None else None
+    if kept is None or kept.spec != spec:  # the spec holds the device index
+        return None
+    padded = not spec.ragged_q and spec.batch_bucket > plan.batch_size
+    return kept if (kept.q_pad is not None) == padded else None
+
+
 def plan(plan) -> BatchRunner:
     """The planner: bucket, fill the metadata buffers, return the runner (no graph build here
     when the bucket and the KV operands were seen before)."""
@@ -270,8 +320,11 @@ def plan(plan) -> BatchRunner:
     min_kv = _capacity_pages(plan) if plan.cuda_graph and plan.op != RAGGED else 1
     spec = make_spec(plan, device_index=index, scale=plan.sm_scale, min_kv=min_kv)
     if not plan.cuda_graph:
-        meta = build_metadata(spec, plan)
-        buffers = _Buffers(spec, meta, device, plan.batch_size)
+        buffers = _reused_buffers(plan, spec)
+        if buffers is None:
+            buffers = _Buffers(spec, device, plan.batch_size)
+            if plan.reusable is not None:
+                plan.reusable["cudnn"] = buffers
     else:
         key = (plan.op, index, plan.qo_indptr.data_ptr(), plan.kv_indptr.data_ptr())
         with _stores_lock:
@@ -287,16 +340,18 @@ def plan(plan) -> BatchRunner:
                     f"qo_len {plan.max_qo_len}) outgrows the buckets its wrapper was first planned "
                     f"with ({buffers.spec.describe()}); a captured run would be stale. Plan the "
                     f"largest batch first, or use a new wrapper.")
-            if buffers is not None:
-                spec = buffers.spec
-                meta = build_metadata(spec, plan)
-                buffers.refill(meta)
-            else:
-                meta = build_metadata(spec, plan)
-                buffers = _stores[key] = _Buffers(spec, meta, device, plan.batch_size)
+            if buffers is None:
+                buffers = _stores[key] = _Buffers(spec, device, plan.batch_size)
+            spec = buffers.spec
+    if not spec.ragged_q:
+        dead = buffers.fill_decode(plan)
+    else:
+        meta = build_metadata(spec, plan)
+        buffers.upload(meta)
+        dead = meta.num_dead > 0
     if spec.page_size:
         fill_page_table(buffers.page_table, buffers.tensors["page_src"], plan.kv_indices)
-    return BatchRunner(plan, spec, buffers, meta.num_dead > 0)
+    return BatchRunner(plan, spec, buffers, dead)
 
 
 def state() -> dict:

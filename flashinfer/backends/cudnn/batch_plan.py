@@ -8,7 +8,8 @@ cuDNN graphs are built for static shapes (see :mod:`._graphs`) and a build costs
 graph must not depend on the batch composition. A :class:`BatchSpec` (the graph-cache key) holds
 only *buckets*: the batch size and, per request, the longest query run and the number of pages
 (or KV rows) are rounded up to powers of two. The real lengths travel in device tensors that
-the planner fills (:func:`build_metadata`), padded to the bucket:
+the planner fills, padded to the bucket (:func:`build_metadata` states the contents; dense
+decode writes the same on the device, see ``_batch_graphs._Buffers.fill_decode``):
 
 * ``seq_len_q`` / ``seq_len_kv`` ``[Bb, 1, 1, 1]`` int32 (cuDNN padding mask);
 * ``page_table`` ``[Bb, 1, Pb, 1]`` int32 (paged ops): request ``b``'s pages, then the batch's
@@ -210,6 +211,13 @@ def metadata_layout(spec: BatchSpec) -> tuple[dict, int]:
 _NP = {torch.int32: np.int32, torch.int64: np.int64, torch.bool: np.bool_}
 
 
+@functools.lru_cache(maxsize=64)
+def _arange(n: int) -> np.ndarray:
+    a = np.arange(n, dtype=np.int32)
+    a.flags.writeable = False  # shared between plans
+    return a
+
+
 def build_metadata(spec: BatchSpec, plan) -> Metadata:
     """The padded per-request metadata of ``plan`` for the buckets of ``spec``, written straight
     into one packed host buffer (numpy views; a batch of 64 costs a few tens of microseconds)."""
@@ -236,8 +244,11 @@ def build_metadata(spec: BatchSpec, plan) -> Metadata:
         # request b's pages, then (padding, never read: past seq_len_kv) the positions that
         # follow, clipped to the last listed page: every entry is a valid page
         src = views["page_src"].reshape(bb, spec.kv_bucket)[:b]
-        np.add(kv_indptr[:-1, None], np.arange(spec.kv_bucket, dtype=np.int32), out=src)
-        np.minimum(src, max(int(kv_indptr[-1]) - 1, 0), out=src)
+        np.add(kv_indptr[:-1, None], _arange(spec.kv_bucket), out=src)
+        # only the trailing requests, whose row runs past the last page, need the clip
+        last_page = max(int(kv_indptr[-1]) - 1, 0)
+        first = int(np.searchsorted(kv_indptr[:-1], last_page - spec.kv_bucket + 1, side="right"))
+        np.minimum(src[first:], last_page, out=src[first:])
     else:
         # every request reads at least one row: an empty or padded one reads row 0 (valid)
         starts = np.where(kv_lens == 0, 0, kv_indptr[:-1])
