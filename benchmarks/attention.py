@@ -6,7 +6,9 @@
 The runner uses only the upstream-compatible wrapper API, so the same file measures upstream
 FlashInfer when its package is first on PYTHONPATH (run it in a separate process; both packages
 are named ``flashinfer``). Shapes are in the tables below. Timing: back-to-back eager ``run()``
-calls between CUDA events, median of ``--iters`` groups; ``plan()`` host time median of 10.
+calls between CUDA events, median of ``--iters`` groups; ``plan()`` host time median of 30
+(``plan_ms``: page ids on the device, as an engine keeps them; decode also ``plan_host_indices_ms``
+with every index array on the host).
 Decode reports KV bytes read per second (ceiling 4.1 TB/s); prefill reports TFLOP/s of the
 visible (causal) query-key pairs (ceiling 774 bf16).
 """
@@ -50,7 +52,9 @@ def _time_eager(fn, iters: int, reps: int = 10) -> float:
     return statistics.median(times)
 
 
-def _time_host(fn, n: int = 10) -> float:
+def _time_host(fn, n: int = 30) -> float:
+    for _ in range(3):
+        fn()
     times = []
     for _ in range(n):
         torch.cuda.synchronize()
@@ -90,7 +94,11 @@ def bench_decode(batch, kv_len, kv_dtype, backend, iters):
     scale = {} if kv_dtype == torch.bfloat16 else {"k_scale": 0.5, "v_scale": 0.5}
     ms = _time_eager(lambda: w.run(q, cache, **scale), iters)
     kv_bytes = 2 * batch * kv_len * HKV * D * cache.element_size()
+    indices_host = indices.cpu()
     entry = {"ms": ms, "tb_per_s": kv_bytes / ms / 1e9, "plan_ms": _time_host(plan),
+             "plan_host_indices_ms": _time_host(lambda: w.plan(
+                 indptr, indices_host, last, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16,
+                 kv_data_type=kv_dtype)),
              "first_plan_run_s": first, "chosen": getattr(getattr(w, "decision", None), "name", None)}
     try:  # GPU time alone: a use_cuda_graph wrapper's run() captured once, replayed
         graph_ms = _time_graph_decode(cache, indices, indptr, last, q, kv_dtype, backend, scale, iters)
@@ -153,6 +161,18 @@ def bench_prefill(kind, requests, tokens, backend, iters):
             "first_plan_run_s": first, "chosen": getattr(getattr(w, "decision", None), "name", None)}
 
 
+def _describe(kind: str, entry: dict) -> str:
+    if "ms" not in entry:
+        return entry["error"]
+    rate = entry.get("tb_per_s") or entry.get("tflops")
+    graph = f" graph {entry['graph_ms']:.4f} ms" if "graph_ms" in entry else ""
+    host = (f" (host indices {entry['plan_host_indices_ms']:.3f})"
+            if "plan_host_indices_ms" in entry else "")
+    return (f"{entry['ms']:8.4f} ms{graph} {rate:7.2f} {'TB/s' if kind == 'decode' else 'TFLOP/s'} "
+            f"plan {entry['plan_ms']:.3f} ms{host} first {entry['first_plan_run_s']:.2f} s "
+            f"-> {entry['chosen']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -174,7 +194,7 @@ def main() -> None:
            "shapes": {"num_qo_heads": HQ, "num_kv_heads": HKV, "head_dim": D, "page_size": PAGE},
            "timing": "eager back-to-back run() between CUDA events, median (ms); decode also graph_ms: "
                      "a use_cuda_graph wrapper's run() captured once and replayed (GPU time); plan() "
-                     "host time median of 10",
+                     "host time median of 30 after 3 warm-up calls",
            "results": results}
     for kind, a, b, kv_dtype in cases:
         name = (f"decode B={a} kv={b} {str(kv_dtype)[6:]}" if kind == "decode"
@@ -189,12 +209,7 @@ def main() -> None:
             except Exception as exc:  # a backend that cannot run a case is a finding
                 entry = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
             point["backends"][backend] = entry
-            rate = entry.get("tb_per_s") or entry.get("tflops")
-            graph = f" graph {entry['graph_ms']:.4f} ms" if "graph_ms" in entry else ""
-            print(f"{name:<34} {backend:<20} " + (f"{entry['ms']:8.4f} ms{graph} {rate:7.2f} "
-                  f"{'TB/s' if kind == 'decode' else 'TFLOP/s'} plan {entry['plan_ms']:.3f} ms "
-                  f"first {entry['first_plan_run_s']:.2f} s -> {entry['chosen']}"
-                  if "ms" in entry else entry["error"]), flush=True)
+            print(f"{name:<34} {backend:<20} {_describe(kind, entry)}", flush=True)
             torch.cuda.empty_cache()
         results.append(point)
         with open(args.out, "w") as f:  # after every case: a run cut short keeps what it measured
