@@ -52,7 +52,10 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--shapes", default="", help="e.g. '512x16,1024x16' (default: the sweep)")
     args = ap.parse_args()
+    shapes = ([tuple(map(int, s.split("x"))) for s in args.shapes.split(",")] if args.shapes
+              else SHAPES)
     saved = ts.LAUNCH_SHAPE
     doc = {"command": "python " + " ".join(sys.argv),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -63,7 +66,7 @@ def main() -> None:
         for name, fn in cases.items():
             ts.LAUNCH_SHAPE = saved
             row = {"batch": batch, "case": name, "current_us": 1e3 * graph_ms([None], lambda a, b: fn(), "", args.iters), "shapes": {}}
-            for shape in SHAPES:
+            for shape in shapes:
                 ts.LAUNCH_SHAPE = shape
                 try:
                     row["shapes"][str(shape)] = 1e3 * graph_ms([None], lambda a, b: fn(), "", args.iters)

@@ -87,6 +87,17 @@ def _quarter(r0, r1, r2, r3, qq: tl.constexpr):
 
 
 @triton.jit
+def _load_chunk(row_ptr, start, lane, V, NEG: tl.constexpr, Q: tl.constexpr):
+    """The four [Q] quarters of the chunk at ``start`` (``NEG`` past the row's end), as stored."""
+    o = start + lane
+    x0 = tl.load(row_ptr + o, mask=o < V, other=NEG)
+    x1 = tl.load(row_ptr + o + Q, mask=o + Q < V, other=NEG)
+    x2 = tl.load(row_ptr + o + 2 * Q, mask=o + 2 * Q < V, other=NEG)
+    x3 = tl.load(row_ptr + o + 3 * Q, mask=o + 3 * Q < V, other=NEG)
+    return x0, x1, x2, x3
+
+
+@triton.jit
 def _ord(x):
     """fp32 -> int32 whose signed order is the float order (NaN aside)."""
     b = x.to(tl.int32, bitcast=True)
@@ -166,38 +177,43 @@ def _mid(a, b):
 @triton.jit
 def _consume(x, mask, offs, rbits, lo, ta, tb, mass_w, piv, acc_c, acc_m, best_k, best_i,
              pbest_k, pbest_i, samp_k, samp_v, DRAW: tl.constexpr, COUNT: tl.constexpr,
-             MASS: tl.constexpr):
+             MASS: tl.constexpr, FILTER: tl.constexpr):
     """Fold one [Q] chunk into the pivot counters, the per-lane race winners over ``{x > lo}``
     and over each ``{x > pivot}`` (DRAW; one key per token), and the per-lane sample of the open
-    bracket (ta, tb) (weight x if mass_w else 1)."""
-    gt = (x[None, :] > piv[:, None]) & mask[None, :]
-    if COUNT:
-        acc_c += gt.to(tl.int32)
-    if MASS:
-        acc_m += tl.where(gt, x[None, :], 0.0)
+    bracket (ta, tb) (weight x if mass_w else 1). Without FILTER (no keep rule) only the race
+    over ``{x > lo}`` runs: the pivots decide nothing."""
     e = -tl.log(uint_to_uniform_float(rbits))
+    if FILTER:
+        gt = (x[None, :] > piv[:, None]) & mask[None, :]
+        if COUNT:
+            acc_c += gt.to(tl.int32)
+        if MASS:
+            acc_m += tl.where(gt, x[None, :], 0.0)
     if DRAW:
         key0 = tl.fdiv(x, e, ieee_rounding=False)
         key = tl.where(mask & (x > lo), key0, -1.0)
         better = key > best_k
         best_k = tl.where(better, key, best_k)
         best_i = tl.where(better, offs, best_i)
-        pkey = tl.where(gt, key0[None, :], -1.0)
-        pbetter = pkey > pbest_k
-        pbest_k = tl.where(pbetter, pkey, pbest_k)
-        pbest_i = tl.where(pbetter, offs[None, :], pbest_i)
-    w = tl.where(mass_w != 0, x, 1.0)
-    key2 = tl.where(mask & (x > ta) & (x < tb), tl.fdiv(w, e, ieee_rounding=False), -1.0)
-    better2 = key2 > samp_k
-    samp_k = tl.where(better2, key2, samp_k)
-    samp_v = tl.where(better2, x, samp_v)
+        if FILTER:
+            pkey = tl.where(gt, key0[None, :], -1.0)
+            pbetter = pkey > pbest_k
+            pbest_k = tl.where(pbetter, pkey, pbest_k)
+            pbest_i = tl.where(pbetter, offs[None, :], pbest_i)
+    if FILTER:
+        w = tl.where(mass_w != 0, x, 1.0)
+        key2 = tl.where(mask & (x > ta) & (x < tb), tl.fdiv(w, e, ieee_rounding=False), -1.0)
+        better2 = key2 > samp_k
+        samp_k = tl.where(better2, key2, samp_k)
+        samp_v = tl.where(better2, x, samp_v)
     return acc_c, acc_m, best_k, best_i, pbest_k, pbest_i, samp_k, samp_v
 
 
 @triton.jit
 def _row_pass(row_ptr, V, lo, ta, tb, mass_w, piv, seed, c1, c2, c3, NEG: tl.constexpr,
               DRAW: tl.constexpr, COUNT: tl.constexpr, MASS: tl.constexpr,
-              NP: tl.constexpr, Q: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
+              FILTER: tl.constexpr, NP: tl.constexpr, Q: tl.constexpr,
+              PHILOX_ROUNDS: tl.constexpr):
     """One read of a row: counts/masses above ``piv``, race winner over ``{x > lo}``, per-lane
     bracket sample, and the row's max, sum, count above NEG and a bad flag (NaN or below NEG)."""
     acc_c = tl.zeros([NP, Q], tl.int32)
@@ -213,22 +229,27 @@ def _row_pass(row_ptr, V, lo, ta, tb, mass_w, piv, seed, c1, c2, c3, NEG: tl.con
     npos = tl.zeros([Q], tl.int32)
     bad = tl.zeros([Q], tl.int32)
     lane = tl.arange(0, Q)
+    # the four quarters of the next chunk are loaded while this one is consumed (a load in
+    # flight per lane and quarter is all that hides memory latency at one program per row)
+    x0, x1, x2, x3 = _load_chunk(row_ptr, 0, lane, V, NEG, Q)
     for start in range(0, V, 4 * Q):
+        n0, n1, n2, n3 = _load_chunk(row_ptr, start + 4 * Q, lane, V, NEG, Q)
         cnt = (start // 4 + lane).to(tl.uint32)
         r0, r1, r2, r3 = philox(seed, cnt, cnt * 0 + c1, cnt * 0 + c2, cnt * 0 + c3,
                                 PHILOX_ROUNDS)
         for qq in tl.static_range(4):
             offs = start + qq * Q + lane
             mask = offs < V
-            x = tl.load(row_ptr + offs, mask=mask, other=NEG).to(tl.float32)
+            x = _quarter(x0, x1, x2, x3, qq).to(tl.float32)
             rb = _quarter(r0, r1, r2, r3, qq)
             acc_c, acc_m, best_k, best_i, pbest_k, pbest_i, samp_k, samp_v = _consume(
                 x, mask, offs, rb, lo, ta, tb, mass_w, piv, acc_c, acc_m, best_k, best_i,
-                pbest_k, pbest_i, samp_k, samp_v, DRAW, COUNT, MASS)
+                pbest_k, pbest_i, samp_k, samp_v, DRAW, COUNT, MASS, FILTER)
             mx = tl.maximum(mx, tl.where(mask, x, float("-inf")))
             sm += tl.where(mask & (x > NEG), x, 0.0)
             npos += (mask & (x > NEG)).to(tl.int32)
             bad |= (mask & ((x != x) | (x < NEG))).to(tl.int32)
+        x0, x1, x2, x3 = n0, n1, n2, n3
     c = tl.sum(acc_c, axis=1)
     m = tl.sum(acc_m, axis=1)
     bk = tl.max(best_k, axis=0)
@@ -279,7 +300,8 @@ def sample_probs_kernel(probs, out, valid, idx_ptr, k_ptr, p_ptr, mp_ptr, k_val,
                         R, V, stride_row,
                         HAS_IDX: tl.constexpr, K_T: tl.constexpr, P_T: tl.constexpr,
                         MP_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
-                        HAS_MP: tl.constexpr, JOINT: tl.constexpr, SEED_T: tl.constexpr,
+                        HAS_MP: tl.constexpr, FILTER: tl.constexpr, JOINT: tl.constexpr,
+                        SEED_T: tl.constexpr,
                         OFF_T: tl.constexpr, NP: tl.constexpr, CH: tl.constexpr,
                         Q: tl.constexpr, MAX_ROUNDS: tl.constexpr,
                         PHILOX_ROUNDS: tl.constexpr):
@@ -354,7 +376,7 @@ def sample_probs_kernel(probs, out, valid, idx_ptr, k_ptr, p_ptr, mp_ptr, k_val,
         c2 = (rnd.to(tl.uint32) & 0xFF) | (off_hi << 16)
         c, m, bk, bi, pbk, pbi, samp_k, samp_v, mx, sm, npos, bad = _row_pass(
             row_ptr, V, lo, ta, tb, mass_w, piv, seed, i.to(tl.uint32), c2, off_lo, 0.0,
-            True, HAS_K, HAS_P, NP, Q, PHILOX_ROUNDS)
+            True, HAS_K, HAS_P, FILTER, NP, Q, PHILOX_ROUNDS)
         if rnd == 0:
             rmax = mx
             s_all = sm
@@ -402,7 +424,7 @@ def sample_probs_kernel(probs, out, valid, idx_ptr, k_ptr, p_ptr, mp_ptr, k_val,
         at_lo = piv == lo
         lo_key = tl.max(tl.where(at_lo, pbk, -1.0), axis=0)
         lo_idx = tl.min(tl.where(at_lo & (pbk == lo_key), pbi, INT_MAX), axis=0)
-        use_lo = tl.max(at_lo.to(tl.int32), axis=0) > 0
+        use_lo = (tl.max(at_lo.to(tl.int32), axis=0) > 0) & FILTER  # no rule: no pivot race
         bk = tl.where(use_lo, lo_key, bk)
         bi = tl.where(use_lo, lo_idx, bi)
         bi_c = tl.minimum(tl.maximum(bi, 0), V - 1)
@@ -485,7 +507,7 @@ def threshold_kernel(src, dst, k_ptr, p_ptr, k_val, p_val, V, stride_src, stride
         piv = _pivots(lo, hi, _mid(lo, hi), samp, NP)
         c, m, bk, bi, pbk, pbi, samp_k, samp_v, mx, sm, npos, bad = _row_pass(
             src_row, V, lo, lo, hi, mass_w, piv, 0x5EED, row.to(tl.uint32),
-            rnd.to(tl.uint32), 0, NEG, False, True, not IS_LOGITS, NP, Q, PHILOX_ROUNDS)
+            rnd.to(tl.uint32), 0, NEG, False, True, not IS_LOGITS, True, NP, Q, PHILOX_ROUNDS)
         if rnd == 0:
             row_bad = bad
             rmax = mx
@@ -588,7 +610,10 @@ def logits_sample_kernel(logits, out, idx_ptr, seed_ptr, off_ptr, seed_val, off_
     best_i = tl.zeros([Q], tl.int32)
     bad = tl.zeros([Q], tl.int32)
     c2 = off_hi << 16
+    row_ptr = logits + row * stride_row
+    x0, x1, x2, x3 = _load_chunk(row_ptr, 0, lane, V, float("-inf"), Q)
     for start in range(0, V, 4 * Q):
+        n0, n1, n2, n3 = _load_chunk(row_ptr, start + 4 * Q, lane, V, float("-inf"), Q)
         cnt = (start // 4 + lane).to(tl.uint32)
         r0, r1, r2, r3 = philox(seed, cnt, cnt * 0 + i.to(tl.uint32), cnt * 0 + c2,
                                 cnt * 0 + off_lo, PHILOX_ROUNDS)
@@ -596,14 +621,14 @@ def logits_sample_kernel(logits, out, idx_ptr, seed_ptr, off_ptr, seed_val, off_
             rb = _quarter(r0, r1, r2, r3, qq)
             offs = start + qq * Q + lane
             mask = offs < V
-            x = tl.load(logits + row * stride_row + offs, mask=mask,
-                        other=float("-inf")).to(tl.float32)
+            x = _quarter(x0, x1, x2, x3, qq).to(tl.float32)
             key = x - tl.log(-tl.log(uint_to_uniform_float(rb)))
             key = tl.where(mask & (x == x), key, float("-inf"))
             better = key > best_k
             best_k = tl.where(better, key, best_k)
             best_i = tl.where(better, offs, best_i)
             bad |= (mask & (x != x)).to(tl.int32)
+        x0, x1, x2, x3 = n0, n1, n2, n3
     bk = tl.max(best_k, axis=0)
     res = tl.min(tl.where(best_k == bk, best_i, INT_MAX), axis=0)
     good = row_ok & (tl.max(bad, axis=0) == 0) & (bk > float("-inf"))
