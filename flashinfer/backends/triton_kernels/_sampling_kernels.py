@@ -212,10 +212,11 @@ def _consume(x, mask, offs, rbits, lo, ta, tb, mass_w, piv, acc_c, acc_m, best_k
 @triton.jit
 def _row_pass(row_ptr, V, lo, ta, tb, mass_w, piv, seed, c1, c2, c3, NEG: tl.constexpr,
               DRAW: tl.constexpr, COUNT: tl.constexpr, MASS: tl.constexpr,
-              FILTER: tl.constexpr, NP: tl.constexpr, Q: tl.constexpr,
+              FILTER: tl.constexpr, TOP4: tl.constexpr, NP: tl.constexpr, Q: tl.constexpr,
               PHILOX_ROUNDS: tl.constexpr):
     """One read of a row: counts/masses above ``piv``, race winner over ``{x > lo}``, per-lane
-    bracket sample, and the row's max, sum, count above NEG and a bad flag (NaN or below NEG)."""
+    bracket sample, the row's max, sum, count above NEG and a bad flag (NaN or below NEG), and
+    (TOP4) each lane's four largest values, ``[Q]`` each, largest first (``mx`` is the first)."""
     acc_c = tl.zeros([NP, Q], tl.int32)
     acc_m = tl.zeros([NP, Q], tl.float32)
     best_k = tl.full([Q], -1.0, tl.float32)
@@ -225,6 +226,9 @@ def _row_pass(row_ptr, V, lo, ta, tb, mass_w, piv, seed, c1, c2, c3, NEG: tl.con
     samp_k = tl.full([Q], -1.0, tl.float32)
     samp_v = tl.zeros([Q], tl.float32)
     mx = tl.full([Q], float("-inf"), tl.float32)
+    top1 = mx
+    top2 = mx
+    top3 = mx
     sm = tl.zeros([Q], tl.float32)
     npos = tl.zeros([Q], tl.int32)
     bad = tl.zeros([Q], tl.int32)
@@ -245,7 +249,17 @@ def _row_pass(row_ptr, V, lo, ta, tb, mass_w, piv, seed, c1, c2, c3, NEG: tl.con
             acc_c, acc_m, best_k, best_i, pbest_k, pbest_i, samp_k, samp_v = _consume(
                 x, mask, offs, rb, lo, ta, tb, mass_w, piv, acc_c, acc_m, best_k, best_i,
                 pbest_k, pbest_i, samp_k, samp_v, DRAW, COUNT, MASS, FILTER)
-            mx = tl.maximum(mx, tl.where(mask, x, float("-inf")))
+            xv = tl.where(mask, x, float("-inf"))
+            if TOP4:  # insertion into the lane's sorted four (max / min exchanges)
+                down = tl.minimum(mx, xv)
+                mx = tl.maximum(mx, xv)
+                nxt = tl.minimum(top1, down)
+                top1 = tl.maximum(top1, down)
+                down = tl.minimum(top2, nxt)
+                top2 = tl.maximum(top2, nxt)
+                top3 = tl.maximum(top3, down)
+            else:
+                mx = tl.maximum(mx, xv)
             sm += tl.where(mask & (x > NEG), x, 0.0)
             npos += (mask & (x > NEG)).to(tl.int32)
             bad |= (mask & ((x != x) | (x < NEG))).to(tl.int32)
@@ -257,7 +271,37 @@ def _row_pass(row_ptr, V, lo, ta, tb, mass_w, piv, seed, c1, c2, c3, NEG: tl.con
     pbk = tl.max(pbest_k, axis=1)
     pbi = tl.min(tl.where(pbest_k == pbk[:, None], pbest_i, INT_MAX), axis=1)
     return (c, m, bk, bi, pbk, pbi, samp_k, samp_v, tl.max(mx, axis=0), tl.sum(sm, axis=0),
-            tl.sum(npos, axis=0), tl.max(bad, axis=0))
+            tl.sum(npos, axis=0), tl.max(bad, axis=0), mx, top1, top2, top3)
+
+
+@triton.jit
+def _top_k_pivots(top0, top1, top2, top3, k, top_p, s_all, k_first, p_on, NP: tl.constexpr,
+                  Q: tl.constexpr):
+    """Pivot slots 1-4 from the lanes' four largest values (``4 Q`` candidates that, for a small
+    ``k``, almost surely hold the row's top k): ``(t - 1 ulp, t)`` for ``t`` the k-th largest
+    candidate (the top-k boundary) and ``(v - 1 ulp, v)`` for ``v`` the smallest candidate top-p
+    keeps (inside the top k; reference mass: the candidates' top-k mass when top-k comes first,
+    else the row's sum). When the candidates do hold the top k, the next pass's counts and masses
+    at these pivots decide both boundaries exactly and its draw comes from the kept set. Slots
+    that are not usable, and all others: NaN. (Pivots never change the result, only the speed.)"""
+    cand = tl.reshape(tl.join(tl.join(top0, top1), tl.join(top2, top3)), [4 * Q])
+    srt = tl.sort(cand, descending=True)
+    pos = tl.arange(0, 4 * Q)
+    live = srt > 0.0
+    t_k = tl.sum(tl.where(pos == k - 1, srt, 0.0), axis=0)
+    in_k = live & (pos < k)
+    s_ref = tl.where(k_first, tl.sum(tl.where(in_k, srt, 0.0), axis=0), s_all)
+    mass = tl.where(live, srt, 0.0)
+    above = tl.cumsum(mass, axis=0) - mass  # candidate mass strictly before each position
+    j_p = tl.max(tl.where(in_k & (above < top_p * s_ref), pos, -1), axis=0)
+    v_p = tl.sum(tl.where(pos == j_p, srt, 0.0), axis=0)
+    j = tl.arange(0, NP)
+    val = tl.where(j <= 2, t_k, v_p)
+    usable = tl.where(j <= 2, t_k > 0.0, p_on & (j_p >= 0) & (v_p > 0.0))
+    val = tl.where(usable, val, float("nan"))
+    down = (val.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True)  # > 0: 1 ulp down
+    val = tl.where((j % 2) == 1, down, val)
+    return tl.where((j >= 1) & (j <= 4), val, float("nan"))
 
 
 @triton.jit
@@ -374,9 +418,9 @@ def sample_probs_kernel(probs, out, valid, idx_ptr, k_ptr, p_ptr, mp_ptr, k_val,
         first = tl.where(pend != 0, pend_val, _mid(ta, tb))
         piv = _pivots(ta, tb, first, samp, NP)
         c2 = (rnd.to(tl.uint32) & 0xFF) | (off_hi << 16)
-        c, m, bk, bi, pbk, pbi, samp_k, samp_v, mx, sm, npos, bad = _row_pass(
+        c, m, bk, bi, pbk, pbi, samp_k, samp_v, mx, sm, npos, bad, t0, t1, t2, t3 = _row_pass(
             row_ptr, V, lo, ta, tb, mass_w, piv, seed, i.to(tl.uint32), c2, off_lo, 0.0,
-            True, HAS_K, HAS_P, FILTER, NP, Q, PHILOX_ROUNDS)
+            True, HAS_K, HAS_P, FILTER, HAS_K, NP, Q, PHILOX_ROUNDS)
         if rnd == 0:
             rmax = mx
             s_all = sm
@@ -439,6 +483,13 @@ def sample_probs_kernel(probs, out, valid, idx_ptr, k_ptr, p_ptr, mp_ptr, k_val,
         pend = tl.where(n_pend, 1, pend)
         if done == 0:
             samp = _sample_pivots(samp_k, samp_v, na, nb, frac, NP, Q, CH)
+            # small k (<= Q / 4: a lane then holds more than four of the top k with a chance
+            # below 1e-5): the lanes' top four place pivots at both boundaries instead of two
+            # of the three sample pairs; a larger k keeps the sample pairs (the candidates
+            # would miss part of the top k and mislead the search)
+            if HAS_K:
+                cand = _top_k_pivots(t0, t1, t2, t3, k, top_p, s_all, k_first, p_on, NP, Q)
+                samp = tl.where(k_on & (k <= Q // 4) & (cand == cand), cand, samp)
         rnd += 1
     if done == 0:  # round budget spent (not reached in exact arithmetic): a kept arg-max token
         best = tl.full([4 * Q], float("-inf"), tl.float32)
@@ -505,9 +556,10 @@ def threshold_kernel(src, dst, k_ptr, p_ptr, k_val, p_val, V, stride_src, stride
     rnd = tl.zeros([], tl.int32)
     while (exact == 0) & (rnd < MAX_ROUNDS):
         piv = _pivots(lo, hi, _mid(lo, hi), samp, NP)
-        c, m, bk, bi, pbk, pbi, samp_k, samp_v, mx, sm, npos, bad = _row_pass(
+        c, m, bk, bi, pbk, pbi, samp_k, samp_v, mx, sm, npos, bad, t0, t1, t2, t3 = _row_pass(
             src_row, V, lo, lo, hi, mass_w, piv, 0x5EED, row.to(tl.uint32),
-            rnd.to(tl.uint32), 0, NEG, False, True, not IS_LOGITS, True, NP, Q, PHILOX_ROUNDS)
+            rnd.to(tl.uint32), 0, NEG, False, True, not IS_LOGITS, True, False, NP, Q,
+            PHILOX_ROUNDS)
         if rnd == 0:
             row_bad = bad
             rmax = mx
