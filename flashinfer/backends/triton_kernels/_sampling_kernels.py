@@ -27,6 +27,12 @@ runs *rounds*, each exactly one pass over the row, which
 
 Round 0's sample slots are the grid ``4**j / (4 V)`` (the scale of a normalised row).
 
+Small top-k (``k <= Q / 4``): every pass also keeps each lane's four largest values (insertion by
+min / max exchanges). Their ``4 Q`` values hold the row's top k but for a ~1e-5 fraction of rows;
+the k-th largest of them and the top-p boundary computed among them replace two of the three
+sample pairs, so the next pass decides both boundaries exactly and its draw (the race over
+``{p > lo}`` for the new ``lo``) comes from the kept set: top-k-then-top-p in two passes.
+
 The output is the first accepted candidate in round order. Each candidate is drawn with fresh
 randomness from a superset of the kept set that depends only on earlier rounds, and it is
 accepted iff it is kept, so given acceptance it is distributed exactly as ``p`` renormalised on
@@ -42,8 +48,8 @@ Worst case: the midpoint pivot halves the bracket's ordered-int width (< 2**31) 
 bracket is exact after <= 31 rounds, after which the next draw is accepted. top-k-first resolves
 two brackets: <= 1 + 31 + 31 + 2 = 65 rounds (``MAX_ROUNDS = 66``; a fallback pass returning the
 arg-max follows, unreachable in exact arithmetic). Measured under the interpreter on softmax of
-Gaussian logits, V = 32768: top-p 0.9 and min-p 1-2 passes, top-k 50 2-4, top-k 50 then top-p
-0.9 2-5 (the flattest rows need the most), top-k 1000 + top-p 5-6. No sort, one launch, no host
+Gaussian logits, V = 32768: top-p 0.9 and min-p 1-2 passes, top-k 50 then top-p 0.9 1-2 (2-4
+before the lanes' top four), top-k 1000 then top-p 1-6 (mean 3.6). No sort, one launch, no host
 synchronisation, nothing allocated.
 
 RNG: Philox4x32 (``triton.language.random.philox``, ``PHILOX_ROUNDS`` rounds) keyed on the seed,
