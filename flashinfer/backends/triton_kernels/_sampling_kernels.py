@@ -293,21 +293,22 @@ def _top_k_pivots(top0, top1, top2, top3, k, top_p, s_all, k_first, p_on, NP: tl
     cand = tl.reshape(tl.join(tl.join(top0, top1), tl.join(top2, top3)), [4 * Q])
     srt = tl.sort(cand, descending=True)
     pos = tl.arange(0, 4 * Q)
-    live = srt > 0.0
-    t_k = tl.sum(tl.where(pos == k - 1, srt, 0.0), axis=0)
+    live = srt > float("-inf")  # -inf: a lane that saw fewer than four tokens
+    t_k = tl.max(tl.where(pos == k - 1, srt, float("-inf")), axis=0)
     in_k = live & (pos < k)
-    s_ref = tl.where(k_first, tl.sum(tl.where(in_k, srt, 0.0), axis=0), s_all)
-    mass = tl.where(live, srt, 0.0)
+    mass = tl.where(live, srt, 0.0)  # probabilities only (top-p)
+    s_ref = tl.where(k_first, tl.sum(tl.where(in_k, mass, 0.0), axis=0), s_all)
     above = tl.cumsum(mass, axis=0) - mass  # candidate mass strictly before each position
     j_p = tl.max(tl.where(in_k & (above < top_p * s_ref), pos, -1), axis=0)
-    v_p = tl.sum(tl.where(pos == j_p, srt, 0.0), axis=0)
+    v_p = tl.max(tl.where(pos == j_p, srt, float("-inf")), axis=0)
     j = tl.arange(0, NP)
     val = tl.where(j <= 2, t_k, v_p)
-    usable = tl.where(j <= 2, t_k > 0.0, p_on & (j_p >= 0) & (v_p > 0.0))
-    val = tl.where(usable, val, float("nan"))
-    down = (val.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True)  # > 0: 1 ulp down
-    val = tl.where((j % 2) == 1, down, val)
-    return tl.where((j >= 1) & (j <= 4), val, float("nan"))
+    t_ok = (t_k > float("-inf")).to(tl.int32)
+    p_ok = ((p_on != 0) & (j_p >= 0) & (v_p > 0.0)).to(tl.int32)
+    usable = tl.where(j <= 2, t_ok, p_ok) != 0
+    val = tl.where(usable, val, 0.0)
+    val = tl.where((j % 2) == 1, _unord(_ord(val) - 1), val)  # one ulp down
+    return tl.where((j >= 1) & (j <= 4) & usable, val, float("nan"))
 
 
 @triton.jit
@@ -564,7 +565,7 @@ def threshold_kernel(src, dst, k_ptr, p_ptr, k_val, p_val, V, stride_src, stride
         piv = _pivots(lo, hi, _mid(lo, hi), samp, NP)
         c, m, bk, bi, pbk, pbi, samp_k, samp_v, mx, sm, npos, bad, t0, t1, t2, t3 = _row_pass(
             src_row, V, lo, lo, hi, mass_w, piv, 0x5EED, row.to(tl.uint32),
-            rnd.to(tl.uint32), 0, NEG, False, True, not IS_LOGITS, True, False, NP, Q,
+            rnd.to(tl.uint32), 0, NEG, False, True, not IS_LOGITS, True, HAS_K, NP, Q,
             PHILOX_ROUNDS)
         if rnd == 0:
             row_bad = bad
@@ -589,6 +590,10 @@ def threshold_kernel(src, dst, k_ptr, p_ptr, k_val, p_val, V, stride_src, stride
             frac = (top_p * s_all - mhi) / tl.maximum(mlo - mhi, 1e-30)
         if exact == 0:
             samp = _sample_pivots(samp_k, samp_v, lo, hi, frac, NP, Q, CH)
+            if HAS_K:  # small k: the top-k boundary from the lanes' top four (as in sampling)
+                no = k < 0  # false: not top-k first, no top-p
+                cand = _top_k_pivots(t0, t1, t2, t3, k, 1.0, s_all, no, no, NP, Q)
+                samp = tl.where(on & (k <= Q // 4) & (cand == cand), cand, samp)
         rnd += 1
     # an exhausted budget (not reached in exact arithmetic) keeps {x >= hi}, hi always kept
     cut = tl.where(exact != 0, lo, _unord(_ord(hi) - 1))
