@@ -43,6 +43,8 @@ Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 KV_DTYPES = Q_DTYPES + FP8_DTYPES
 RUN_FEATURES = ("lse", "sinks")
+_NO_FEATURES: frozenset = frozenset()
+_UNIT_SCALES = RunScales()
 
 
 # ------------------------------------------------------------------------------------------
@@ -210,6 +212,7 @@ class BatchWrapperBase:
         self.device = float_workspace_buffer.device
         self._upload = PlanUpload(self.device)
         self._reusable: dict = {}  # planners' buffers kept across plans (BatchPlan.reusable)
+        self._kv_memo = None  # (plan, cache key, KVInput): batch_decode.paged_kv_input
         self._kv_layout = check_kv_layout(kv_layout)
         self._use_cuda_graph = bool(use_cuda_graph)
         self._backend = backend
@@ -391,8 +394,11 @@ class BatchWrapperBase:
 
     def _execute(self, plan: BatchPlan, q, kv: KVInput, q_scale, k_scale, v_scale, out, lse,
                  return_lse: bool, sinks):
-        scales = RunScales(scale_arg("q_scale", q_scale), scale_arg("k_scale", k_scale),
-                           scale_arg("v_scale", v_scale), self._sinks(sinks, plan))
+        if q_scale is None and k_scale is None and v_scale is None and sinks is None:
+            scales = _UNIT_SCALES
+        else:
+            scales = RunScales(scale_arg("q_scale", q_scale), scale_arg("k_scale", k_scale),
+                               scale_arg("v_scale", v_scale), self._sinks(sinks, plan))
         o_shape = (plan.total_qo, plan.num_qo_heads, plan.head_dim_vo)
         if out is None:
             out = torch.empty(o_shape, dtype=plan.o_dtype, device=plan.device)
@@ -411,7 +417,8 @@ class BatchWrapperBase:
                                  f"{plan.device}, got {getattr(lse, 'dtype', None)} {tuple(getattr(lse, 'shape', ()))}")
             else:
                 lse_buf = lse
-        features = frozenset(f for f, on in (("lse", return_lse), ("sinks", sinks is not None)) if on)
+        features = (_NO_FEATURES if not return_lse and sinks is None else
+                    frozenset(f for f, on in (("lse", return_lse), ("sinks", sinks is not None)) if on))
         self._runner_for(features)(q, kv, out, lse_buf, scales)
         return (out, lse_buf) if return_lse else out
 
