@@ -175,6 +175,23 @@ def test_samples_in_keep_set(rules):
     assert keep[idx, out].all(), (out, keep.nonzero())
 
 
+@pytest.mark.parametrize("joint", [False, True], ids=["k_first", "joint"])
+def test_small_top_k_with_top_p_takes_two_passes(joint):
+    # the lanes' top four hold the top k (k <= Q / 4), so the pass after the first decides both
+    # boundaries and draws from the kept set: a speed property (pivots never change results)
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(4, 4096, generator=g, device="cpu") * 4.0
+    p = torch.softmax(logits, -1).to(torch.get_default_device())
+    out = torch.full((4,), -7, dtype=torch.int32, device=p.device)
+    valid = torch.zeros(4, dtype=torch.bool, device=p.device)
+    passes = torch.full((4,), -1, dtype=torch.int32, device=p.device)
+    kernel("sampling_from_probs")(p, out, valid, None, 50, 0.9, None, joint, True, 3, 0,
+                                  passes=passes)
+    assert valid.all() and keep_set(p, top_k=50, top_p=0.9, joint=joint)[
+        torch.arange(4, device=p.device), out.long()].all()
+    assert 1 <= int(passes.min()) and int(passes.max()) <= 2, passes.tolist()
+
+
 def test_edge_rules_keep_everything():
     p = probs_rows(1, 24, seed=5)
     p[0, 3] = 0.0                                  # zero probability: never drawn

@@ -348,7 +348,7 @@ def _rng_words(seed_ptr, off_ptr, seed_val, off_val, seed_stride, off_stride, i,
 @triton.jit(do_not_specialize=_VALUE_ARGS)
 def sample_probs_kernel(probs, out, valid, idx_ptr, k_ptr, p_ptr, mp_ptr, k_val, p_val, mp_val,
                         seed_ptr, off_ptr, seed_val, off_val, seed_stride, off_stride,
-                        R, V, stride_row,
+                        R, V, stride_row, passes_ptr, COUNT_PASSES: tl.constexpr,
                         HAS_IDX: tl.constexpr, K_T: tl.constexpr, P_T: tl.constexpr,
                         MP_T: tl.constexpr, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
                         HAS_MP: tl.constexpr, FILTER: tl.constexpr, JOINT: tl.constexpr,
@@ -512,6 +512,8 @@ def sample_probs_kernel(probs, out, valid, idx_ptr, k_ptr, p_ptr, mp_ptr, k_val,
     res = tl.where(ok != 0, res, 0)
     tl.store(out + i, res)
     tl.store(valid + i, ok != 0)
+    if COUNT_PASSES:  # tests: how many passes over the row the draw took
+        tl.store(passes_ptr + i, rnd)
 
 
 @triton.jit(do_not_specialize=["k_val"])

@@ -77,7 +77,8 @@ def _threshold(value, dummy: torch.Tensor, cast):
 
 @KERNELS.kernel("sampling_from_probs", "default")
 def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, deterministic,
-                        seed, offset) -> None:
+                        seed, offset, passes: torch.Tensor | None = None) -> None:
+    """``passes`` (int32 ``[len(out)]``, tests only): the number of passes over each row."""
     from . import _sampling_kernels as K
 
     n_out = out.numel()
@@ -96,9 +97,9 @@ def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, 
         K.sample_probs_kernel[(n_out,)](
             probs, out, valid, idx, k_ptr, p_ptr, mp_ptr, k_val, p_val, mp_val,
             s_ptr, o_ptr, s_val, o_val, s_stride, o_stride,
-            n_rows, vocab, probs.stride(0),
-            HAS_IDX=indices is not None, K_T=k_t, P_T=p_t, MP_T=mp_t, HAS_K=has_k,
-            HAS_P=has_p, HAS_MP=has_mp, FILTER=has_k or has_p or has_mp,
+            n_rows, vocab, probs.stride(0), out if passes is None else passes,
+            COUNT_PASSES=passes is not None, HAS_IDX=indices is not None, K_T=k_t, P_T=p_t,
+            MP_T=mp_t, HAS_K=has_k, HAS_P=has_p, HAS_MP=has_mp, FILTER=has_k or has_p or has_mp,
             JOINT=int(bool(joint)), SEED_T=s_t, OFF_T=o_t,
             NP=NP, CH=min(RANK_CHUNK, q), Q=q, MAX_ROUNDS=MAX_ROUNDS,
             PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
