@@ -173,8 +173,9 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         plan = self._check_run(q, window_left)
         if q_len_per_req is not None and q_len_per_req != plan.q_len_per_req:
             raise ValueError(f"q_len_per_req={q_len_per_req} differs from the planned {plan.q_len_per_req}")
-        return self._execute(plan, q, paged_kv_input(self, paged_kv_cache, plan), q_scale,
-                             k_scale, v_scale, out, lse, return_lse, sinks)
+        k_cache, v_cache = paged_kv_pages(paged_kv_cache, plan, self._max_page, self._check_kv)
+        return self._execute(plan, q, KVInput(k_cache, v_cache), q_scale, k_scale, v_scale, out,
+                             lse, return_lse, sinks)
 
     def forward(self, q, paged_kv_cache, pos_encoding_mode="NONE", q_scale=None, k_scale=None,
                 v_scale=None, window_left=-1, logits_soft_cap=None, sm_scale=None,
@@ -188,22 +189,6 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
 
     def forward_return_lse(self, q, paged_kv_cache, *args, **kwargs):
         return self.forward(q, paged_kv_cache, *args, **kwargs, return_lse=True)
-
-
-def paged_kv_input(wrapper, paged_kv_cache, plan: BatchPlan) -> KVInput:
-    """:func:`paged_kv_pages` as a :class:`KVInput`, remembered by the wrapper: while run() gets
-    the same cache tensor(s) — same objects, storage, shape, strides, dtype and device — under the
-    same plan, the checked page views are reused (slicing and checking them is a large part of an
-    eager run()'s host time at small batch)."""
-    parts = paged_kv_cache if isinstance(paged_kv_cache, (tuple, list)) else (paged_kv_cache,)
-    key = tuple((id(t), t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
-                if isinstance(t, torch.Tensor) else (id(t),) for t in parts)
-    memo = wrapper._kv_memo
-    if memo is not None and memo[0] is plan and memo[1] == key:
-        return memo[2]
-    kv = KVInput(*paged_kv_pages(paged_kv_cache, plan, wrapper._max_page, wrapper._check_kv))
-    wrapper._kv_memo = (plan, key, kv)
-    return kv
 
 
 def paged_kv_pages(paged_kv_cache, plan: BatchPlan, max_page: int, check_kv):

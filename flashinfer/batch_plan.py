@@ -212,7 +212,6 @@ class BatchWrapperBase:
         self.device = float_workspace_buffer.device
         self._upload = PlanUpload(self.device)
         self._reusable: dict = {}  # planners' buffers kept across plans (BatchPlan.reusable)
-        self._kv_memo = None  # (plan, cache key, KVInput): batch_decode.paged_kv_input
         self._kv_layout = check_kv_layout(kv_layout)
         self._use_cuda_graph = bool(use_cuda_graph)
         self._backend = backend

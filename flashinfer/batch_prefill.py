@@ -15,7 +15,7 @@ import torch
 from .api_logging import flashinfer_api
 
 from .batch_attention_params import BatchPlan, KVInput
-from .batch_decode import paged_kv_input
+from .batch_decode import paged_kv_pages
 from .batch_plan import (
     KV_DTYPES, Q_DTYPES, BatchWrapperBase, canonical_dtype, check_fixed_buffer, check_indptr,
     host_index_arrays, index_array, page_indices, paged_kv_lens, positive_int, set_plan_attributes,
@@ -221,8 +221,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             raise NotImplementedError("extra run() tensors, kv_cache_sf (NVFP4) and skip-softmax "
                                       "are not supported")
         plan = self._check_run(q, window_left)
-        return self._execute(plan, q, paged_kv_input(self, paged_kv_cache, plan), q_scale,
-                             k_scale, v_scale, out, lse, return_lse, sinks)
+        k_cache, v_cache = paged_kv_pages(paged_kv_cache, plan, self._max_page, self._check_kv)
+        return self._execute(plan, q, KVInput(k_cache, v_cache), q_scale, k_scale, v_scale, out,
+                             lse, return_lse, sinks)
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):

@@ -271,21 +271,3 @@ def test_loglevel_1_logs_batch_calls_and_their_decisions():
     assert "API call: BatchDecodeWithPagedKVCacheWrapper.run" in out
     assert "problem: batch_decode on cpu" in out and "chosen:  reference" in out
 
-
-def test_run_reuses_checked_page_views_while_the_cache_is_unchanged():
-    from flashinfer.batch_decode import paged_kv_input
-
-    w, cache, q = _decode(ps=4, lens=(5, 9), hq=4, hk=2, d=16)
-    first = paged_kv_input(w, cache, w._plan)
-    assert paged_kv_input(w, cache, w._plan) is first
-    assert paged_kv_input(w, (cache[:, 0], cache[:, 1]), w._plan) is not first  # other objects
-    out = w.run(q, cache)
-    cache[:, 1].mul_(-1.0)  # new V contents, same tensor: the views see them
-    torch.testing.assert_close(w.run(q, cache), -out, atol=1e-5, rtol=1e-5)
-    small = torch.randn(2, 2, 4, 2, 16)  # fewer pages than the plan's indices reach
-    cache.set_(small)  # same object, other storage and shape: checked again
-    with pytest.raises(ValueError, match="beyond the cache"):
-        w.run(q, cache)
-    w.plan(torch.tensor([0, 1], dtype=I32), torch.tensor([0], dtype=I32),
-           torch.tensor([2], dtype=I32), 4, 2, 16, 4, q_data_type=torch.float32)
-    assert paged_kv_input(w, cache, w._plan) is not first  # a new plan: checked again
