@@ -3,13 +3,7 @@
 #   bash benchmarks/device_check.sh            (from the repo root; wheels in .whl/, see README)
 # Writes to $OUT: show_config.txt, gpu_tests.log, probe_cudnn.txt, first_call_*.json,
 # foundation.json. Each step is bounded by `timeout` and prints as it goes.
-set -u
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
-fi
-export PYTHONPATH=/tmp/site:$PWD
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source benchmarks/device_env.sh
 echo "== show-config"; timeout 120 python3 -m flashinfer show-config > "$OUT/show_config.txt" 2>&1; tail -62 "$OUT/show_config.txt"
 echo "== first call, fresh processes"
 for b in auto cudnn; do

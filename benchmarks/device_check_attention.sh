@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # Batch attention on a GPU machine, one call: plan() piece by piece, the attention grid (every
 # backend and auto), then the batch attention GPU tests. Writes to $OUT.
-set -u
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source benchmarks/device_env.sh
 echo "== plan breakdown"; timeout 120 python3 benchmarks/plan_breakdown.py > "$OUT/plan_breakdown.txt" 2>&1
 head -8 "$OUT/plan_breakdown.txt"
 echo "== attention grid"

@@ -1,13 +1,7 @@
 #!/usr/bin/env bash
 # Batch attention on a GPU machine, one call: GPU tests of the batch ops and the FA adapter, then
 # the cuDNN paged probe. Writes gpu_tests_batch.log and probe_cudnn_paged.txt to $OUT.
-set -u
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
-fi
-export PYTHONPATH=/tmp/site:$PWD
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source benchmarks/device_env.sh
 echo "== gpu tests (batch, flash_attn, triton decode, cudnn paged)"
 timeout ${GPU_TEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -p no:cacheprovider --maxfail=40 \
   tests/test_batch_attention_gpu.py tests/test_flash_attn.py tests/test_torch_ragged.py \

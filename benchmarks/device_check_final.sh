@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # Last checks of a session on a GPU machine: Triton MoE (align kernel), Triton grouped GEMM and
 # FP4 GPU tests; the MoE layer; the grouped GEMM points; where a sampling first call goes.
-set -u
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD
-OUT=${OUT:-/tmp/out}
+source benchmarks/device_env.sh
 timeout 130 python3 -m pytest -q -p no:cacheprovider --maxfail=30 tests/test_triton_moe.py \
   tests/test_triton_gemm_grouped.py tests/test_fp4.py > "$OUT/gpu_tests_final.log" 2>&1
 echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests_final.log" | cut -c1-200 | tail -16

@@ -2,11 +2,7 @@
 # Follow-up checks on a GPU machine after CPU-only changes: the sampling kernels (tests, the top-k
 # points, the fresh-process first call), then batch attention (GPU tests and the decode grid for
 # eager small-batch run() time). Writes to $OUT.
-set -u
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source benchmarks/device_env.sh
 echo "== sampling tests"
 timeout 120 python3 -m pytest -q -p no:cacheprovider --maxfail=10 tests/test_triton_sampling.py \
   > "$OUT/gpu_tests_sampling.log" 2>&1

@@ -1,13 +1,7 @@
 #!/usr/bin/env bash
 # GEMM / MoE / sampling / norm on a GPU machine, one call: the GPU tests of those files, then the
 # GEMM target points and the DeepSeek-V3 MoE layer (ours). Logs and JSON go to $OUT.
-set -u
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
-fi
-export PYTHONPATH=/tmp/site:$PWD
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source benchmarks/device_env.sh
 echo "== tests (gemm, grouped, moe, triton gemm/moe, sampling, norm)"
 timeout ${GPU_TEST_TIMEOUT:-280} python3 -m pytest -q -p no:cacheprovider --maxfail=60 \
   tests/test_gemm_grouped_gpu.py tests/test_moe_gpu.py tests/test_triton_gemm.py \

@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # Sampling on a GPU machine after a kernel or launch change: the Triton sampling GPU tests, the
 # --quick benchmark (ours), the fresh-process first call; then the GEMM target points.
-set -u
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD
-OUT=${OUT:-/tmp/out}
+source benchmarks/device_env.sh
 timeout 150 python3 -m pytest -q -p no:cacheprovider --maxfail=20 tests/test_triton_sampling.py \
   tests/test_sampling_gpu.py > "$OUT/gpu_tests_sampling.log" 2>&1
 echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests_sampling.log" | cut -c1-200 | tail -12

@@ -1,8 +1,4 @@
-set -u
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD
-OUT=${OUT:-/tmp/out}
+source benchmarks/device_env.sh
 echo "== tests"
 timeout 300 python3 -m pytest -q -p no:cacheprovider --maxfail=80 \
   tests/test_triton_gemm.py tests/test_triton_moe.py tests/test_triton_sampling.py tests/test_sampling_gpu.py tests/test_norm.py \

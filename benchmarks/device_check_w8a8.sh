@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # W8A8 Triton MoE and the GEMM rules on a GPU machine: GPU tests, the MoE layer, the launch
 # sweeps of the MoE and the samplers. Logs and JSON go to $OUT.
-set -u
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD
-OUT=${OUT:-/tmp/out}
+source benchmarks/device_env.sh
 timeout 200 python3 -m pytest -q -p no:cacheprovider --maxfail=30 tests/test_triton_moe.py \
   tests/test_triton_gemm.py tests/test_gemm_gpu.py tests/test_moe_gpu.py \
   "tests/test_triton_sampling.py::test_samples_in_keep_set" > "$OUT/gpu_tests_w8a8.log" 2>&1
