@@ -122,7 +122,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
             raise ValueError("last_page_len must hold at least one request")
         check_indptr("indptr", indptr_h, batch)
         n_pages = int(indptr_h.numpy()[-1])
-        indices_d, max_page = page_indices("indices", index_array("indices", indices, host=False),
+        indices_d, max_page = page_indices("indices", index_array("indices", indices),
                                            n_pages)
         kv_lens_h = paged_kv_lens(indptr_h, last_h, page_size)
         if q_len_per_req > 1 and bool((kv_lens_h < q_len_per_req).any()):

@@ -68,26 +68,21 @@ def positive_int(name: str, value) -> int:
     return value
 
 
-def index_array(name: str, t, length: int | None = None, host: bool = True) -> torch.Tensor:
-    """Validate an int32 index array and return its host (CPU) copy (``host=False``: the array
-    itself, on its own device)."""
+def index_array(name: str, t) -> torch.Tensor:
+    """``t`` itself, once checked to be a 1-D int32 tensor (on any device)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be an int32 torch.Tensor, got {type(t).__name__}")
     if t.dtype != torch.int32:
         raise ValueError(f"{name} must be int32 (int64 indexes wrongly upstream), got {t.dtype}")
     if t.dim() != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-    if length is not None and t.shape[0] != length:
-        raise ValueError(f"{name} must have length {length}, got {t.shape[0]}")
-    if not host:
-        return t
-    return t.clone() if t.device.type == "cpu" else t.to("cpu")
+    return t
 
 
 def host_index_arrays(*named: tuple[str, object]) -> list[torch.Tensor]:
     """:func:`index_array` of every ``(name, tensor)``, with the arrays that live on a GPU brought
     to the host in one copy (one synchronisation for all of them, not one each)."""
-    arrays = [index_array(name, t, host=False) for name, t in named]
+    arrays = [index_array(name, t) for name, t in named]
     out = [t.clone() if t.device.type == "cpu" else None for t in arrays]
     remote = [i for i, t in enumerate(arrays) if t.device.type != "cpu"]
     if len(remote) > 1 and len({arrays[i].device for i in remote}) == 1:
@@ -470,7 +465,8 @@ def set_plan_attributes(wrapper: BatchWrapperBase, plan: BatchPlan, window_left:
     wrapper._replay_args = replay_args
 
 
-__all__ = ["BatchWrapperBase", "canonical_dtype", "index_array", "host_index_arrays", "check_indptr", "paged_kv_lens",
+__all__ = ["BatchWrapperBase", "canonical_dtype", "index_array", "host_index_arrays", "check_indptr",
+           "paged_kv_lens",
            "page_indices",
            "check_fixed_buffer", "require_workspace", "unpack_segments",
            "set_plan_attributes"]

@@ -72,7 +72,7 @@ class _PrefillBase(BatchWrapperBase):
                 raise ValueError(f"paged_kv_last_page_len must have length {batch}, got {last_h.shape[0]}")
             page_size = positive_int("page_size", page_size)
             indices_h, max_page = page_indices(
-                "paged_kv_indices", index_array("paged_kv_indices", indices, host=False), int(kv_h.numpy()[-1]),
+                "paged_kv_indices", index_array("paged_kv_indices", indices), int(kv_h.numpy()[-1]),
                 "paged_kv_indptr")
             kv_lens_h = paged_kv_lens(kv_h, last_h, page_size)
         else:
