@@ -281,6 +281,20 @@ def _row_pass(row_ptr, V, lo, ta, tb, mass_w, piv, seed, c1, c2, c3, NEG: tl.con
 
 
 @triton.jit
+def _count_at_least(o0, o1, o2, o3, t):
+    """How many of the four [Q] ordered-int candidate arrays are ``>= t``."""
+    n = (o0 >= t).to(tl.int32) + (o1 >= t).to(tl.int32) + (o2 >= t).to(tl.int32)
+    return tl.sum(n + (o3 >= t).to(tl.int32), axis=0)
+
+
+@triton.jit
+def _mass_above(v0, v1, v2, v3, o0, o1, o2, o3, t):
+    """The candidates' mass strictly above the ordered-int threshold ``t``."""
+    m = tl.where(o0 > t, v0, 0.0) + tl.where(o1 > t, v1, 0.0) + tl.where(o2 > t, v2, 0.0)
+    return tl.sum(m + tl.where(o3 > t, v3, 0.0), axis=0)
+
+
+@triton.jit
 def _top_k_pivots(top0, top1, top2, top3, k, top_p, s_all, k_first, p_on, NP: tl.constexpr,
                   Q: tl.constexpr):
     """Pivot slots 1-4 from the lanes' four largest values (``4 Q`` candidates that, for a small
@@ -289,22 +303,44 @@ def _top_k_pivots(top0, top1, top2, top3, k, top_p, s_all, k_first, p_on, NP: tl
     keeps (inside the top k; reference mass: the candidates' top-k mass when top-k comes first,
     else the row's sum). When the candidates do hold the top k, the next pass's counts and masses
     at these pivots decide both boundaries exactly and its draw comes from the kept set. Slots
-    that are not usable, and all others: NaN. (Pivots never change the result, only the speed.)"""
-    cand = tl.reshape(tl.join(tl.join(top0, top1), tl.join(top2, top3)), [4 * Q])
-    srt = tl.sort(cand, descending=True)
-    pos = tl.arange(0, 4 * Q)
-    live = srt > float("-inf")  # -inf: a lane that saw fewer than four tokens
-    t_k = tl.max(tl.where(pos == k - 1, srt, float("-inf")), axis=0)
-    in_k = live & (pos < k)
-    mass = tl.where(live, srt, 0.0)  # probabilities only (top-p)
-    s_ref = tl.where(k_first, tl.sum(tl.where(in_k, mass, 0.0), axis=0), s_all)
-    above = tl.cumsum(mass, axis=0) - mass  # candidate mass strictly before each position
-    j_p = tl.max(tl.where(in_k & (above < top_p * s_ref), pos, -1), axis=0)
-    v_p = tl.max(tl.where(pos == j_p, srt, float("-inf")), axis=0)
+    that are not usable, and all others: NaN. (Pivots never change the result, only the speed.)
+
+    Both values come from bisections over the fp32 order (32 steps of one [Q] reduction each),
+    not from a sort: the same answer, and the kernel compiles as fast as without them."""
+    o0 = _ord(top0)
+    o1 = _ord(top1)
+    o2 = _ord(top2)
+    o3 = _ord(top3)
+    # t: the largest threshold with at least k candidates at or above it
+    lo = tl.full([], -2147483648, tl.int64)  # all 4 Q candidates are >= lo
+    hi = tl.full([], 2147483648, tl.int64)   # none is
+    for _ in range(32):
+        mid = lo + (hi - lo) // 2
+        enough = _count_at_least(o0, o1, o2, o3, mid) >= k
+        lo = tl.where(enough, mid, lo)
+        hi = tl.where(enough, hi, mid)
+    t_k = _unord(lo.to(tl.int32))
+    s_k = tl.sum(tl.where(o0 >= lo, top0, 0.0) + tl.where(o1 >= lo, top1, 0.0)
+                 + tl.where(o2 >= lo, top2, 0.0) + tl.where(o3 >= lo, top3, 0.0), axis=0)
+    bound = top_p * tl.where(k_first, s_k, s_all)
+    # v: the smallest candidate at or above both t and the smallest threshold whose mass above
+    # falls below top_p * S_ref
+    lo2 = tl.full([], -2147483649, tl.int64)
+    hi2 = tl.full([], 2147483647, tl.int64)
+    for _ in range(32):
+        mid = lo2 + (hi2 - lo2) // 2
+        heavy = _mass_above(top0, top1, top2, top3, o0, o1, o2, o3, mid) >= bound
+        lo2 = tl.where(heavy, mid, lo2)
+        hi2 = tl.where(heavy, hi2, mid)
+    cut = tl.maximum(hi2, lo)
+    inf = float("inf")
+    v_p = tl.min(tl.minimum(tl.minimum(tl.where(o0 >= cut, top0, inf), tl.where(o1 >= cut, top1, inf)),
+                            tl.minimum(tl.where(o2 >= cut, top2, inf), tl.where(o3 >= cut, top3, inf))),
+                 axis=0)
     j = tl.arange(0, NP)
     val = tl.where(j <= 2, t_k, v_p)
     t_ok = (t_k > float("-inf")).to(tl.int32)
-    p_ok = ((p_on != 0) & (j_p >= 0) & (v_p > 0.0)).to(tl.int32)
+    p_ok = ((p_on != 0) & (v_p < inf) & (v_p > 0.0)).to(tl.int32)
     usable = tl.where(j <= 2, t_ok, p_ok) != 0
     val = tl.where(usable, val, 0.0)
     val = tl.where((j % 2) == 1, _unord(_ord(val) - 1), val)  # one ulp down
