@@ -61,7 +61,10 @@ def main() -> None:
                 lambda w=w, a=args: w.plan(*a, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16))
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", backend="cudnn")
     w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16)
-    plan = w._plan
+    plan = w._plan  # planned with the page ids on the host
+    host_plan = plan
+    w.plan(indptr, indices.cuda(), last, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16)
+    plan = w._plan  # page ids on the device
     add("  host_index_arrays (2 host arrays)", lambda: host_index_arrays(("a", indptr), ("b", last)))
     d_ind, d_last = indptr.cuda(), last.cuda()
     add("  host_index_arrays (2 device arrays)", lambda: host_index_arrays(("a", d_ind), ("b", d_last)))
@@ -75,21 +78,24 @@ def main() -> None:
               "kv_indices": indices}
     none = dict.fromkeys(arrays)
     add("  PlanUpload.upload", lambda: w._upload.upload(arrays, none, True))
-    add("  _finish_plan (cudnn)", lambda: w._finish_plan(plan, total - 1))
+    add("  _finish_plan (cudnn, host ids)", lambda: w._finish_plan(host_plan, total - 1, arrays, none, True))
     def decide_all():
-        for _, problem in w._problems[1]:
+        for problem in w._problems[2]:
             try:
                 dispatch.decide(problem, "cudnn")
             except dispatch.NoBackendError:
                 pass
     add("    dispatch.decide x4", decide_all)
-    add("    cudnn planner", lambda: cg.plan(plan))
+    add("    cudnn planner (one-phase, own upload)", lambda: cg.plan(plan))
+    add("    cudnn prepare (host ids)", lambda: cg.prepare(host_plan))
+    add("    cudnn prepare (device ids)", lambda: cg.prepare(plan))
     spec = bp.make_spec(plan, device_index=0, scale=plan.sm_scale)
     add("      make_spec", lambda: bp.make_spec(plan, device_index=0, scale=plan.sm_scale))
+    add("      decode_arrays (host ids)", lambda: bp.decode_arrays(spec, host_plan))
+    add("      decode_arrays (device ids)", lambda: bp.decode_arrays(spec, plan))
     add("      _Buffers (allocation)", lambda: cg._Buffers(spec, plan.device, B))
     buffers = cg._Buffers(spec, plan.device, B)
-    add("      _Buffers.fill_decode", lambda: buffers.fill_decode(plan))
-    add("      (host path: build_metadata + upload)",
+    add("      (prefill path: build_metadata + upload)",
         lambda: buffers.upload(bp.build_metadata(spec, plan)))
     add("      fill_page_table", lambda: bp.fill_page_table(buffers.page_table,
                                                            buffers.tensors["page_src"], plan.kv_indices))
@@ -103,6 +109,22 @@ def main() -> None:
     add("  prim: torch.cuda.current_stream()", torch.cuda.current_stream)
     add("  prim: torch.empty(64 KiB, cuda)", lambda: torch.empty(1 << 16, dtype=torch.uint8, device="cuda"))
     add("  prim: H2D 64 KiB pinned, non_blocking", lambda: dst[:1 << 16].copy_(pinned[:1 << 16], non_blocking=True))
+    pageable = torch.empty(1 << 17, dtype=torch.uint8)
+    add("  prim: H2D 64 KiB pageable, non_blocking", lambda: dst[:1 << 16].copy_(pageable[:1 << 16], non_blocking=True))
+    add("  prim: H2D 128 KiB pageable, non_blocking", lambda: dst.copy_(pageable, non_blocking=True))
+    add("  prim: H2D 128 KiB pinned + Event.record + sync", lambda: (dst.copy_(pinned, non_blocking=True), ev.record(), ev.synchronize()))
+    def unsigned_max():
+        return int(d_indices.view(torch.uint32).max())
+    try:
+        assert unsigned_max() == int(d_indices.max())
+        neg = d_indices.clone()
+        neg[5] = -3
+        assert int(neg.view(torch.uint32).max()) == 2**32 - 3
+        add("  prim: ids.view(uint32).max() -> int (one reduction, one sync)", unsigned_max)
+    except Exception as exc:  # noqa: BLE001 - a probe: report and go on
+        print(f"# uint32 max unsupported: {type(exc).__name__}: {exc}")
+    add("  prim: torch._C._cuda_getCurrentStream", lambda: torch._C._cuda_getCurrentStream(0))
+    add("  prim: torch.index_select 16k from unfolded", lambda: torch.index_select(d_indices.unfold(0, 256, 1), 0, d_ind[:-1]))
     add("  prim: CPU copy_ 64 KiB (torch)", lambda: pinned[:1 << 16].copy_(small[:1 << 16]))
     add("  prim: CPU copy 64 KiB (numpy)", lambda: np.copyto(pinned[:1 << 16].numpy(), small[:1 << 16].numpy()))
     add("  prim: D2H 65 int32 (sync)", lambda: d_ind.to("cpu"))

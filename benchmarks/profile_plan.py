@@ -70,12 +70,19 @@ def _setup(kind, backend, host_indices):
 
 
 def _profile(fn, n, top, sort="tottime"):
+    """cProfile of ``n`` calls. ``sort="per_call"``: each function's own time per call of
+    ``fn`` in microseconds (pstats' columns round to milliseconds), else pstats' table."""
     prof = cProfile.Profile()
     torch.cuda.synchronize()
     prof.enable()
     for _ in range(n):
         fn()
     prof.disable()
+    if sort == "per_call":
+        rows = sorted(((own / n * 1e6, calls, f"{where.rsplit('/', 1)[-1]}:{line}({name})")
+                       for (where, line, name), (_, calls, own, _, _) in pstats.Stats(prof).stats.items()),
+                      reverse=True)[:top]
+        return "\n".join(f"{us:8.2f} us own per call  {calls:6d} x  {name}" for us, calls, name in rows)
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats(sort).print_stats(top)
     return "\n".join(line for line in s.getvalue().splitlines()[6:] if line.strip())
@@ -84,8 +91,10 @@ def _profile(fn, n, top, sort="tottime"):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--top", type=int, default=22)
-    ap.add_argument("--sort", default="tottime", help="pstats key: tottime or cumulative")
+    ap.add_argument("--sort", default="tottime",
+                    help="pstats key (tottime, cumulative) or per_call (own us per plan)")
     ap.add_argument("--only", default="", help="comma list of kinds (decode, paged, ragged)")
+    ap.add_argument("--reps", type=int, default=50, help="calls profiled")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     table = []
@@ -100,11 +109,11 @@ def main():
                 plan_ms = _median_ms(plan)
                 run_ms = _median_ms(run)
                 table.append((kind, backend, "host" if host else "device", plan_ms, run_ms))
-                if not host or kind == "decode":
+                if not host or kind == "decode" or args.only:
                     print(f"\n===== {kind} {backend} indices on {'host' if host else 'device'}: "
                           f"plan {plan_ms:.3f} ms, run (host) {run_ms:.3f} ms =====")
-                    print(f"-- plan() x50 by {args.sort} --")
-                    print(_profile(plan, 50, args.top, args.sort))
+                    print(f"-- plan() x{args.reps} by {args.sort} --")
+                    print(_profile(plan, args.reps, args.top, args.sort))
                     if not host:
                         print("-- run() x50 by own time --")
                         print(_profile(run, 50, 12))

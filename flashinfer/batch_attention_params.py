@@ -15,6 +15,13 @@ A backend registers one *planner* per op: ``@KERNELS.kernel("batch_decode")`` ta
 :class:`BatchPlan` and returning a :class:`Runner`. Anything a planner allocates (split-K
 scratch, cuDNN workspace) is allocated in the planner, or carved from ``plan.workspace``.
 
+A planner that needs its own host-made arrays on the device (cuDNN's page table) may also
+offer ``planner.prepare(plan) -> Prepared``. The wrapper then calls it *before* the plan's index
+arrays are uploaded — the plan's device fields are still ``None`` there (a CUDA-graph wrapper's
+fixed buffers excepted) — sends ``Prepared.uploads`` in the same host-to-device copy as the index
+arrays, and calls ``Prepared.finish(device_views)`` for the runner. Calling the planner itself
+must still work on a complete plan (it then uploads on its own).
+
 Runner call (all tensors on ``plan.device``):
 
 * ``q``: ``[total_qo, num_qo_heads, head_dim_qk]`` (decode: ``total_qo = batch * q_len_per_req``)
@@ -83,6 +90,7 @@ class BatchPlan:
     total_qo: int
     max_qo_len: int
     max_kv_len: int
+    kv_indices_host: torch.Tensor | None = None  # the page ids when given on the host, else None
     custom_mask: torch.Tensor | None = None  # flattened bool on device, prefill only
     mask_indptr_host: torch.Tensor | None = None  # [B+1] offsets into custom_mask
     cuda_graph: bool = False
@@ -107,6 +115,25 @@ class KVInput:
 
     k: torch.Tensor
     v: torch.Tensor
+
+
+def bind_device_arrays(plan: BatchPlan, views: dict[str, torch.Tensor]) -> None:
+    """Set the device fields of a plan built before its upload (``qo_indptr``, ``kv_indptr``,
+    ``kv_lens`` and, paged, ``kv_last_page_len`` / ``kv_indices``): the one mutation of a plan,
+    made by the wrapper before any runner sees the plan complete."""
+    for name, view in views.items():
+        object.__setattr__(plan, name, view)
+
+
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """A two-phase planner's host part: ``uploads`` ``{name: (array, fixed)}`` — a 1-D int32
+    host array (numpy or CPU tensor) and the device buffer it must land in (None: anywhere) —
+    and ``finish(views)``, which gets ``{name: device tensor}`` once they are queued and
+    returns the :class:`Runner`."""
+
+    uploads: dict
+    finish: object  # Callable[[dict[str, torch.Tensor]], Runner]
 
 
 class Runner(Protocol):

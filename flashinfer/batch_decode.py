@@ -19,7 +19,8 @@ from .api_logging import flashinfer_api
 from .batch_attention_params import BatchPlan, KVInput
 from .batch_plan import (
     KV_DTYPES, Q_DTYPES, BatchWrapperBase, canonical_dtype, check_fixed_buffer, check_indptr,
-    host_index_arrays, index_array, page_indices, paged_kv_lens, positive_int, set_plan_attributes,
+    host_index_arrays, index_array, page_indices, paged_kv_lens, planned_device_fields, positive_int,
+    set_plan_attributes,
 )
 from .page import unpack_paged_kv_cache
 
@@ -121,27 +122,31 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         if batch < 1:
             raise ValueError("last_page_len must hold at least one request")
         check_indptr("indptr", indptr_h, batch)
-        n_pages = int(indptr_h.numpy()[-1])
+        indptr_np = indptr_h.numpy()
+        n_pages = int(indptr_np[-1])
         indices_d, max_page = page_indices("indices", index_array("indices", indices),
                                            n_pages)
         kv_lens_h = paged_kv_lens(indptr_h, last_h, page_size)
-        if q_len_per_req > 1 and bool((kv_lens_h < q_len_per_req).any()):
+        kv_lens_np = kv_lens_h.numpy()
+        if q_len_per_req > 1 and bool((kv_lens_np < q_len_per_req).any()):
             raise ValueError(f"q_len_per_req={q_len_per_req} needs every kv length >= q_len_per_req, "
                              f"got {kv_lens_h.tolist()[:16]}")
         if self._use_cuda_graph and batch != self._fixed_batch_size:
             raise ValueError(f"this CUDA-graph wrapper has a fixed batch size {self._fixed_batch_size} "
                              f"(len(paged_kv_last_page_len_buffer)); plan() got {batch}")
-        qo_h = torch.from_numpy(np.arange(0, (batch + 1) * q_len_per_req, q_len_per_req,
-                                          dtype=np.int32))
+        qo_np = np.arange(0, (batch + 1) * q_len_per_req, q_len_per_req, dtype=np.int32)
+        qo_h = torch.from_numpy(qo_np)
         dev, graph = self.device, self._use_cuda_graph
         buf = (lambda name: getattr(self, name)) if graph else (lambda name: None)
+        on_host = indices_d.device.type == "cpu"
+        # numpy for the host arrays: the upload packs them without converting each again
+        arrays = {"qo_indptr": qo_np, "kv_indptr": indptr_np, "kv_lens": kv_lens_np,
+                  "kv_last_page_len": last_h.numpy(),
+                  "kv_indices": indices_d.numpy() if on_host else indices_d}
+        fixed = {"qo_indptr": buf("_qo_indptr_buf"), "kv_indptr": buf("_paged_kv_indptr_buf"),
+                 "kv_lens": buf("_kv_lens_buf"), "kv_last_page_len": buf("_paged_kv_last_page_len_buf"),
+                 "kv_indices": buf("_paged_kv_indices_buf")}
         self._drop_plan()
-        on_device = self._upload.upload(
-            {"qo_indptr": qo_h, "kv_indptr": indptr_h, "kv_lens": kv_lens_h,
-             "kv_last_page_len": last_h, "kv_indices": indices_d},
-            {"qo_indptr": buf("_qo_indptr_buf"), "kv_indptr": buf("_paged_kv_indptr_buf"),
-             "kv_lens": buf("_kv_lens_buf"), "kv_last_page_len": buf("_paged_kv_last_page_len_buf"),
-             "kv_indices": buf("_paged_kv_indices_buf")}, non_blocking)
         plan = BatchPlan(
             op=self._op, device=dev, batch_size=batch, num_qo_heads=num_qo_heads,
             num_kv_heads=num_kv_heads, head_dim_qk=head_dim, head_dim_vo=head_dim,
@@ -149,11 +154,11 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
             o_dtype=o_dtype, causal=q_len_per_req > 1, window_left=window_left,
             logits_soft_cap=cap, sm_scale=scale, q_len_per_req=q_len_per_req,
             qo_indptr_host=qo_h, kv_indptr_host=indptr_h, kv_lens_host=kv_lens_h,
-            kv_last_page_len_host=last_h, **on_device,
+            kv_last_page_len_host=last_h, **planned_device_fields(arrays, fixed),
             total_qo=batch * q_len_per_req, max_qo_len=q_len_per_req,
-            max_kv_len=int(kv_lens_h.numpy().max()), cuda_graph=graph,
-            workspace=self._float_workspace_buffer, reusable=self._reusable)
-        self._finish_plan(plan, max_page)
+            max_kv_len=int(kv_lens_np.max()), kv_indices_host=indices_d if on_host else None,
+            cuda_graph=graph, workspace=self._float_workspace_buffer, reusable=self._reusable)
+        self._finish_plan(plan, max_page, arrays, fixed, non_blocking)
         set_plan_attributes(self, plan, window_left, replay)
         self._pos_encoding_mode = "NONE"
         self._rope_scale = 1.0 if rope_scale is None else rope_scale

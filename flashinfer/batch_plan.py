@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from . import dispatch
-from .batch_attention_params import BatchPlan, KVInput, RunScales
+from .batch_attention_params import BatchPlan, KVInput, RunScales, bind_device_arrays
 from .plan_upload import PlanUpload
 from .prefill import check_kv_layout
 
@@ -128,7 +128,7 @@ def page_indices(name: str, t: torch.Tensor, n_pages: int,
     host, not the whole array."""
     if t.shape[0] < n_pages:
         raise ValueError(f"{name} must hold {indptr_name}[-1]={n_pages} page ids, got {t.shape[0]}")
-    ids = t[:n_pages]
+    ids = t if t.shape[0] == n_pages else t[:n_pages]
     if not n_pages:
         return ids, -1
     if ids.device.type == "cpu":
@@ -152,6 +152,13 @@ def check_fixed_buffer(name: str, buf, device: torch.device, length: int | None 
     if length is not None and buf.shape[0] != length:
         raise ValueError(f"{name} must have length {length}, got {buf.shape[0]}")
     return buf
+
+
+def planned_device_fields(arrays: dict, fixed: dict) -> dict:
+    """A plan's device fields before its upload: the fixed buffers' views (a CUDA-graph
+    wrapper), else None (set by the upload, see ``_finish_plan``)."""
+    return {name: (None if fixed.get(name) is None else fixed[name][:t.shape[0]])
+            for name, t in arrays.items()}
 
 
 def require_workspace(plan: BatchPlan, nbytes: int, who: str) -> torch.Tensor:
@@ -270,29 +277,17 @@ class BatchWrapperBase:
         running the old plan on them."""
         self._plan, self._runners, self._choices, self.decision = None, {}, {}, None
 
-    def _finish_plan(self, plan: BatchPlan, max_page: int = -1) -> None:
-        """Decide for every run-time feature combination, build the runner, keep the plan."""
-        base = set()
-        if plan.causal:
-            base.add("causal")
-        if plan.num_qo_heads != plan.num_kv_heads:
-            base.add("gqa")
-        if plan.window_left >= 0:
-            base.add("window")
-        if plan.logits_soft_cap > 0:
-            base.add("soft_cap")
-        if plan.custom_mask is not None:
-            base.add("custom_mask")
-        if plan.kv_dtype in FP8_DTYPES:
-            base.add("fp8_kv")
-        if plan.q_len_per_req > 1:
-            base.add("multi_query")
-        if plan.head_dim_qk != plan.head_dim_vo:
-            base.add("head_dim_differs")
-        if plan.o_dtype != plan.q_dtype:
-            base.add("o_dtype_differs")
-        if plan.cuda_graph and plan.device.type == "cuda":
-            base.add("cuda_graph")
+    def _make_problems(self, plan: BatchPlan) -> tuple[list, list, dict]:
+        """The Problem of every run-time feature combination of ``plan``: (the combinations,
+        their Problems, an empty decide_each() memo)."""
+        flags = {"causal": plan.causal, "gqa": plan.num_qo_heads != plan.num_kv_heads,
+                 "window": plan.window_left >= 0, "soft_cap": plan.logits_soft_cap > 0,
+                 "custom_mask": plan.custom_mask is not None, "fp8_kv": plan.kv_dtype in FP8_DTYPES,
+                 "multi_query": plan.q_len_per_req > 1,
+                 "head_dim_differs": plan.head_dim_qk != plan.head_dim_vo,
+                 "o_dtype_differs": plan.o_dtype != plan.q_dtype,
+                 "cuda_graph": plan.cuda_graph and plan.device.type == "cuda"}
+        base = {name for name, on in flags.items() if on}
         lb = dispatch.length_bucket
         shape = {"head_dim_qk": plan.head_dim_qk, "head_dim_vo": plan.head_dim_vo,
                  "num_qo_heads": plan.num_qo_heads, "num_kv_heads": plan.num_kv_heads,
@@ -300,35 +295,56 @@ class BatchWrapperBase:
                  "max_kv_len": lb(plan.max_kv_len), "total_qo_len": lb(plan.total_qo),
                  "page_size": plan.page_size, "q_len_per_req": plan.q_len_per_req}
         dtypes = {"q": plan.q_dtype, "kv": plan.kv_dtype, "o": plan.o_dtype}
-        # the Problems depend only on these values: rebuild them only when they change (decide()
-        # itself is memoised and still consulted, so overrides and env changes apply)
-        key = (frozenset(base), tuple(shape.values()), plan.q_dtype, plan.kv_dtype, plan.o_dtype,
+        extras = [frozenset(extra) for n in range(len(RUN_FEATURES) + 1)
+                  for extra in itertools.combinations(RUN_FEATURES, n)]
+        problems = [dispatch.Problem.make(self._op, plan.device, dtypes=dtypes, shape=shape,
+                                          features=base | extra, layout=plan.kv_layout)
+                    for extra in extras]
+        return extras, problems, {}
+
+    def _finish_plan(self, plan: BatchPlan, max_page: int, arrays: dict, fixed: dict,
+                     non_blocking: bool) -> None:
+        """Decide for every run-time feature combination, upload the index arrays ``arrays``
+        (into ``fixed`` buffers where given) together with what two-phase planners prepared
+        (:class:`~flashinfer.batch_attention_params.Prepared`), set the plan's device fields,
+        build the runners, keep the plan. ``plan`` arrives with its device fields unset (the
+        fixed buffers' views for a CUDA-graph wrapper): the Decision needs only host values."""
+        lb = dispatch.length_bucket
+        # everything the Problems depend on, as plain values: they are rebuilt only when this
+        # changes (decide_each() is still consulted, so overrides and env changes apply)
+        key = (plan.causal, plan.num_qo_heads, plan.num_kv_heads, plan.window_left >= 0,
+               plan.logits_soft_cap > 0, plan.custom_mask is not None, plan.q_len_per_req,
+               plan.head_dim_qk, plan.head_dim_vo, plan.q_dtype, plan.kv_dtype, plan.o_dtype,
+               plan.cuda_graph and plan.device.type == "cuda", lb(plan.batch_size),
+               lb(plan.max_qo_len), lb(plan.max_kv_len), lb(plan.total_qo), plan.page_size,
                plan.device, plan.kv_layout)
         if self._problems is None or self._problems[0] != key:
-            problems = [(frozenset(extra), dispatch.Problem.make(
-                            self._op, plan.device, dtypes=dtypes, shape=shape,
-                            features=base | set(extra), layout=plan.kv_layout))
-                        for n in range(len(RUN_FEATURES) + 1)
-                        for extra in itertools.combinations(RUN_FEATURES, n)]
-            self._problems = (key, problems)
-        choices = {}
-        for extra, problem in self._problems[1]:
-            try:
-                choices[extra] = dispatch.decide(problem, self._backend)
-            except (dispatch.NoBackendError, dispatch.BackendUnavailableError) as err:
-                choices[extra] = err
+            self._problems = (key, *self._make_problems(plan))
+        _, extras, problems, memo = self._problems
+        choices = dict(zip(extras, dispatch.decide_each(problems, self._backend, memo)))
         first = choices[frozenset()]
         if isinstance(first, Exception):
             raise first
         wanted = choices if plan.cuda_graph else self._run_features_seen
-        runners = {}
+        kernels = {}
         for features in sorted(wanted, key=len):  # the plain combination first: its errors raise
             choice = choices[features]
-            if isinstance(choice, Exception):
-                continue
-            key = (choice.backend, choice.variant)
-            if key not in runners:
-                runners[key] = choice.kernel(plan)
+            if not isinstance(choice, Exception):
+                kernels.setdefault((choice.backend, choice.variant), choice.kernel)
+        sends, targets, prepared = dict(arrays), dict(fixed), {}
+        for key, kernel in kernels.items():
+            prepare = getattr(kernel, "prepare", None)
+            if prepare is not None:
+                prep = prepared[key] = prepare(plan)
+                for name, (array, target) in prep.uploads.items():
+                    sends[key, name], targets[key, name] = array, target
+        views = self._upload.upload(sends, targets, non_blocking)
+        bind_device_arrays(plan, {name: views[name] for name in arrays})
+        runners = {}
+        for key, kernel in kernels.items():
+            prep = prepared.get(key)
+            runners[key] = kernel(plan) if prep is None else prep.finish(
+                {name: views[key, name] for name in prep.uploads})
         self._plan, self._choices, self.decision = plan, choices, first
         self._runners = runners
         self._max_page = max_page
@@ -468,5 +484,5 @@ def set_plan_attributes(wrapper: BatchWrapperBase, plan: BatchPlan, window_left:
 __all__ = ["BatchWrapperBase", "canonical_dtype", "index_array", "host_index_arrays", "check_indptr",
            "paged_kv_lens",
            "page_indices",
-           "check_fixed_buffer", "require_workspace", "unpack_segments",
+           "check_fixed_buffer", "planned_device_fields", "require_workspace", "unpack_segments",
            "set_plan_attributes"]

@@ -18,8 +18,8 @@ from .batch_attention_params import BatchPlan, KVInput
 from .batch_decode import paged_kv_pages
 from .batch_plan import (
     KV_DTYPES, Q_DTYPES, BatchWrapperBase, canonical_dtype, check_fixed_buffer, check_indptr,
-    host_index_arrays, index_array, page_indices, paged_kv_lens, positive_int, set_plan_attributes,
-    unpack_segments,
+    host_index_arrays, index_array, page_indices, paged_kv_lens, planned_device_fields,
+    positive_int, set_plan_attributes, unpack_segments,
 )
 
 __all__ = ["BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper"]
@@ -101,7 +101,6 @@ class _PrefillBase(BatchWrapperBase):
             arrays.update(kv_last_page_len=last_h, kv_indices=indices_h)
             fixed.update(kv_last_page_len=buf("_paged_kv_last_page_len_buf"),
                          kv_indices=buf("_paged_kv_indices_buf"))
-        on_device = self._upload.upload(arrays, fixed, non_blocking)
         plan = BatchPlan(
             op=self._op, device=dev, batch_size=batch, num_qo_heads=num_qo_heads,
             num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk, head_dim_vo=head_dim_vo,
@@ -109,12 +108,13 @@ class _PrefillBase(BatchWrapperBase):
             o_dtype=o_dtype, causal=bool(causal) and mask is None, window_left=window_left,
             logits_soft_cap=cap, sm_scale=scale, q_len_per_req=0,
             qo_indptr_host=qo_h, kv_indptr_host=kv_h, kv_lens_host=kv_lens_h,
-            kv_last_page_len_host=last_h, kv_indices=on_device.pop("kv_indices", None),
-            kv_last_page_len=on_device.pop("kv_last_page_len", None), **on_device,
+            kv_last_page_len_host=last_h,
+            **{"kv_indices": None, "kv_last_page_len": None, **planned_device_fields(arrays, fixed)},
             total_qo=total_qo, max_qo_len=int(qo_lens_h.numpy().max()), max_kv_len=int(kv_lens_h.numpy().max()),
+            kv_indices_host=indices_h if paged and indices_h.device.type == "cpu" else None,
             custom_mask=mask, mask_indptr_host=mask_h, cuda_graph=graph,
             workspace=self._float_workspace_buffer, reusable=self._reusable)
-        self._finish_plan(plan, max_page)
+        self._finish_plan(plan, max_page, arrays, fixed, non_blocking)
         set_plan_attributes(self, plan, window_left, replay)
         self._causal = bool(causal)
         self._plan_info = (batch, total_qo)

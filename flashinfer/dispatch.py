@@ -58,7 +58,7 @@ from .reasons import Reason
 
 __all__ = [
     "Problem", "Reason", "Candidate", "Decision", "BackendUnavailableError", "NoBackendError",
-    "StrictModeError", "select", "decide", "record_decisions", "dtype_name", "length_bucket",
+    "StrictModeError", "select", "decide", "decide_each", "record_decisions", "dtype_name", "length_bucket",
 ]
 
 
@@ -343,6 +343,7 @@ def record_decisions() -> Iterator[list[Decision]]:
 #: NoBackendError / BackendUnavailableError / StrictModeError it raised. Keyed on the raw
 #: strings, so the hot path never parses an env var or walks the override levels.
 _MEMO: dict[tuple, Decision] = {}
+_GENERATION = [0]  # bumped by clear_cache(): callers' memos (decide_each) are then stale
 _MEMO_LIMIT = 8192
 _FAMILY_OF: dict[str, tuple[str, tuple]] = {}
 # os.environ.get costs ~1 us (it encodes the key); CPython's underlying dict of bytes is read
@@ -357,15 +358,47 @@ def _env_keys(family: str) -> tuple:
     return tuple(n.encode() for n in names) if _ENV_BYTES else names
 
 
-def decide(problem: Problem, backend: str | None = "auto") -> Decision:
-    """Resolve the overrides that apply to ``problem`` and select (the op modules call this)."""
-    entry = _FAMILY_OF.get(problem.op)
+def _override_state(op: str) -> tuple[str, tuple]:
+    """``op``'s family and the raw state of everything that can override its choice."""
+    entry = _FAMILY_OF.get(op)
     if entry is None:
-        family = op_spec(problem.op).family
-        entry = _FAMILY_OF[problem.op] = (family, _env_keys(family))
+        family = op_spec(op).family
+        entry = _FAMILY_OF[op] = (family, _env_keys(family))
     family, env_keys = entry
     env = _ENV_DATA if _ENV_BYTES else os.environ
-    key = (problem, backend, overrides.context_key(), *[env.get(k) for k in env_keys])
+    return family, (overrides.context_key(), *[env.get(k) for k in env_keys])
+
+
+def decide(problem: Problem, backend: str | None = "auto") -> Decision:
+    """Resolve the overrides that apply to ``problem`` and select (the op modules call this)."""
+    family, state = _override_state(problem.op)
+    return _decide(problem, backend, family, state)
+
+
+def decide_each(problems: list[Problem], backend: str | None = "auto",
+                memo: dict | None = None) -> list:
+    """:func:`decide` for several Problems of one op (a batch plan()'s run-time feature
+    combinations), the override state read once: a Decision, or the exception decide() raises,
+    per Problem. ``memo``: a dict the caller keeps with these Problems; the answer is reused
+    from it while the overrides, the backend and the caches are unchanged and no
+    :func:`record_decisions` block is open (the hot path of a plan() per serving step)."""
+    family, state = _override_state(problems[0].op)
+    key = (backend, state, _GENERATION[0])
+    if memo is not None and memo.get("key") == key and _RECORDER.get() is None:
+        return memo["answer"]
+    out = []
+    for problem in problems:
+        try:
+            out.append(_decide(problem, backend, family, state))
+        except (NoBackendError, BackendUnavailableError) as err:
+            out.append(err)
+    if memo is not None:
+        memo["key"], memo["answer"] = key, out
+    return out
+
+
+def _decide(problem: Problem, backend: str | None, family: str, state: tuple) -> Decision:
+    key = (problem, backend, state)
     decision = _MEMO.get(key)
     if decision is None:
         try:
@@ -395,4 +428,5 @@ def clear_cache() -> None:
 
     select.cache_clear()
     _MEMO.clear()
+    _GENERATION[0] += 1
     import_error.cache_clear()

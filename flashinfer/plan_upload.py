@@ -1,18 +1,21 @@
 """One host-to-device copy per plan(): the index arrays a batch plan needs on the device.
 
 A plan needs ``qo_indptr``, ``kv_indptr``, ``kv_lens``, ``kv_last_page_len`` and the page ids on
-the device. Copied one by one that is five ``cudaMemcpyAsync`` from pageable memory (each a
-staged, partly blocking copy) and five allocations: most of a plan's host time at batch 64.
-:class:`PlanUpload` packs the host arrays into one pinned buffer, reused across plans, and
-copies them with one non-blocking copy into one device buffer the wrapper owns; the returned
-tensors are views of it. Arrays already on the device (page ids kept there by the caller) are
-copied into their slot device to device, which also snapshots them: a later change to the
-caller's tensor does not change the planned batch.
+the device, and a two-phase planner may add arrays of its own (cuDNN decode: ``seq_len_kv`` and
+the page-table source, see ``batch_attention_params.Prepared``). Copied one by one that is a
+``cudaMemcpyAsync`` from pageable memory each (a staged, partly blocking copy) and an allocation
+each: most of a plan's host time at batch 64. :class:`PlanUpload` packs the host arrays (numpy
+or CPU tensors) into a pinned buffer and copies them with one non-blocking copy into one device
+buffer the wrapper owns; the returned tensors are views of it (cached: a serving loop repeats
+its layout). Arrays already on the device (page ids kept there by the caller) are copied into
+their slot device to device, which also snapshots them: a later change to the caller's tensor
+does not change the planned batch.
 
 Lifetime: the views stay valid until the wrapper's next plan(), which overwrites the buffer, as
 upstream's plan() overwrites its int workspace. The copy is queued on the current stream, after
-the runs of the previous plan. Before the pinned buffer is refilled, the previous copy out of it
-is waited for (an event; normally long finished).
+the runs of the previous plan. The pinned buffers form a ring of :data:`RING`: before one is
+refilled, the copy made out of it RING plans ago is waited for (an event), so a host that runs
+a step or two ahead of the GPU is not held back by the previous plan's copy.
 
 A CUDA-graph wrapper hands its fixed buffers in ``fixed``: those arrays are copied into them
 (from the pinned buffer), because a captured run reads those exact addresses.
@@ -20,14 +23,14 @@ A CUDA-graph wrapper hands its fixed buffers in ``fixed``: those arrays are copi
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-#: alignment of every array in the packed buffers, in int32 elements (64 bytes)
-ALIGN = 16
-
-
-def _round_up(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
+#: alignment of every array in the packed buffers, in int32 elements (256 bytes: what cuDNN
+#: wants of the operands a planner sends along, see ``Prepared``)
+ALIGN = 64
+#: pinned staging buffers per wrapper (see ``PlanUpload._staging``)
+RING = 3
 
 
 class PlanUpload:
@@ -35,75 +38,121 @@ class PlanUpload:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self._pinned: torch.Tensor | None = None
-        self._copied: torch.cuda.Event | None = None
+        # a ring of pinned staging buffers, each with the event of the last copy out of it: a
+        # plan() waits only for the copy of RING plans ago, not for the previous plan's (which
+        # queues behind the previous step's kernels when the host runs ahead of the GPU)
+        self._ring: list[list] = []  # [pinned tensor, its numpy view, event or None]
+        self._slot = 0
+        self._stream: tuple | None = None  # (raw current-stream key, its Stream object)
         self._buffer: torch.Tensor | None = None
+        # views by (which buffer, offset, length): a serving loop plans the same layout over
+        # and over, and a tensor slice costs a few microseconds of host time on slow hosts
+        self._views: dict[tuple, torch.Tensor] = {}
 
-    def upload(self, arrays: dict[str, torch.Tensor], fixed: dict[str, torch.Tensor | None],
-               non_blocking: bool) -> dict[str, torch.Tensor]:
-        """``arrays``: 1-D int32 tensors, on the host or already on ``self.device``; ``fixed``:
-        the fixed buffer of a name, or None (a view of this wrapper's buffer is returned)."""
+    def upload(self, arrays: dict, fixed: dict, non_blocking: bool) -> dict[str, torch.Tensor]:
+        """``arrays``: 1-D int32 arrays — numpy or CPU tensors (host), or tensors already on
+        ``self.device``; ``fixed``: the fixed buffer of a name, or None / absent (a view of this
+        wrapper's buffer is returned)."""
         if self.device.type != "cuda":
-            return {name: _into(fixed.get(name), t) for name, t in arrays.items()}
-        on_host = {n: t.device.type == "cpu" for n, t in arrays.items()}
+            return {name: _into(fixed.get(name), _tensor(t)) for name, t in arrays.items()}
+        host, loose_remote, fixed_host = {}, [], []
+        for name, t in arrays.items():
+            a = t if isinstance(t, np.ndarray) else (t.numpy() if t.device.type == "cpu" else None)
+            if a is not None:
+                host[name] = a
+                if fixed.get(name) is not None:
+                    fixed_host.append(name)
+            elif fixed.get(name) is None:
+                loose_remote.append(name)
         # order: loose host arrays, loose device arrays | fixed host arrays. The loose host
         # arrays then sit at the same offsets in the pinned and the device buffer: one copy.
-        loose = sorted((n for n in arrays if fixed.get(n) is None), key=lambda n: not on_host[n])
-        pinned_order = [n for n in loose if on_host[n]]
-        pinned_order += [n for n in arrays if fixed.get(n) is not None and on_host[n]]
+        loose_host = [n for n in host if fixed.get(n) is None]
         offset, total = {}, 0
-        for name in loose + [n for n in pinned_order if n not in loose]:
+        for name in loose_host + loose_remote + fixed_host:
             offset[name] = total
-            total += _round_up(arrays[name].shape[0])
-        staging = self._staging(total)
-        flat = staging.numpy()
-        for name in pinned_order:
-            t = arrays[name]
-            flat[offset[name]:offset[name] + t.shape[0]] = t.numpy()
+            total += -(-arrays[name].shape[0] // ALIGN) * ALIGN
+        pinned, flat, event = self._staging(total)
+        for name, a in host.items():
+            flat[offset[name]:offset[name] + a.shape[0]] = a
 
         out = {}
+        loose = loose_host + loose_remote
         if loose:
             last = loose[-1]
-            device_buf = self._device_buffer(offset[last] + arrays[last].shape[0])
-            loose_host = [n for n in loose if on_host[n]]
+            self._device_buffer(offset[last] + arrays[last].shape[0])
             if loose_host:
-                end = offset[loose_host[-1]] + arrays[loose_host[-1]].shape[0]
-                device_buf[:end].copy_(staging[:end], non_blocking=non_blocking)
+                end = offset[loose_host[-1]] + host[loose_host[-1]].shape[0]
+                self._view("device", 0, end).copy_(self._view(pinned, 0, end),
+                                                   non_blocking=non_blocking)
             for name in loose:
-                view = device_buf[offset[name]:offset[name] + arrays[name].shape[0]]
-                if not on_host[name]:
+                view = self._view("device", offset[name], arrays[name].shape[0])
+                if name not in host:
                     view.copy_(arrays[name], non_blocking=non_blocking)  # device to device
                 out[name] = view
-        for name in arrays:
-            target = fixed.get(name)
-            if target is None:
+        for name, target in fixed.items():
+            if target is None or name not in arrays:
                 continue
             t, n = arrays[name], arrays[name].shape[0]
             if n > target.shape[0]:
                 raise ValueError(f"the fixed buffer for {name} holds {target.shape[0]} entries, "
                                  f"the plan needs {n}")
-            src = staging[offset[name]:offset[name] + n] if on_host[name] else t
+            src = self._view(pinned, offset[name], n) if name in host else t
             target[:n].copy_(src, non_blocking=non_blocking)
             out[name] = target[:n]
-        if self._copied is None:
-            self._copied = torch.cuda.Event()
-        self._copied.record()
+        if event is None:
+            event = self._ring[self._slot][2] = torch.cuda.Event()
+        event.record(self._current_stream())
         return out
 
-    def _staging(self, n: int) -> torch.Tensor:
-        """``n`` int32 of the pinned buffer, once the previous copy out of it has finished."""
-        if self._copied is not None:
-            self._copied.synchronize()
-        if self._pinned is None or self._pinned.shape[0] < n:
-            size = max(n, 4096, 0 if self._pinned is None else 2 * self._pinned.shape[0])
-            self._pinned = torch.empty(size, dtype=torch.int32, pin_memory=True)
-        return self._pinned[:n]
+    def _view(self, which, start: int, n: int) -> torch.Tensor:
+        """``which[start:start + n]`` for ``"device"`` (the wrapper's buffer) or a pinned
+        staging tensor, cached."""
+        key = (id(which) if isinstance(which, torch.Tensor) else which, start, n)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) > 256:
+                self._views.clear()
+            buf = self._buffer if which == "device" else which
+            view = self._views[key] = buf[start:start + n]
+        return view
 
-    def _device_buffer(self, n: int) -> torch.Tensor:
+    def _current_stream(self) -> torch.cuda.Stream:
+        """The current stream, rebuilt only when it changed (``torch.cuda.current_stream()``
+        builds a Python object per call: several microseconds a plan on a slow host)."""
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        raw = torch._C._cuda_getCurrentStream(index)
+        if self._stream is None or self._stream[0] != raw:
+            self._stream = (raw, torch.cuda.current_stream(index))
+        return self._stream[1]
+
+    def _staging(self, n: int) -> tuple[torch.Tensor, np.ndarray, torch.cuda.Event | None]:
+        """The next pinned buffer of the ring (at least ``n`` int32; tensor, numpy view, event),
+        once the copy made out of it RING plans ago has finished."""
+        if len(self._ring) < RING:
+            self._ring.append([None, None, None])
+            self._slot = len(self._ring) - 1
+        else:
+            self._slot = (self._slot + 1) % RING
+        entry = self._ring[self._slot]
+        if entry[2] is not None:
+            entry[2].synchronize()
+        if entry[0] is None or entry[0].shape[0] < n:
+            size = max(n, 4096, 0 if entry[0] is None else 2 * entry[0].shape[0])
+            if entry[0] is not None:  # its cached views go with it
+                self._views = {k: v for k, v in self._views.items() if k[0] != id(entry[0])}
+            entry[0] = torch.empty(size, dtype=torch.int32, pin_memory=True)
+            entry[1] = entry[0].numpy()
+        return entry[0], entry[1], entry[2]
+
+    def _device_buffer(self, n: int) -> None:
         if self._buffer is None or self._buffer.shape[0] < n:
             size = max(n, 4096, 0 if self._buffer is None else 2 * self._buffer.shape[0])
             self._buffer = torch.empty(size, dtype=torch.int32, device=self.device)
-        return self._buffer
+            self._views = {k: v for k, v in self._views.items() if k[0] != "device"}
+
+
+def _tensor(t) -> torch.Tensor:
+    return torch.from_numpy(t) if isinstance(t, np.ndarray) else t
 
 
 def _into(target: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:

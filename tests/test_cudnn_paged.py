@@ -3,8 +3,10 @@ _batch_graphs.py): buckets, padded metadata, cache keys and Decisions on CPU; on
 ``cudnn``, paged decode / paged prefill / ragged prefill against a float32 oracle written here,
 graph reuse across batch compositions, and CUDA-graph capture + replay."""
 
+import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -25,9 +27,11 @@ SMS = ("7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0", "cpu")
 
 def make_plan(op, qo_lens, kv_lens, *, page_size=16, heads=(4, 2), dim=64, causal=False,
               window_left=-1, layout="NHD", dtype=torch.float16, device="cpu", cuda_graph=False,
-              fixed=None, seed=0, num_pages=None, dim_vo=None):
+              fixed=None, seed=0, num_pages=None, dim_vo=None, host_ids=False, reusable=None):
     """A BatchPlan for requests with these lengths; pages are a random permutation of the pool.
-    ``fixed``: dict of preallocated device buffers (a CUDA-graph wrapper's) to copy into."""
+    ``fixed``: dict of preallocated device buffers (a CUDA-graph wrapper's) to copy into;
+    ``host_ids``: the page ids also on the host (``kv_indices_host``), as a wrapper plans them
+    when they are given there."""
     g = torch.Generator().manual_seed(seed)
     b = len(kv_lens)
     qo = torch.tensor([0] + list(qo_lens), dtype=torch.int64).cumsum(0).to(torch.int32)
@@ -63,7 +67,8 @@ def make_plan(op, qo_lens, kv_lens, *, page_size=16, heads=(4, 2), dim=64, causa
         kv_indptr=on_device("kv_indptr", kv_indptr), kv_indices=on_device("kv_indices", indices),
         kv_lens=on_device("kv_lens", kv_lens_t), kv_last_page_len=on_device("last", last),
         total_qo=int(qo[-1]), max_qo_len=max(qo_lens, default=0),
-        max_kv_len=max(kv_lens, default=0), cuda_graph=cuda_graph)
+        max_kv_len=max(kv_lens, default=0), cuda_graph=cuda_graph,
+        kv_indices_host=indices if host_ids else None, reusable=reusable)
 
 
 def gather_kv(plan, kv, b):
@@ -238,6 +243,35 @@ def test_page_table_rows_are_the_requests_pages_then_the_last_page(seed):
     for r in range(b):  # naive: position indptr[r] + j, clipped to the last listed page
         assert src[r].tolist() == [min(indptr[r] + j, last) for j in range(spec.kv_bucket)]
     assert not src[b:].any()  # padded requests: position 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_decode_arrays_match_the_metadata_contract(seed):
+    g = torch.Generator().manual_seed(300 + seed)
+    b = int(torch.randint(1, 20, (1,), generator=g))
+    kv = torch.randint(0, 200, (b,), generator=g).tolist()
+    if seed == 5:
+        kv = [0] * b  # no page at all
+    elif seed % 2 == 0:
+        kv[int(torch.randint(0, b, (1,), generator=g))] = 0
+    plan = make_plan(bp.DECODE, [1] * b, kv, page_size=8, seed=seed, host_ids=True)
+    spec = bp.make_spec(plan, device_index=0, scale=0.1)
+    host = bp.build_metadata(spec, plan)
+    table = torch.empty(spec.table_dims(), dtype=torch.int32)
+    bp.fill_page_table(table, host.page_src, plan.kv_indices)
+    arrays = bp.decode_arrays(spec, plan)
+    assert set(arrays) == {"seq_len_kv", "ids_padded", "row_starts"}
+    assert all(a.dtype == np.int32 and a.ndim == 1 for a in arrays.values())
+    assert np.array_equal(arrays["seq_len_kv"], host.seq_len_kv.view(-1).numpy())
+    gathered = torch.full(spec.table_dims(), -1, dtype=torch.int32)
+    bp.gather_decode_table(gathered, torch.from_numpy(arrays["ids_padded"]),
+                           torch.from_numpy(arrays["row_starts"]))
+    assert torch.equal(gathered[:b], table[:b])  # the requests' rows: exactly the contract
+    valid = set(plan.kv_indices.tolist()) or {0}
+    assert set(gathered.view(-1).tolist()) <= valid  # padded rows: valid ids too
+    on_device = bp.decode_arrays(spec, dataclasses.replace(plan, kv_indices_host=None))
+    assert set(on_device) == {"seq_len_kv", "page_src"}
+    assert np.array_equal(on_device["page_src"], host.page_src.numpy())
 
 
 def test_prefill_metadata_offsets_and_padding():
@@ -582,8 +616,10 @@ def test_gpu_new_composition_reuses_the_graph():
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("seed", range(5))
-def test_gpu_decode_metadata_filled_on_the_device_matches_the_host_contract(seed):
+@pytest.mark.parametrize("seed", range(6))
+def test_gpu_decode_planner_writes_the_host_contract(seed):
+    """Dense decode's planner (page ids on the host or the device, CUDA-graph or not) leaves on
+    the device exactly what build_metadata describes, into poisoned buffers."""
     from flashinfer.backends.cudnn import _batch_graphs as cg
 
     g = torch.Generator().manual_seed(200 + seed)
@@ -591,20 +627,30 @@ def test_gpu_decode_metadata_filled_on_the_device_matches_the_host_contract(seed
     kv = torch.randint(0, 200, (b,), generator=g).tolist()
     if seed % 2 == 0:
         kv[int(torch.randint(0, b, (1,), generator=g))] = 0  # a request without keys
-    plan = make_plan(bp.DECODE, [1] * b, kv, page_size=8, seed=seed, device="cuda",
-                     cuda_graph=seed == 4)
-    spec = bp.make_spec(plan, device_index=torch.cuda.current_device(), scale=0.1)
-    host = bp.build_metadata(spec, plan)
-    buffers = cg._Buffers(spec, plan.device, b)
-    for name in ("seq_len_kv", "page_src", "dead_rows"):  # poison: every entry must be written
-        buffers.tensors[name].view(torch.uint8).fill_(0x7F)
-    dead = buffers.fill_decode(plan)
+    graph = seed >= 4
+    kw = dict(page_size=8, seed=seed, device="cuda", cuda_graph=graph, host_ids=seed % 3 == 0,
+              reusable={})
+    if graph:  # a CUDA-graph wrapper's fixed index buffers (the store's key)
+        kw["fixed"] = {n: torch.zeros(4096, dtype=torch.int32, device="cuda")
+                       for n in ("qo_indptr", "kv_indptr", "kv_indices", "kv_lens", "last")}
+    plan = make_plan(bp.DECODE, [1] * b, kv, **kw)
+    first = cg.plan(plan).buffers  # the next plan reuses these buffers: poison what it rewrites
+    for t in (first.tensors["seq_len_kv"], first.tensors["dead_rows"], first.page_table):
+        t.view(torch.uint8).fill_(0x7F)
+    runner = cg.plan(plan)
+    assert runner.buffers is first
     torch.cuda.synchronize()
-    assert dead == (host.num_dead > 0)
-    for name in ("seq_len_q", "seq_len_kv", "page_src"):
-        assert torch.equal(buffers.tensors[name].cpu(), getattr(host, name)), name
-    if dead or plan.cuda_graph:
-        assert torch.equal(buffers.tensors["dead_rows"][:b].cpu(), host.dead_rows[:b])
+    spec = runner.spec
+    host = bp.build_metadata(spec, plan)
+    table = torch.empty(spec.table_dims(), dtype=torch.int32)
+    bp.fill_page_table(table, host.page_src, plan.kv_indices.cpu())
+    assert torch.equal(runner.seq_len_kv.cpu(), host.seq_len_kv)
+    assert torch.equal(runner.buffers.tensors["seq_len_q"].cpu(), host.seq_len_q)
+    assert torch.equal(runner.buffers.page_table[:b].cpu(), table[:b])
+    assert set(runner.buffers.page_table.view(-1).tolist()) <= (set(plan.kv_indices.tolist()) or {0})
+    assert runner.clear_dead == (host.num_dead > 0 or graph)
+    if runner.clear_dead:
+        assert torch.equal(runner.buffers.tensors["dead_rows"][:b].cpu(), host.dead_rows[:b])
 
 
 @pytest.mark.gpu

@@ -275,3 +275,23 @@ def test_unlisted_backends_rank_just_before_the_reference(tmp_path):
         "basis": "test"}]}))
     d = select(norm_problem(), tuned_path=str(rules), assume_installed=True)
     assert d.order == ("triton", "reference")
+
+
+def test_decide_each_memo_follows_overrides_caches_and_recording(monkeypatch):
+    from flashinfer.dispatch import clear_cache, decide_each, record_decisions
+
+    monkeypatch.delenv("FLASHINFER_NORM_BACKEND", raising=False)
+    problems = [Problem.make("rmsnorm", simulated("cpu"), dtypes={"input": "float32", "weight": "float32"},
+                             shape={"hidden_size": 64, "num_rows": 3})]
+    memo: dict = {}
+    first = decide_each(problems, "auto", memo)
+    assert decide_each(problems, "auto", memo) is first  # a plan() per step: reused
+    monkeypatch.setenv("FLASHINFER_NORM_BACKEND", "reference")
+    forced = decide_each(problems, "auto", memo)
+    assert forced is not first and forced[0].backend == "reference"
+    clear_cache()
+    assert decide_each(problems, "auto", memo) is not forced
+    with record_decisions() as log:  # an open recording sees every decision
+        decide_each(problems, "auto", memo)
+    assert [d.backend for d in log] == ["reference"]
+    assert isinstance(decide_each(problems, "cudnn", memo)[0], (NoBackendError, BackendUnavailableError))

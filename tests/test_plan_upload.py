@@ -1,6 +1,7 @@
 """PlanUpload: a plan's index arrays reach the device in one copy, as private snapshots or in
 the fixed buffers of a CUDA-graph wrapper."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -41,16 +42,35 @@ def test_fixed_buffer_too_small_names_the_array():
 @pytest.mark.parametrize("indices_on_device", [False, True])
 def test_cuda_upload_matches_and_snapshots(indices_on_device):
     up = PlanUpload(torch.device("cuda"))
-    for seed in range(3):  # later plans reuse (and may grow) the buffers
-        arrays = _arrays(seed, "cuda" if indices_on_device else "cpu", n_pages=37 + 5000 * seed)
+    for seed in range(7):  # later plans reuse (and may grow) the buffers; the ring wraps twice
+        arrays = _arrays(seed, "cuda" if indices_on_device else "cpu", n_pages=37 + 5000 * (seed % 3))
+        arrays["extra"] = np.arange(seed, seed + 11, dtype=np.int32)  # a planner's numpy array
         out = up.upload(arrays, {}, non_blocking=True)
         torch.cuda.synchronize()
         for name, t in arrays.items():
-            assert out[name].is_cuda and torch.equal(out[name].cpu(), t.cpu()), name
+            want = torch.as_tensor(t).cpu()
+            assert out[name].is_cuda and torch.equal(out[name].cpu(), want), (seed, name)
         before = out["kv_indices"].clone()
         arrays["kv_indices"].add_(1)  # the caller's array changes after plan(): the plan does not
         torch.cuda.synchronize()
         assert torch.equal(out["kv_indices"], before)
+
+
+@gpu
+def test_cuda_uploads_queued_behind_a_busy_stream_keep_their_own_contents():
+    """The pinned ring: plans made while earlier copies still wait in the stream must not
+    overwrite the host memory those copies read."""
+    up = PlanUpload(torch.device("cuda"))
+    targets = [torch.full((64,), -1, dtype=torch.int32, device="cuda") for _ in range(7)]
+    torch.cuda._sleep(50_000_000)  # the copies below queue behind this
+    sent = []
+    for i, target in enumerate(targets):
+        arrays = {"kv_indices": torch.arange(i, i + 50, dtype=torch.int32)}
+        up.upload(arrays, {"kv_indices": target}, non_blocking=True)
+        sent.append(arrays["kv_indices"])
+    torch.cuda.synchronize()
+    for target, want in zip(targets, sent):
+        assert torch.equal(target[:50].cpu(), want) and (target[50:] == -1).all()
 
 
 @gpu

@@ -57,6 +57,16 @@ def _batch_planner(plan):
     return _batch_graphs.plan(plan)
 
 
+def _batch_prepare(plan):
+    """Two-phase form (``Prepared``): the host part before the plan's upload."""
+    from . import _batch_graphs
+
+    return _batch_graphs.prepare(plan)
+
+
+_batch_planner.prepare = _batch_prepare
+
+
 def _batch_check(problem):
     return batch_support.reasons(problem, support.installed_versions())
 

@@ -36,8 +36,10 @@ import numpy as np
 import torch
 
 from ._graphs import _DTYPES, _LOG2E, _binding, _workspace
+from ...batch_attention_params import Prepared
 from .batch_plan import (RAGGED, BatchSpec, build_metadata, byte_layout, container,
-                         fill_page_table, fits, kv_key, make_spec, metadata_layout, unpack)
+                         decode_arrays, fill_page_table, fits, gather_decode_table, kv_key,
+                         make_spec, metadata_layout, unpack)
 from .plan import GraphCache
 
 BATCH_GRAPHS = GraphCache(maxsize=64)
@@ -162,35 +164,6 @@ class _Buffers:
         else:
             dst.copy_(host)
 
-    def fill_decode(self, plan) -> bool:
-        """Dense decode: the metadata :func:`~.batch_plan.build_metadata` describes, written on
-        the device from the plan's device arrays (4 small launches; no host metadata and no
-        second upload, the larger part of a decode plan's host time). Returns whether a
-        request has no key (its rows are then cleared)."""
-        spec, t = self.spec, self.tensors
-        b, bb, pb = plan.batch_size, spec.batch_bucket, spec.kv_bucket
-        seq_kv = t["seq_len_kv"].view(bb)
-        torch.clamp(plan.kv_lens, min=1, out=seq_kv[:b])  # no key: runs on one, then cleared
-        pos = t["page_src"].view(bb, pb)
-        torch.add(plan.kv_indptr[:-1, None], _device_arange(plan.device, pb), out=pos[:b])
-        indptr = plan.kv_indptr_host.numpy()
-        last = max(int(indptr[-1]) - 1, 0)
-        first = int(np.searchsorted(indptr[:-1], last - pb + 1, side="right"))
-        if first < b:  # rows running past the last listed page (padding, never read)
-            pos[first:b].clamp_(max=last)
-        if b < bb:  # padded requests: one key, position 0
-            seq_kv[b:].fill_(1)
-            pos[b:].zero_()
-        dead = bool((plan.kv_lens_host.numpy() == 0).any())
-        if dead or plan.cuda_graph:
-            torch.eq(plan.kv_lens, 0, out=t["dead_rows"][:b])
-        return dead
-
-
-@functools.lru_cache(maxsize=64)
-def _device_arange(device: torch.device, n: int) -> torch.Tensor:
-    return torch.arange(n, dtype=torch.int32, device=device)
-
 
 #: device -> (pinned uint8 host buffer, event recorded after its last copy was queued)
 _STAGING: dict[torch.device, tuple[torch.Tensor, torch.cuda.Event]] = {}
@@ -220,8 +193,11 @@ def _staged(device: torch.device, flat: torch.Tensor) -> torch.Tensor:
 class BatchRunner:
     """``runner(q, kv, out, lse, scales)``: executes the plan's graph (the batch contract)."""
 
-    def __init__(self, plan, spec: BatchSpec, buffers: _Buffers, dead: bool):
+    def __init__(self, plan, spec: BatchSpec, buffers: _Buffers, dead: bool,
+                 seq_len_kv: torch.Tensor | None = None):
         self.plan, self.spec, self.buffers = plan, spec, buffers
+        # dense decode reads it from the plan's upload (see prepare())
+        self.seq_len_kv = buffers.tensors["seq_len_kv"] if seq_len_kv is None else seq_len_kv
         self.device = plan.device
         self.layout = plan.kv_layout
         self.clear_dead = dead or plan.cuda_graph
@@ -265,7 +241,7 @@ class BatchRunner:
             q_in, o_run = buf.q_pad, buf.o_pad
         h = entry.handles
         pack = {h["q"]: q_in, h["k"]: k, h["v"]: v, h["o"]: o_run,
-                h["seq_len_q"]: t["seq_len_q"], h["seq_len_kv"]: t["seq_len_kv"]}
+                h["seq_len_q"]: t["seq_len_q"], h["seq_len_kv"]: self.seq_len_kv}
         if spec.page_size:
             pack[h["k_table"]] = pack[h["v_table"]] = buf.page_table
         else:
@@ -313,9 +289,9 @@ def _reused_buffers(plan, spec: BatchSpec) -> _Buffers | None:
     return kept if (kept.q_pad is not None) == padded else None
 
 
-def plan(plan) -> BatchRunner:
-    """The planner: bucket, fill the metadata buffers, return the runner (no graph build here
-    when the bucket and the KV operands were seen before)."""
+def _spec_and_buffers(plan) -> tuple[BatchSpec, _Buffers]:
+    """The plan's bucketed spec and the device buffers its graph reads: the wrapper's previous
+    ones when they fit (``plan.reusable``), a CUDA-graph wrapper's store, or new ones."""
     device = plan.device
     index = device.index if device.index is not None else torch.cuda.current_device()
     min_kv = _capacity_pages(plan) if plan.cuda_graph and plan.op != RAGGED else 1
@@ -326,33 +302,80 @@ def plan(plan) -> BatchRunner:
             buffers = _Buffers(spec, device, plan.batch_size)
             if plan.reusable is not None:
                 plan.reusable["cudnn"] = buffers
-    else:
-        key = (plan.op, index, plan.qo_indptr.data_ptr(), plan.kv_indptr.data_ptr())
-        with _stores_lock:
-            buffers = _stores.get(key)
-            if buffers is not None and (dataclasses.replace(buffers.spec, batch_bucket=0, qo_bucket=0,
-                                                             kv_bucket=0)
-                                        != dataclasses.replace(spec, batch_bucket=0, qo_bucket=0,
-                                                               kv_bucket=0)):
-                buffers = None  # another geometry on the same buffers: a new capture anyway
-            if buffers is not None and not fits(buffers.spec, plan):
-                raise ValueError(
-                    f"cudnn batch attention: this CUDA-graph plan (batch {plan.batch_size}, max "
-                    f"qo_len {plan.max_qo_len}) outgrows the buckets its wrapper was first planned "
-                    f"with ({buffers.spec.describe()}); a captured run would be stale. Plan the "
-                    f"largest batch first, or use a new wrapper.")
-            if buffers is None:
-                buffers = _stores[key] = _Buffers(spec, device, plan.batch_size)
-            spec = buffers.spec
-    if not spec.ragged_q:
-        dead = buffers.fill_decode(plan)
-    else:
-        meta = build_metadata(spec, plan)
-        buffers.upload(meta)
-        dead = meta.num_dead > 0
+        return spec, buffers
+    key = (plan.op, index, plan.qo_indptr.data_ptr(), plan.kv_indptr.data_ptr())
+    with _stores_lock:
+        buffers = _stores.get(key)
+        if buffers is not None and (dataclasses.replace(buffers.spec, batch_bucket=0, qo_bucket=0,
+                                                         kv_bucket=0)
+                                    != dataclasses.replace(spec, batch_bucket=0, qo_bucket=0,
+                                                           kv_bucket=0)):
+            buffers = None  # another geometry on the same buffers: a new capture anyway
+        if buffers is not None and not fits(buffers.spec, plan):
+            raise ValueError(
+                f"cudnn batch attention: this CUDA-graph plan (batch {plan.batch_size}, max "
+                f"qo_len {plan.max_qo_len}) outgrows the buckets its wrapper was first planned "
+                f"with ({buffers.spec.describe()}); a captured run would be stale. Plan the "
+                f"largest batch first, or use a new wrapper.")
+        if buffers is None:
+            buffers = _stores[key] = _Buffers(spec, device, plan.batch_size)
+    return buffers.spec, buffers
+
+
+def prepare(plan) -> Prepared:
+    """The two-phase planner (see :class:`~flashinfer.batch_attention_params.Prepared`).
+
+    Dense decode makes ``seq_len_kv`` and what the page table is gathered from on the host
+    (:func:`~.batch_plan.decode_arrays`): they ride in the plan's one upload (``seq_len_kv``
+    into the CUDA-graph store's buffer for a CUDA-graph plan), and ``finish`` queues one
+    gather into the page table and, for a request without keys or a CUDA-graph plan, the
+    dead-row flags. Prefill and multi-query decode build their metadata in ``finish``
+    (:func:`~.batch_plan.build_metadata`, one upload of their own)."""
+    spec, buffers = _spec_and_buffers(plan)
+    if spec.ragged_q:
+        return Prepared({}, lambda views: _finish_prefill(plan, spec, buffers))
+    arrays = decode_arrays(spec, plan)
+    fixed = {}
+    if plan.cuda_graph:  # the captured graph reads the store's buffers
+        fixed = {"seq_len_kv": buffers.tensors["seq_len_kv"].view(-1)}
+    uploads = {name: (a, fixed.get(name)) for name, a in arrays.items()}
+    return Prepared(uploads, lambda views: _finish_decode(plan, spec, buffers, views))
+
+
+def _finish_decode(plan, spec: BatchSpec, buffers: _Buffers, views: dict) -> BatchRunner:
+    b = plan.batch_size
+    if "ids_padded" in views:  # page ids on the host: one gather of the uploaded windows
+        gather_decode_table(buffers.page_table, views["ids_padded"], views["row_starts"])
+    else:  # page ids on the device: gather them at the uploaded positions
+        fill_page_table(buffers.page_table, views["page_src"], plan.kv_indices)
+    dead = bool((plan.kv_lens_host.numpy() == 0).any())
+    if dead or plan.cuda_graph:
+        torch.eq(plan.kv_lens, 0, out=buffers.tensors["dead_rows"][:b])
+    return BatchRunner(plan, spec, buffers, dead,
+                       seq_len_kv=views["seq_len_kv"].view(spec.batch_bucket, 1, 1, 1))
+
+
+def _finish_prefill(plan, spec: BatchSpec, buffers: _Buffers) -> BatchRunner:
+    meta = build_metadata(spec, plan)
+    buffers.upload(meta)
     if spec.page_size:
         fill_page_table(buffers.page_table, buffers.tensors["page_src"], plan.kv_indices)
-    return BatchRunner(plan, spec, buffers, dead)
+    return BatchRunner(plan, spec, buffers, meta.num_dead > 0)
+
+
+def plan(plan) -> BatchRunner:
+    """The one-phase planner, on a complete plan (a runner built outside the wrapper's
+    plan()): :func:`prepare`, its uploads sent on their own, then its ``finish``."""
+    prep = prepare(plan)
+    views = {}
+    for name, (array, target) in prep.uploads.items():
+        src = torch.from_numpy(array)
+        if target is None:
+            views[name] = src.to(plan.device, non_blocking=False)
+        else:
+            target[:src.shape[0]].copy_(src)
+            views[name] = target[:src.shape[0]]
+    return prep.finish(views)
 
 
 def state() -> dict:

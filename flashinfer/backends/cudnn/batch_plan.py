@@ -241,14 +241,7 @@ def build_metadata(spec: BatchSpec, plan) -> Metadata:
     np.maximum(kv_lens, 1, out=seq_kv[:b])
 
     if spec.page_size and b:
-        # request b's pages, then (padding, never read: past seq_len_kv) the positions that
-        # follow, clipped to the last listed page: every entry is a valid page
-        src = views["page_src"].reshape(bb, spec.kv_bucket)[:b]
-        np.add(kv_indptr[:-1, None], _arange(spec.kv_bucket), out=src)
-        # only the trailing requests, whose row runs past the last page, need the clip
-        last_page = max(int(kv_indptr[-1]) - 1, 0)
-        first = int(np.searchsorted(kv_indptr[:-1], last_page - spec.kv_bucket + 1, side="right"))
-        np.minimum(src[first:], last_page, out=src[first:])
+        page_positions(kv_indptr, views["page_src"].reshape(bb, spec.kv_bucket)[:b])
     else:
         # every request reads at least one row: an empty or padded one reads row 0 (valid)
         starts = np.where(kv_lens == 0, 0, kv_indptr[:-1])
@@ -276,6 +269,61 @@ def build_metadata(spec: BatchSpec, plan) -> Metadata:
         dead[:b] = kv_lens == 0
 
     return Metadata(torch.from_numpy(flat), layout, int(dead.sum()))
+
+
+def page_positions(kv_indptr: np.ndarray, out: np.ndarray) -> None:
+    """``out [b, Pb]`` ← request ``r``'s page positions in ``kv_indices``: ``kv_indptr[r] + j``,
+    then (padding, never read: past ``seq_len_kv``) the positions that follow, clipped to the
+    last listed page, so that every entry names a valid page."""
+    pb = out.shape[1]
+    np.add(kv_indptr[:-1, None], _arange(pb), out=out)
+    # only the trailing requests, whose row runs past the last page, need the clip
+    last_page = max(int(kv_indptr[-1]) - 1, 0)
+    first = int(np.searchsorted(kv_indptr[:-1], last_page - pb + 1, side="right"))
+    if first < out.shape[0]:
+        np.minimum(out[first:], last_page, out=out[first:])
+
+
+def decode_arrays(spec: BatchSpec, plan) -> dict[str, np.ndarray]:
+    """Dense decode (one query row per request): what its graph reads that changes with every
+    plan, made on the host for the plan's upload (1-D int32 arrays):
+
+    * ``seq_len_kv`` ``[Bb]``: ``max(kv_len, 1)``, 1 for padded requests;
+    * page ids on the host (``plan.kv_indices_host``): ``ids_padded`` ``[n + Pb]``, the ids then
+      ``Pb`` copies of the last one (zeros when the batch has no page), and ``row_starts``
+      ``[Bb]``, each request's first position (0 for padded requests): the page table is the
+      rows of ``ids_padded`` seen as overlapping windows of ``Pb`` (:func:`gather_decode_table`,
+      one gather on the device, no per-entry host work);
+    * page ids on the device: ``page_src`` ``[Bb * Pb]``, :func:`page_positions`, for
+      :func:`fill_page_table`.
+
+    Either way request ``r``'s row is its pages, then (never read: past ``seq_len_kv``) the pages
+    that follow it in ``kv_indices``, the last one repeated: :func:`build_metadata`'s contract
+    (the tests hold them together); a padded request's row holds valid ids too."""
+    b, bb, pb = plan.batch_size, spec.batch_bucket, spec.kv_bucket
+    seq_kv = np.ones(bb, dtype=np.int32)  # no key, or padded: runs on one key, then is cleared
+    np.maximum(plan.kv_lens_host.numpy(), 1, out=seq_kv[:b])
+    kv_indptr = plan.kv_indptr_host.numpy()
+    if plan.kv_indices_host is None:
+        pos = np.zeros((bb, pb), dtype=np.int32)
+        page_positions(kv_indptr, pos[:b])
+        return {"seq_len_kv": seq_kv, "page_src": pos.reshape(-1)}
+    ids = plan.kv_indices_host.numpy()
+    n = ids.shape[0]
+    padded = np.empty(n + pb, dtype=np.int32)
+    padded[:n] = ids
+    padded[n:] = ids[-1] if n else 0
+    starts = np.zeros(bb, dtype=np.int32)
+    starts[:b] = kv_indptr[:-1]
+    return {"seq_len_kv": seq_kv, "ids_padded": padded, "row_starts": starts}
+
+
+def gather_decode_table(table: torch.Tensor, ids_padded: torch.Tensor,
+                        row_starts: torch.Tensor) -> None:
+    """``table [Bb, 1, Pb, 1]`` ← row ``r`` = ``ids_padded[row_starts[r] : row_starts[r] + Pb]``
+    (one ``index_select`` over the overlapping windows; see :func:`decode_arrays`)."""
+    pb = table.shape[2]
+    torch.index_select(ids_padded.unfold(0, pb, 1), 0, row_starts, out=table.view(-1, pb))
 
 
 def fill_page_table(table: torch.Tensor, page_src: torch.Tensor, kv_indices: torch.Tensor) -> None:
