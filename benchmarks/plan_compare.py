@@ -4,11 +4,15 @@
     PYTHONPATH=/tmp/anchor python benchmarks/plan_compare.py --impl upstream --out up.json
 
 Decode, kv 4096, 32/8 heads, d128, page 16, bf16, batch {1, 16, 64, 256}. ``indptr`` and
-``last_page_len`` on the host, page ids on the device (as engines keep them) and — ours only,
-upstream's run() reads them where they are — on the host. Each plan() is timed alone after a
-``torch.cuda.synchronize()`` (an idle GPU), ``--reps`` times after a warm-up, interleaved with a
-run() every ``--run-every`` plans as a serving step would; median, p10 and p90 in milliseconds.
-Run each implementation in its own process (both packages are named ``flashinfer``).
+``last_page_len`` on the host, page ids on the device (as engines keep them; ours also with
+``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1``, no check, as upstream) and — ours only, upstream's run()
+reads them where they are — on the host. ``--mode sync``: each plan() is timed
+alone after a ``torch.cuda.synchronize()`` (an idle GPU), with a run() every ``--run-every``
+plans; ``--mode pipelined``: a serving loop, plan() then run() with no synchronisation, so the
+host runs ahead of the GPU and a plan() that waits for the device pays for it. ``--reps`` timed
+plans after a warm-up; median, p10 and p90 in milliseconds. Run each implementation in its own
+process (both packages are named ``flashinfer``). The device host's speed varies between
+machine starts: compare implementations measured in one call.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import time
 
@@ -33,7 +38,12 @@ def _stats(times: list[float]) -> dict:
     return {"median_ms": statistics.median(times), "p10_ms": pick(0.1), "p90_ms": pick(0.9)}
 
 
-def time_plans(batch: int, backend: str | None, ids_on_host: bool, reps: int, run_every: int) -> dict:
+def time_plans(batch: int, backend: str | None, ids: str, reps: int, run_every: int,
+               mode: str) -> dict:
+    """``ids``: where the page ids are — "host", "device" or "device-trusted" (device, with
+    ``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1``: no bounds check, no synchronisation)."""
+    os.environ["FLASHINFER_TRUST_DEVICE_PAGE_IDS"] = "1" if ids == "device-trusted" else "0"
+    ids_on_host = ids == "host"
     pages = KV // PAGE
     total = batch * pages
     cache = torch.randn(total, 2, PAGE, HKV, D, device="cuda", dtype=torch.bfloat16)
@@ -54,15 +64,18 @@ def time_plans(batch: int, backend: str | None, ids_on_host: bool, reps: int, ru
         plan()
         w.run(q, cache)
     times = []
+    torch.cuda.synchronize()
     for i in range(reps):
-        torch.cuda.synchronize()
+        if mode == "sync":
+            torch.cuda.synchronize()
         t = time.perf_counter()
         plan()
         times.append((time.perf_counter() - t) * 1e3)
-        if run_every and i % run_every == 0:
+        if mode == "pipelined" or (run_every and i % run_every == 0):
             w.run(q, cache)
+    torch.cuda.synchronize()
     chosen = getattr(getattr(w, "decision", None), "name", None)
-    return {"batch": batch, "backend": backend or "auto", "ids_on_host": ids_on_host,
+    return {"batch": batch, "backend": backend or "auto", "ids": ids, "mode": mode,
             "chosen": chosen, **_stats(times)}
 
 
@@ -73,20 +86,23 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--run-every", type=int, default=4)
     ap.add_argument("--backends", default="auto,cudnn,triton")
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--mode", default="sync", help="sync, pipelined or both (comma list)")
     args = ap.parse_args()
     backends = [None] if args.impl == "upstream" else [
         None if b == "auto" else b for b in args.backends.split(",")]
-    hosts = (False,) if args.impl == "upstream" else (False, True)
+    where = ("device",) if args.impl == "upstream" else ("device", "device-trusted", "host")
     rows = []
-    for batch in BATCHES:
-        for backend in backends:
-            for on_host in hosts:
-                row = time_plans(batch, backend, on_host, args.reps, args.run_every)
-                rows.append(row)
-                print(f"{args.impl:8s} B={batch:<4d} {row['backend']:7s} ids on "
-                      f"{'host  ' if on_host else 'device'} plan median {row['median_ms']:.3f} ms "
-                      f"(p10 {row['p10_ms']:.3f}, p90 {row['p90_ms']:.3f}) -> {row['chosen']}",
-                      flush=True)
+    for mode in args.mode.split(","):
+        for batch in map(int, args.batches.split(",")):
+            for backend in backends:
+                for ids in where:
+                    row = time_plans(batch, backend, ids, args.reps, args.run_every, mode)
+                    rows.append(row)
+                    print(f"{args.impl:8s} {mode:9s} B={batch:<4d} {row['backend']:7s} ids "
+                          f"{ids:14s} plan median {row['median_ms']:.3f} "
+                          f"ms (p10 {row['p10_ms']:.3f}, p90 {row['p90_ms']:.3f}) -> {row['chosen']}",
+                          flush=True)
     doc = {"command": "python benchmarks/plan_compare.py " + " ".join(
                f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
            "impl": args.impl, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),

@@ -54,7 +54,7 @@ def main() -> None:
         k, v = container(cache[:, 0], "NHD"), container(cache[:, 1], "NHD")
         q_in, o_run = (buf.q_pad, buf.o_pad) if buf.q_pad is not None else (q, out)
         pack = {h["q"]: q_in, h["k"]: k, h["v"]: v, h["o"]: o_run, h["seq_len_q"]: t["seq_len_q"],
-                h["seq_len_kv"]: t["seq_len_kv"], h["k_table"]: buf.page_table,
+                h["seq_len_kv"]: runner.seq_len_kv, h["k_table"]: buf.page_table,
                 h["v_table"]: buf.page_table, h["stats"]: buf.stats}
         wsp = _workspace(bound, q.device, entry.workspace_size)
         by_uid = {key.get_uid(): val for key, val in pack.items()}

@@ -8,7 +8,8 @@ device-to-host copy); all of a plan's host arrays reach the device in one non-bl
 (:mod:`flashinfer.plan_upload`). An indptr / last_page_len given on the device is copied to the
 host once (a synchronisation, as upstream does for ``indptr``) so that it can be checked; page
 ids kept on the device stay there (copied device to device into the plan) and only their min
-and max come to the host (one synchronisation). Page indices are checked against the *cache size* in ``run()``: plan() does not see the
+and max come to the host (one synchronisation, which waits for the work already queued;
+``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1`` skips it, and the check, as upstream does). Page indices are checked against the *cache size* in ``run()``: plan() does not see the
 cache, so it keeps the largest index (a Python int) and every run() compares it with
 ``k_cache.shape[0]`` — an int comparison, no device work.
 
@@ -34,7 +35,7 @@ import warnings
 import numpy as np
 import torch
 
-from . import dispatch
+from . import dispatch, envs
 from .batch_attention_params import BatchPlan, KVInput, RunScales, bind_device_arrays
 from .plan_upload import PlanUpload
 from .prefill import check_kv_layout
@@ -124,8 +125,9 @@ def page_indices(name: str, t: torch.Tensor, n_pages: int,
                  indptr_name: str = "indptr") -> tuple[torch.Tensor, int]:
     """The first ``n_pages`` entries of a validated int32 page-id array (a view, on its own
     device; the plan's upload copies it), checked ``>= 0``, and their largest id (-1 when
-    empty). A device array costs one synchronisation: its min and max (two ints) come to the
-    host, not the whole array."""
+    empty, or when not known: see below). A device array costs one synchronisation: its min
+    and max (two ints) come to the host, not the whole array; with
+    ``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1`` a device array is not checked (-1)."""
     if t.shape[0] < n_pages:
         raise ValueError(f"{name} must hold {indptr_name}[-1]={n_pages} page ids, got {t.shape[0]}")
     ids = t if t.shape[0] == n_pages else t[:n_pages]
@@ -134,6 +136,8 @@ def page_indices(name: str, t: torch.Tensor, n_pages: int,
     if ids.device.type == "cpu":
         a = ids.numpy()
         lo, hi = int(a.min()), int(a.max())
+    elif envs.TRUST_DEVICE_PAGE_IDS.get():
+        return ids, -1
     else:
         lo, hi = torch.stack(torch.aminmax(ids)).tolist()
     if lo < 0:

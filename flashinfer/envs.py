@@ -85,6 +85,10 @@ _VARS: list[EnvVar] = [
     ],
     EnvVar("FLASHINFER_STRICT", "bool", False,
            "raise instead of falling back to the slow reference backend on a GPU", _parse_bool),
+    EnvVar("FLASHINFER_TRUST_DEVICE_PAGE_IDS", "bool", False,
+           "batch attention plan(): skip the bounds check of page ids given on the GPU (it costs "
+           "one synchronisation, which waits for the work already queued); out-of-range ids then "
+           "read out of bounds. Page ids on the host are always checked", _parse_bool),
     EnvVar("FLASHINFER_TUNED_RULES", "path", None,
            "JSON file of measured dispatch rules, consulted before the default rules", _parse_str),
     EnvVar("FLASHINFER_LOGLEVEL", "int", 0,
@@ -105,6 +109,7 @@ REGISTRY: dict[str, EnvVar] = {v.name: v for v in _VARS}
 BACKEND = REGISTRY["FLASHINFER_BACKEND"]
 STRICT = REGISTRY["FLASHINFER_STRICT"]
 TUNED_RULES = REGISTRY["FLASHINFER_TUNED_RULES"]
+TRUST_DEVICE_PAGE_IDS = REGISTRY["FLASHINFER_TRUST_DEVICE_PAGE_IDS"]
 LOGLEVEL = REGISTRY["FLASHINFER_LOGLEVEL"]
 LOGDEST = REGISTRY["FLASHINFER_LOGDEST"]
 CACHE_DIR = REGISTRY["FLASHINFER_CACHE_DIR"]

@@ -13,9 +13,10 @@ does not change the planned batch.
 
 Lifetime: the views stay valid until the wrapper's next plan(), which overwrites the buffer, as
 upstream's plan() overwrites its int workspace. The copy is queued on the current stream, after
-the runs of the previous plan. The pinned buffers form a ring of :data:`RING`: before one is
-refilled, the copy made out of it RING plans ago is waited for (an event), so a host that runs
-a step or two ahead of the GPU is not held back by the previous plan's copy.
+the runs of the previous plan. The pinned buffers form a ring that grows (up to
+:data:`RING_MAX`) while each of its buffers still has a copy waiting in the stream, so a host
+that runs steps ahead of the GPU is not held back by an earlier plan's copy; only when all are
+busy is the oldest copy waited for (an event).
 
 A CUDA-graph wrapper hands its fixed buffers in ``fixed``: those arrays are copied into them
 (from the pinned buffer), because a captured run reads those exact addresses.
@@ -29,8 +30,8 @@ import torch
 #: alignment of every array in the packed buffers, in int32 elements (256 bytes: what cuDNN
 #: wants of the operands a planner sends along, see ``Prepared``)
 ALIGN = 64
-#: pinned staging buffers per wrapper (see ``PlanUpload._staging``)
-RING = 3
+#: the most pinned staging buffers a wrapper keeps (see ``PlanUpload._staging``)
+RING_MAX = 16
 
 
 class PlanUpload:
@@ -38,9 +39,9 @@ class PlanUpload:
 
     def __init__(self, device: torch.device):
         self.device = device
-        # a ring of pinned staging buffers, each with the event of the last copy out of it: a
-        # plan() waits only for the copy of RING plans ago, not for the previous plan's (which
-        # queues behind the previous step's kernels when the host runs ahead of the GPU)
+        # a ring of pinned staging buffers, each with the event of the last copy out of it
+        # (see _staging): a plan() does not wait for the previous plans' copies, which queue
+        # behind the previous steps' kernels when the host runs ahead of the GPU
         self._ring: list[list] = []  # [pinned tensor, its numpy view, event or None]
         self._slot = 0
         self._stream: tuple | None = None  # (raw current-stream key, its Stream object)
@@ -126,16 +127,20 @@ class PlanUpload:
         return self._stream[1]
 
     def _staging(self, n: int) -> tuple[torch.Tensor, np.ndarray, torch.cuda.Event | None]:
-        """The next pinned buffer of the ring (at least ``n`` int32; tensor, numpy view, event),
-        once the copy made out of it RING plans ago has finished."""
-        if len(self._ring) < RING:
-            self._ring.append([None, None, None])
-            self._slot = len(self._ring) - 1
-        else:
-            self._slot = (self._slot + 1) % RING
-        entry = self._ring[self._slot]
-        if entry[2] is not None:
+        """A pinned buffer of the ring whose last copy has finished (at least ``n`` int32;
+        tensor, numpy view, event). The ring grows while every buffer still waits in the
+        stream (the host runs ahead of the GPU), up to :data:`RING_MAX`; then the oldest copy
+        is waited for."""
+        count = len(self._ring)
+        slot = (self._slot + 1) % count if count else 0
+        entry = self._ring[slot] if count else None
+        if entry is None or (entry[2] is not None and not entry[2].query() and count < RING_MAX):
+            slot = (self._slot + 1) if count else 0
+            entry = [None, None, None]
+            self._ring.insert(slot, entry)
+        elif entry[2] is not None:
             entry[2].synchronize()
+        self._slot = slot
         if entry[0] is None or entry[0].shape[0] < n:
             size = max(n, 4096, 0 if entry[0] is None else 2 * entry[0].shape[0])
             if entry[0] is not None:  # its cached views go with it

@@ -132,3 +132,18 @@ def test_cuda_graph_replay_equals_eager(backend):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+def test_device_page_ids_are_checked_unless_trusted(monkeypatch):
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws())
+    indptr, last = torch.tensor([0, 2], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    args = (2, 2, 16, 4)
+    with pytest.raises(ValueError, match="indices must be >= 0"):
+        w.plan(indptr, torch.tensor([0, -2], dtype=torch.int32, device="cuda"), last, *args)
+    cache = torch.randn(3, 2, 4, 2, 16, device="cuda", dtype=torch.float16)
+    w.plan(indptr, torch.tensor([0, 7], dtype=torch.int32, device="cuda"), last, *args)
+    with pytest.raises(ValueError, match="page index 7.*beyond the cache"):
+        w.run(torch.randn(1, 2, 16, device="cuda", dtype=torch.float16), cache)
+    monkeypatch.setenv("FLASHINFER_TRUST_DEVICE_PAGE_IDS", "1")  # no synchronisation, no check
+    w.plan(indptr, torch.tensor([0, -2], dtype=torch.int32, device="cuda"), last, *args)
+    assert w._max_page == -1

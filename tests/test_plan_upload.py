@@ -59,9 +59,10 @@ def test_cuda_upload_matches_and_snapshots(indices_on_device):
 @gpu
 def test_cuda_uploads_queued_behind_a_busy_stream_keep_their_own_contents():
     """The pinned ring: plans made while earlier copies still wait in the stream must not
-    overwrite the host memory those copies read."""
+    overwrite the host memory those copies read (20 plans: the ring grows to its limit, then
+    waits)."""
     up = PlanUpload(torch.device("cuda"))
-    targets = [torch.full((64,), -1, dtype=torch.int32, device="cuda") for _ in range(7)]
+    targets = [torch.full((64,), -1, dtype=torch.int32, device="cuda") for _ in range(20)]
     torch.cuda._sleep(50_000_000)  # the copies below queue behind this
     sent = []
     for i, target in enumerate(targets):
