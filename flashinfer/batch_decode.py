@@ -121,12 +121,12 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         batch = last_h.shape[0]
         if batch < 1:
             raise ValueError("last_page_len must hold at least one request")
-        check_indptr("indptr", indptr_h, batch)
-        indptr_np = indptr_h.numpy()
+        indptr_np, last_np = indptr_h.numpy(), last_h.numpy()
+        check_indptr("indptr", indptr_np, batch)
         n_pages = int(indptr_np[-1])
         indices_d, max_page = page_indices("indices", index_array("indices", indices),
                                            n_pages)
-        kv_lens_h = paged_kv_lens(indptr_h, last_h, page_size)
+        kv_lens_h = paged_kv_lens(indptr_np, last_np, page_size)
         kv_lens_np = kv_lens_h.numpy()
         if q_len_per_req > 1 and bool((kv_lens_np < q_len_per_req).any()):
             raise ValueError(f"q_len_per_req={q_len_per_req} needs every kv length >= q_len_per_req, "
@@ -141,7 +141,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         on_host = indices_d.device.type == "cpu"
         # numpy for the host arrays: the upload packs them without converting each again
         arrays = {"qo_indptr": qo_np, "kv_indptr": indptr_np, "kv_lens": kv_lens_np,
-                  "kv_last_page_len": last_h.numpy(),
+                  "kv_last_page_len": last_np,
                   "kv_indices": indices_d.numpy() if on_host else indices_d}
         fixed = {"qo_indptr": buf("_qo_indptr_buf"), "kv_indptr": buf("_paged_kv_indptr_buf"),
                  "kv_lens": buf("_kv_lens_buf"), "kv_last_page_len": buf("_paged_kv_last_page_len_buf"),

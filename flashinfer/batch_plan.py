@@ -9,9 +9,13 @@ device-to-host copy); all of a plan's host arrays reach the device in one non-bl
 host once (a synchronisation, as upstream does for ``indptr``) so that it can be checked; page
 ids kept on the device stay there (copied device to device into the plan) and only their min
 and max come to the host (one synchronisation, which waits for the work already queued;
-``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1`` skips it, and the check, as upstream does). Page indices are checked against the *cache size* in ``run()``: plan() does not see the
-cache, so it keeps the largest index (a Python int) and every run() compares it with
-``k_cache.shape[0]`` — an int comparison, no device work.
+``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1`` skips it, and the check, as upstream does). Page indices
+are checked against the *cache size* in ``run()``: plan() does not see the cache, so it keeps
+the largest index (a Python int) and every run() compares it with ``k_cache.shape[0]`` — an int
+comparison, no device work.
+
+The Decision is made before the upload (it needs only host values); a two-phase planner
+(``batch_attention_params.Prepared``) adds its own host arrays to the same copy.
 
 ``run()`` only checks metadata (shapes, dtypes, devices), allocates ``out``/``lse`` whose sizes
 the plan fixed, and calls the runner the plan made: no host sync, no decision.
@@ -96,25 +100,33 @@ def host_index_arrays(*named: tuple[str, object]) -> list[torch.Tensor]:
     return out
 
 
-def check_indptr(name: str, host: torch.Tensor, batch_size: int | None = None) -> None:
-    if host.shape[0] < 1 or (batch_size is not None and host.shape[0] != batch_size + 1):
+def _np(a) -> np.ndarray:
+    """A host array as numpy (numpy on the host copy: a few microseconds less per op than
+    torch)."""
+    return a if isinstance(a, np.ndarray) else a.numpy()
+
+
+def check_indptr(name: str, host, batch_size: int | None = None) -> None:
+    """``host``: the CPU copy (tensor or numpy) of an indptr array."""
+    a = _np(host)
+    if a.shape[0] < 1 or (batch_size is not None and a.shape[0] != batch_size + 1):
         want = "batch_size + 1" if batch_size is None else str(batch_size + 1)
-        raise ValueError(f"{name} must have length {want}, got {host.shape[0]}")
-    a = host.numpy()  # numpy on the host copy: a few microseconds less per op than torch
+        raise ValueError(f"{name} must have length {want}, got {a.shape[0]}")
     if a[0] != 0:
         raise ValueError(f"{name}[0] must be 0, got {int(a[0])}")
     if a.shape[0] > 1 and bool((a[1:] < a[:-1]).any()):
-        raise ValueError(f"{name} must be non-decreasing (monotone), got {host.tolist()[:16]}")
+        raise ValueError(f"{name} must be non-decreasing (monotone), got {a.tolist()[:16]}")
 
 
-def paged_kv_lens(indptr: torch.Tensor, last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
-    """kv length per request on the host; checks ``last_page_len`` against ``page_size``."""
-    ind, last = indptr.numpy(), last_page_len.numpy()
+def paged_kv_lens(indptr, last_page_len, page_size: int) -> torch.Tensor:
+    """kv length per request on the host (int32 CPU tensor) from the CPU copies (tensor or
+    numpy) of ``indptr`` and ``last_page_len``; checks ``last_page_len`` against ``page_size``."""
+    ind, last = _np(indptr), _np(last_page_len)
     pages = ind[1:] - ind[:-1]
     # a request with pages needs last in [1, page_size]; one without, last in [0, page_size]
     if bool(((last < (pages > 0)) | (last > page_size)).any()):
         raise ValueError(f"paged_kv_last_page_len must be in [1, page_size={page_size}] for every "
-                         f"request with pages, got {last_page_len.tolist()[:16]}")
+                         f"request with pages, got {last.tolist()[:16]}")
     lens = pages * page_size
     lens += last - page_size
     np.maximum(lens, 0, out=lens)  # no page: length 0

@@ -17,7 +17,9 @@ Backends: ``backend="auto"`` (ours) lets the dispatcher choose. Upstream spellin
 ``grouped_mm_*(backend="cudnn")`` name those backends (an error with their reasons while they
 declare no kernel for the op); ``"cutile"`` and ``"cake"`` have no counterpart (ValueError).
 
-Canonical kernel signatures (every backend registers exactly these; kernels write all of ``out``)
+Canonical kernel signatures (every backend registers exactly these; kernels write all of ``out``;
+a ``segment_gemm`` kernel marked ``returns_output = True`` also accepts ``out=None`` and then
+returns a new tensor — the op does so when the caller gave no ``out``)
 ---------------------------------------------------------------------------------------------------
 * ``segment_gemm``: ``kernel(x, weights, seg_indptr, weight_indices, weight_column_major, alpha,
   out) -> None``; ``x [M, K]`` fp16/bf16/fp8; ``weights [W, K, N]``, or ``[W, N, K]`` when
@@ -33,7 +35,8 @@ Canonical kernel signatures (every backend registers exactly these; kernels writ
   row ``s // gm + (r - s) // gm`` (upstream's layout; ``r // gm`` when ``s`` is a multiple of gm).
 
 Dispatch Problem: dtypes as the roles above; shape facts ``num_groups`` and ``m`` (bucketed to
-powers of two), ``n``, ``k``; ``segment_gemm`` layout ``row_major`` / ``column_major`` (the
+powers of two), ``n``, ``k`` (``segment_gemm`` also ``rows_per_group``, the mean segment length
+``m // num_groups``, bucketed); ``segment_gemm`` layout ``row_major`` / ``column_major`` (the
 weights) and feature ``weight_indices``; the fp8 op the scale features of
 :mod:`flashinfer.gemm`.
 """
@@ -88,20 +91,51 @@ def _offsets(name: str, t, length: int, device) -> torch.Tensor:
 # custom ops (dispatch + kernel call; opaque to torch.compile)
 
 
+def _segment_kernel(x, weights, seg_indptr, weight_indices, weight_column_major, out_dtype, n,
+                    backend):
+    problem = Problem.make(
+        "segment_gemm", x.device,
+        dtypes={"x": x.dtype, "weights": weights.dtype, "out": out_dtype},
+        shape={"num_groups": dispatch.length_bucket(seg_indptr.shape[0] - 1),
+               "m": dispatch.length_bucket(x.shape[0]), "n": n, "k": x.shape[1],
+               "rows_per_group": dispatch.length_bucket(
+                   max(1, x.shape[0] // max(1, seg_indptr.shape[0] - 1)))},
+        features=("weight_indices",) if weight_indices is not None else (),
+        layout="column_major" if weight_column_major else "row_major")
+    return dispatch.decide(problem, backend).kernel
+
+
 @custom_op("segment_gemm", mutates_args=("out",), fake=_no_output)
 def _segment_gemm_op(out: torch.Tensor, x: torch.Tensor, weights: torch.Tensor,
                      seg_indptr: torch.Tensor, weight_indices: Optional[torch.Tensor],
                      weight_column_major: bool, alpha: Optional[torch.Tensor],
                      backend: str) -> None:
-    problem = Problem.make(
-        "segment_gemm", x.device,
-        dtypes={"x": x.dtype, "weights": weights.dtype, "out": out.dtype},
-        shape={"num_groups": dispatch.length_bucket(seg_indptr.shape[0] - 1),
-               "m": dispatch.length_bucket(x.shape[0]), "n": out.shape[1], "k": x.shape[1]},
-        features=("weight_indices",) if weight_indices is not None else (),
-        layout="column_major" if weight_column_major else "row_major")
-    dispatch.decide(problem, backend).kernel(x, weights, seg_indptr, weight_indices,
-                                             weight_column_major, alpha, out)
+    kernel = _segment_kernel(x, weights, seg_indptr, weight_indices, weight_column_major,
+                             out.dtype, out.shape[1], backend)
+    kernel(x, weights, seg_indptr, weight_indices, weight_column_major, alpha, out)
+
+
+def _new_output(x, weights, seg_indptr, weight_indices, weight_column_major, alpha, out_dtype, n,
+                backend):
+    """Fake impl of the op below: a fresh ``[M, n]`` output."""
+    return x.new_empty((x.shape[0], n), dtype=out_dtype)
+
+
+@custom_op("segment_gemm_new", fake=_new_output)
+def _segment_gemm_new_op(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.Tensor,
+                         weight_indices: Optional[torch.Tensor], weight_column_major: bool,
+                         alpha: Optional[torch.Tensor], out_dtype: torch.dtype, n: int,
+                         backend: str) -> torch.Tensor:
+    """``segment_gemm`` into a new output (the caller gave none): a kernel marked
+    ``returns_output`` hands back its own result (``out=None``), saving the copy a library
+    GEMM without ``out=`` would need; any other kernel writes a fresh tensor."""
+    kernel = _segment_kernel(x, weights, seg_indptr, weight_indices, weight_column_major,
+                             out_dtype, n, backend)
+    if getattr(kernel, "returns_output", False):
+        return kernel(x, weights, seg_indptr, weight_indices, weight_column_major, alpha, None)
+    out = torch.empty((x.shape[0], n), dtype=out_dtype, device=x.device)
+    kernel(x, weights, seg_indptr, weight_indices, weight_column_major, alpha, out)
+    return out
 
 
 @custom_op("group_gemm_fp8_groupwise", mutates_args=("out",), fake=_no_output)
@@ -119,7 +153,14 @@ def _group_gemm_fp8_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                                              out)
 
 
-def _segment_gemm(out, x, weights, indptr, weight_indices, column_major, alpha, backend):
+def _segment_gemm(out, x, weights, indptr, weight_indices, column_major, alpha, backend, *,
+                  n: int = 0, dtype: Optional[torch.dtype] = None):
+    """Into ``out``, or (``out`` None) into a new ``[M, n]`` tensor of ``dtype``."""
+    if out is None:
+        if x.shape[0] == 0 or n == 0 or indptr.shape[0] == 1:  # nothing to compute
+            return torch.zeros((x.shape[0], n), dtype=dtype, device=x.device)
+        return _segment_gemm_new_op(x, weights, indptr, weight_indices, column_major, alpha,
+                                    dtype, n, backend)
     if out.numel() == 0:
         return out
     if indptr.shape[0] == 1:  # no segments: nothing covers any row
@@ -202,9 +243,10 @@ class SegmentGEMMWrapper:
             dtype = _out_dtype("out.dtype", dtype, _FP8_OUT)
         else:
             dtype = x.dtype
-        out = _output(out, (x.shape[0], d_out), dtype, x.device)
+        if out is not None:
+            out = _output(out, (x.shape[0], d_out), dtype, x.device)
         return _segment_gemm(out, x, weights, seg_indptr, weight_indices, weight_column_major,
-                             None, self._dispatch_backend)
+                             None, self._dispatch_backend, n=d_out, dtype=dtype)
 
     forward = run
 
@@ -220,11 +262,14 @@ def _grouped_inputs(a, b, m_indptr, dtypes) -> None:
         raise ValueError(f"m_indptr has unsupported dtype {m_indptr.dtype}; allowed: int32")
 
 
-def _grouped_out(out, a, b, out_dtype) -> torch.Tensor:
+def _grouped_out(out, a, b, out_dtype) -> tuple[Optional[torch.Tensor], torch.dtype]:
+    """The caller's ``out`` checked (None stays None: the op makes it) and the output dtype."""
     if isinstance(out, torch.Tensor):
         out_dtype = out.dtype
     dtype = _out_dtype("out_dtype", out_dtype, _GROUPED_OUT)
-    return _output(out, (a.shape[0], b.shape[1]), dtype, a.device)
+    if out is not None:
+        out = _output(out, (a.shape[0], b.shape[1]), dtype, a.device)
+    return out, dtype
 
 
 @flashinfer_api
@@ -236,8 +281,9 @@ def grouped_mm_bf16(a: torch.Tensor, b: torch.Tensor, m_indptr: torch.Tensor,
     fp16 or fp32 (``out``'s dtype wins). Returns ``out [cum_m, n]``. ``tactic`` is ignored.
     """
     _grouped_inputs(a, b, m_indptr, (torch.bfloat16,))
-    out = _grouped_out(out, a, b, out_dtype)
-    return _segment_gemm(out, a, b, m_indptr, None, True, None, _resolve(backend))
+    out, dtype = _grouped_out(out, a, b, out_dtype)
+    return _segment_gemm(out, a, b, m_indptr, None, True, None, _resolve(backend),
+                         n=b.shape[1], dtype=dtype)
 
 
 @flashinfer_api
@@ -254,8 +300,9 @@ def grouped_mm_fp8(a: torch.Tensor, b: torch.Tensor, m_indptr: torch.Tensor,
         raise ValueError(f"b has dtype {b.dtype} but a has {a.dtype}; they must match")
     if alpha is not None:
         _scalar_scale("alpha", alpha, a.device)
-    out = _grouped_out(out, a, b, out_dtype)
-    return _segment_gemm(out, a, b, m_indptr, None, True, alpha, _resolve(backend))
+    out, dtype = _grouped_out(out, a, b, out_dtype)
+    return _segment_gemm(out, a, b, m_indptr, None, True, alpha, _resolve(backend),
+                         n=b.shape[1], dtype=dtype)
 
 
 def _group_scale(name: str, t, groups: Optional[int], rows: int, blocks_k: int, mode: str,

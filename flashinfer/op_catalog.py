@@ -78,6 +78,8 @@ _MOE_SHAPE = ("num_tokens", "hidden_size", "intermediate_size", "num_experts", "
 _GEMM_SHAPE = ("m", "n", "k")  # m bucketed to a power of two; n and k exact (weight sizes)
 # grouped / segment GEMM: the group count and total rows m bucketed; n and k exact
 _GROUPED_GEMM_SHAPE = ("num_groups", "m", "n", "k")
+# segment_gemm also: rows_per_group = m // num_groups of the unbucketed values, bucketed
+_SEGMENT_GEMM_SHAPE = _GROUPED_GEMM_SHAPE + ("rows_per_group",)
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,7 @@ OPS: dict[str, OpSpec] = {
                MOE_ROUTING_FEATURES, (), "router logits [T, E] -> top-k expert ids and weights"),
         OpSpec("fused_moe", "moe", ("hidden", "weight", "out"), _MOE_SHAPE, MOE_FEATURES, (),
                "routed experts: gated gemm1, activation, gemm2, weighted sum over top-k"),
-        OpSpec("segment_gemm", "gemm", ("x", "weights", "out"), _GROUPED_GEMM_SHAPE,
+        OpSpec("segment_gemm", "gemm", ("x", "weights", "out"), _SEGMENT_GEMM_SHAPE,
                ("weight_indices",), ("row_major", "column_major"),
                "out[seg] = x[seg] @ W[weight_indices[i] or i] per segment (LoRA / grouped GEMM); "
                "layout is the weights' (column_major: [num_weights, n, k])"),

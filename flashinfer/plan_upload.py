@@ -24,6 +24,8 @@ A CUDA-graph wrapper hands its fixed buffers in ``fixed``: those arrays are copi
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
@@ -51,14 +53,19 @@ class PlanUpload:
         self._views: dict[tuple, torch.Tensor] = {}
 
     def upload(self, arrays: dict, fixed: dict, non_blocking: bool) -> dict[str, torch.Tensor]:
-        """``arrays``: 1-D int32 arrays — numpy or CPU tensors (host), or tensors already on
-        ``self.device``; ``fixed``: the fixed buffer of a name, or None / absent (a view of this
-        wrapper's buffer is returned)."""
+        """``arrays``: 1-D int32 arrays — numpy, CPU tensors or :class:`Tail` (host), or tensors
+        already on ``self.device``; ``fixed``: the fixed buffer of a name, or None / absent (a
+        view of this wrapper's buffer is returned)."""
         if self.device.type != "cuda":
             return {name: _into(fixed.get(name), _tensor(t)) for name, t in arrays.items()}
-        host, loose_remote, fixed_host = {}, [], []
+        host, length, loose_remote, fixed_host = {}, {}, [], []
         for name, t in arrays.items():
-            a = t if isinstance(t, np.ndarray) else (t.numpy() if t.device.type == "cpu" else None)
+            if isinstance(t, Tail):
+                a, n = t, t.array.shape[0] + t.count
+            else:
+                a = t if isinstance(t, np.ndarray) else (t.numpy() if t.device.type == "cpu" else None)
+                n = t.shape[0]
+            length[name] = n
             if a is not None:
                 host[name] = a
                 if fixed.get(name) is not None:
@@ -71,33 +78,39 @@ class PlanUpload:
         offset, total = {}, 0
         for name in loose_host + loose_remote + fixed_host:
             offset[name] = total
-            total += -(-arrays[name].shape[0] // ALIGN) * ALIGN
+            total += -(-length[name] // ALIGN) * ALIGN
         pinned, flat, event = self._staging(total)
         for name, a in host.items():
-            flat[offset[name]:offset[name] + a.shape[0]] = a
+            start = offset[name]
+            if isinstance(a, Tail):
+                n = a.array.shape[0]
+                flat[start:start + n] = a.array
+                flat[start + n:start + n + a.count] = a.array[-1] if n else 0
+            else:
+                flat[start:start + a.shape[0]] = a
 
         out = {}
         loose = loose_host + loose_remote
         if loose:
             last = loose[-1]
-            self._device_buffer(offset[last] + arrays[last].shape[0])
+            self._device_buffer(offset[last] + length[last])
             if loose_host:
-                end = offset[loose_host[-1]] + host[loose_host[-1]].shape[0]
+                end = offset[loose_host[-1]] + length[loose_host[-1]]
                 self._view("device", 0, end).copy_(self._view(pinned, 0, end),
                                                    non_blocking=non_blocking)
             for name in loose:
-                view = self._view("device", offset[name], arrays[name].shape[0])
+                view = self._view("device", offset[name], length[name])
                 if name not in host:
                     view.copy_(arrays[name], non_blocking=non_blocking)  # device to device
                 out[name] = view
         for name, target in fixed.items():
             if target is None or name not in arrays:
                 continue
-            t, n = arrays[name], arrays[name].shape[0]
+            n = length[name]
             if n > target.shape[0]:
                 raise ValueError(f"the fixed buffer for {name} holds {target.shape[0]} entries, "
                                  f"the plan needs {n}")
-            src = self._view(pinned, offset[name], n) if name in host else t
+            src = self._view(pinned, offset[name], n) if name in host else arrays[name]
             target[:n].copy_(src, non_blocking=non_blocking)
             out[name] = target[:n]
         if event is None:
@@ -156,7 +169,23 @@ class PlanUpload:
             self._views = {k: v for k, v in self._views.items() if k[0] != "device"}
 
 
+class Tail(NamedTuple):
+    """A host array followed by ``count`` copies of its last value (zeros when it is empty),
+    uploaded as one array without first being copied into a longer one."""
+
+    array: np.ndarray
+    count: int
+
+    def joined(self) -> np.ndarray:
+        out = np.empty(self.array.shape[0] + self.count, dtype=self.array.dtype)
+        out[:self.array.shape[0]] = self.array
+        out[self.array.shape[0]:] = self.array[-1] if self.array.shape[0] else 0
+        return out
+
+
 def _tensor(t) -> torch.Tensor:
+    if isinstance(t, Tail):
+        t = t.joined()
     return torch.from_numpy(t) if isinstance(t, np.ndarray) else t
 
 
@@ -170,4 +199,4 @@ def _into(target: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
     return target[:t.shape[0]]
 
 
-__all__ = ["PlanUpload"]
+__all__ = ["PlanUpload", "Tail"]

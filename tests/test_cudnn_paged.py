@@ -261,10 +261,13 @@ def test_decode_arrays_match_the_metadata_contract(seed):
     bp.fill_page_table(table, host.page_src, plan.kv_indices)
     arrays = bp.decode_arrays(spec, plan)
     assert set(arrays) == {"seq_len_kv", "ids_padded", "row_starts"}
-    assert all(a.dtype == np.int32 and a.ndim == 1 for a in arrays.values())
+    padded = arrays["ids_padded"].joined()  # a Tail: the ids, then Pb copies of the last one
+    assert padded.shape == (int(plan.kv_indptr_host[-1]) + spec.kv_bucket,)
+    assert all(a.dtype == np.int32 and a.ndim == 1
+               for a in (arrays["seq_len_kv"], arrays["row_starts"], padded))
     assert np.array_equal(arrays["seq_len_kv"], host.seq_len_kv.view(-1).numpy())
     gathered = torch.full(spec.table_dims(), -1, dtype=torch.int32)
-    bp.gather_decode_table(gathered, torch.from_numpy(arrays["ids_padded"]),
+    bp.gather_decode_table(gathered, torch.from_numpy(padded),
                            torch.from_numpy(arrays["row_starts"]))
     assert torch.equal(gathered[:b], table[:b])  # the requests' rows: exactly the contract
     valid = set(plan.kv_indices.tolist()) or {0}

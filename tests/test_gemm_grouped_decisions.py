@@ -54,6 +54,21 @@ def test_segment_bf16(sm, layout):
         assert _reasons(decision, "torch:grouped_mm") == {"sm"}
 
 
+@pytest.mark.parametrize("sm", SMS)
+@pytest.mark.parametrize("rows", [1, 16, 32, 128])
+def test_segment_few_rows_per_group_prefer_triton_on_hopper(sm, rows):
+    """Measured on the H200 (threshold few_rows_per_group_prefers_triton): at <= 16 rows per
+    group our kernel beats torch's grouped GEMM; at more rows, and on other SMs, nothing moves."""
+    decision = select(_segment(sm, num_groups=64, m=64 * rows, rows_per_group=rows),
+                      assume_installed=True)
+    default = select(_segment(sm, num_groups=64, m=64 * rows), assume_installed=True)
+    if sm == "9.0" and rows <= 16:
+        assert decision.name == "triton"
+        assert decision.rule == "few_rows_per_group_prefers_triton"
+    else:
+        assert decision.name == default.name
+
+
 @pytest.mark.parametrize("sm", ["9.0", "10.0"])
 @pytest.mark.parametrize("dtype,out", [("float16", None), (E4M3, "bfloat16"),
                                        ("bfloat16", "float32")])

@@ -124,3 +124,18 @@ def test_group_gemm_fp8(backend, granularity, mode, experts, tokens, n, k):
     expected = group_gemm_fp8_nt_groupwise(a, b, a_scale, b_scale, m_indptr, granularity, mode,
                                            out_dtype=torch.float16, backend="reference")
     assert rel_error(out, expected) < TOL
+
+
+@pytest.mark.parametrize("backend", SEGMENT_BACKENDS)
+def test_grouped_mm_bf16_without_out_zeroes_uncovered_rows(backend):
+    """No ``out``: torch:grouped_mm hands back torch's own result, its uncovered rows (before
+    m_indptr[0], from m_indptr[-1] on) zeroed on the device."""
+    torch.manual_seed(5)
+    a = torch.randn(700, 512, dtype=torch.bfloat16, device="cuda") + 1.0
+    b = torch.randn(6, 384, 512, dtype=torch.bfloat16, device="cuda") / 16
+    m_indptr = torch.tensor([37, 100, 100, 300, 450, 640, 651], dtype=torch.int32, device="cuda")
+    got = _run(lambda be: grouped_mm_bf16(a, b, m_indptr, backend=be), backend)
+    expected = grouped_mm_bf16(a, b, m_indptr, out_dtype=torch.float32, backend="reference")
+    assert got.shape == (700, 384) and got.dtype == torch.bfloat16
+    assert (got[:37] == 0).all() and (got[651:] == 0).all()
+    assert rel_error(got, expected) < TOL

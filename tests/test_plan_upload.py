@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flashinfer.batch_plan import host_index_arrays
-from flashinfer.plan_upload import PlanUpload
+from flashinfer.plan_upload import PlanUpload, Tail
 
 gpu = pytest.mark.gpu
 
@@ -45,10 +45,11 @@ def test_cuda_upload_matches_and_snapshots(indices_on_device):
     for seed in range(7):  # later plans reuse (and may grow) the buffers; the ring wraps twice
         arrays = _arrays(seed, "cuda" if indices_on_device else "cpu", n_pages=37 + 5000 * (seed % 3))
         arrays["extra"] = np.arange(seed, seed + 11, dtype=np.int32)  # a planner's numpy array
+        arrays["tail"] = Tail(np.arange(seed, seed + 5, dtype=np.int32), 70)  # crosses ALIGN
         out = up.upload(arrays, {}, non_blocking=True)
         torch.cuda.synchronize()
         for name, t in arrays.items():
-            want = torch.as_tensor(t).cpu()
+            want = torch.as_tensor(t.joined() if isinstance(t, Tail) else t).cpu()
             assert out[name].is_cuda and torch.equal(out[name].cpu(), want), (seed, name)
         before = out["kv_indices"].clone()
         arrays["kv_indices"].add_(1)  # the caller's array changes after plan(): the plan does not
@@ -113,3 +114,10 @@ def test_host_index_arrays_bring_gpu_arrays_in_one_copy():
     out = host_index_arrays(("a", a), ("x", host), ("b", b))
     assert [t.device.type for t in out] == ["cpu"] * 3
     assert all(torch.equal(o, t.cpu()) for o, t in zip(out, (a, host, b)))
+
+
+def test_tail_pads_with_the_last_value_or_zeros():
+    up = PlanUpload(torch.device("cpu"))
+    out = up.upload({"a": Tail(np.array([4, 9, 2], dtype=np.int32), 3),
+                     "b": Tail(np.zeros(0, dtype=np.int32), 2)}, {}, True)
+    assert out["a"].tolist() == [4, 9, 2, 2, 2, 2] and out["b"].tolist() == [0, 0]

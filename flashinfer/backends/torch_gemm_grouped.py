@@ -8,7 +8,10 @@ of ``torch.mm`` (cuBLAS / CPU BLAS).
   be a multiple of 16 bytes (k and n multiples of 8, capability record) and 16-byte aligned data;
   an operand that is not is copied once. The offsets are not read on the host (no sync, CUDA
   graph safe), so they are not checked here — like upstream's kernels; rows outside
-  ``[indptr[0], indptr[-1])`` are zeroed with a device-side mask.
+  ``[indptr[0], indptr[-1])`` are zeroed on the device. Called with ``out=None`` (the caller
+  gave no output) it returns torch's result itself, zeroed in place by
+  :func:`~.row_cleanup.zero_rows_outside` (a launch that touches only uncovered rows); a given
+  ``out`` costs one masked pass, as torch's grouped GEMM has no ``out=``.
 * ``segment_gemm:segment_loop`` — one ``torch.mm`` per non-empty segment into ``out``'s rows (any
   device, fp16/bf16/fp8 inputs; fp8 and mixed output dtypes go through float32). Reads the
   offsets on the host (one sync) and checks them.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from .reference.gemm_grouped import segment_bounds, weight_choice, zero_uncovered
+from .row_cleanup import zero_rows_outside
 from .torch_native import KERNELS
 
 
@@ -40,16 +44,25 @@ def _grouped_mm_operand(t: torch.Tensor) -> torch.Tensor:
 @KERNELS.kernel("segment_gemm", "grouped_mm")
 def segment_gemm_grouped(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.Tensor,
                          weight_indices: torch.Tensor | None, weight_column_major: bool,
-                         alpha: torch.Tensor | None, out: torch.Tensor) -> None:
+                         alpha: torch.Tensor | None, out: torch.Tensor | None):
+    """Writes ``out``; with ``out=None`` returns torch's own result instead (no copy: torch's
+    grouped GEMM has no ``out=``, so writing into a given ``out`` costs one more pass)."""
     w = weights if weight_indices is None else weights.index_select(0, weight_indices)
     mat_b = w.transpose(1, 2) if weight_column_major else w
     offs = seg_indptr[1:].to(torch.int32)
     y = torch._grouped_mm(_grouped_mm_operand(x), _grouped_mm_operand(mat_b), offs=offs)
+    if alpha is not None:
+        y.mul_(alpha.reshape(()))
+    if out is None:
+        zero_rows_outside(y, seg_indptr)
+        return y
     rows = torch.arange(x.shape[0], device=x.device)
     inside = (rows >= seg_indptr[0]) & (rows < seg_indptr[-1])
-    if alpha is not None:
-        y = y * alpha.reshape(())
     torch.where(inside.unsqueeze(1), y, y.new_zeros(()), out=out)
+    return None
+
+
+segment_gemm_grouped.returns_output = True
 
 
 @KERNELS.kernel("segment_gemm", "segment_loop")

@@ -37,6 +37,7 @@ import torch
 
 from ._graphs import _DTYPES, _LOG2E, _binding, _workspace
 from ...batch_attention_params import Prepared
+from ...plan_upload import Tail
 from .batch_plan import (RAGGED, BatchSpec, build_metadata, byte_layout, container,
                          decode_arrays, fill_page_table, fits, gather_decode_table, kv_key,
                          make_spec, metadata_layout, unpack)
@@ -283,7 +284,7 @@ def _reused_buffers(plan, spec: BatchSpec) -> _Buffers | None:
     plan's layout (same graph key and the same decode padding): refilled instead of allocated,
     which saves most of the planner's host time."""
     kept = plan.reusable.get("cudnn") if plan.reusable is not None else None
-    if kept is None or kept.spec != spec:  # the spec holds the device index
+    if kept is None or (kept.spec is not spec and kept.spec != spec):  # holds the device index
         return None
     padded = not spec.ragged_q and spec.batch_bucket > plan.batch_size
     return kept if (kept.q_pad is not None) == padded else None
@@ -369,7 +370,7 @@ def plan(plan) -> BatchRunner:
     prep = prepare(plan)
     views = {}
     for name, (array, target) in prep.uploads.items():
-        src = torch.from_numpy(array)
+        src = torch.from_numpy(array.joined() if isinstance(array, Tail) else array)
         if target is None:
             views[name] = src.to(plan.device, non_blocking=False)
         else:

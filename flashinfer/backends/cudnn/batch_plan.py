@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from ...dispatch import length_bucket
+from ...plan_upload import Tail
 
 DECODE, PAGED, RAGGED = "batch_decode", "batch_prefill_paged", "batch_prefill_ragged"
 
@@ -135,22 +136,28 @@ def make_spec(plan, *, device_index: int, scale: float, min_kv: int = 1) -> Batc
     kv_need = plan.max_kv_len if plan.op == RAGGED else -(-plan.max_kv_len // plan.page_size)
     single_row = not ragged_q
     window = plan.window_left >= 0
-    return BatchSpec(
-        op=plan.op, device_index=device_index,
-        dtype=str(plan.q_dtype).removeprefix("torch."),
-        num_qo_heads=plan.num_qo_heads, num_kv_heads=plan.num_kv_heads,
-        head_dim_qk=plan.head_dim_qk, head_dim_vo=plan.head_dim_vo,
-        page_size=plan.page_size if plan.op != RAGGED else 0,
-        batch_bucket=length_bucket(max(b, 1)),
-        qo_bucket=1 if single_row else length_bucket(max(max_qo, 1)),
-        kv_bucket=length_bucket(max(kv_need, min_kv, 1)),
-        ragged_q=ragged_q,
+    return _spec(
+        plan.op, device_index, plan.q_dtype, plan.num_qo_heads, plan.num_kv_heads,
+        plan.head_dim_qk, plan.head_dim_vo, plan.page_size if plan.op != RAGGED else 0,
+        length_bucket(max(b, 1)), 1 if single_row else length_bucket(max(max_qo, 1)),
+        length_bucket(max(kv_need, min_kv, 1)), ragged_q,
         # one query row per request: causal hides nothing; with a window the causal-like band is
         # the form every cuDNN version with windows supports (as in single decode)
-        causal=(plan.causal and not single_row) or (single_row and window),
-        left_bound=plan.window_left + 1 if window else None,
-        stats=True, sm_scale=float(scale),
-    )
+        (plan.causal and not single_row) or (single_row and window),
+        plan.window_left + 1 if window else None, float(scale))
+
+
+@functools.lru_cache(maxsize=1024)
+def _spec(op, device_index, q_dtype, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,
+          page_size, batch_bucket, qo_bucket, kv_bucket, ragged_q, causal, left_bound,
+          sm_scale) -> BatchSpec:
+    """:class:`BatchSpec` by value, cached: a serving loop plans the same buckets every step."""
+    return BatchSpec(op=op, device_index=device_index,
+                     dtype=str(q_dtype).removeprefix("torch."), num_qo_heads=num_qo_heads,
+                     num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk, head_dim_vo=head_dim_vo,
+                     page_size=page_size, batch_bucket=batch_bucket, qo_bucket=qo_bucket,
+                     kv_bucket=kv_bucket, ragged_q=ragged_q, causal=causal,
+                     left_bound=left_bound, stats=True, sm_scale=sm_scale)
 
 
 def fits(spec: BatchSpec, plan) -> bool:
@@ -284,13 +291,14 @@ def page_positions(kv_indptr: np.ndarray, out: np.ndarray) -> None:
         np.minimum(out[first:], last_page, out=out[first:])
 
 
-def decode_arrays(spec: BatchSpec, plan) -> dict[str, np.ndarray]:
+def decode_arrays(spec: BatchSpec, plan) -> dict:
     """Dense decode (one query row per request): what its graph reads that changes with every
     plan, made on the host for the plan's upload (1-D int32 arrays):
 
     * ``seq_len_kv`` ``[Bb]``: ``max(kv_len, 1)``, 1 for padded requests;
     * page ids on the host (``plan.kv_indices_host``): ``ids_padded`` ``[n + Pb]``, the ids then
-      ``Pb`` copies of the last one (zeros when the batch has no page), and ``row_starts``
+      ``Pb`` copies of the last one (zeros when the batch has no page; a
+      :class:`~flashinfer.plan_upload.Tail`, written straight into the upload), and ``row_starts``
       ``[Bb]``, each request's first position (0 for padded requests): the page table is the
       rows of ``ids_padded`` seen as overlapping windows of ``Pb`` (:func:`gather_decode_table`,
       one gather on the device, no per-entry host work);
@@ -308,14 +316,10 @@ def decode_arrays(spec: BatchSpec, plan) -> dict[str, np.ndarray]:
         pos = np.zeros((bb, pb), dtype=np.int32)
         page_positions(kv_indptr, pos[:b])
         return {"seq_len_kv": seq_kv, "page_src": pos.reshape(-1)}
-    ids = plan.kv_indices_host.numpy()
-    n = ids.shape[0]
-    padded = np.empty(n + pb, dtype=np.int32)
-    padded[:n] = ids
-    padded[n:] = ids[-1] if n else 0
     starts = np.zeros(bb, dtype=np.int32)
     starts[:b] = kv_indptr[:-1]
-    return {"seq_len_kv": seq_kv, "ids_padded": padded, "row_starts": starts}
+    return {"seq_len_kv": seq_kv, "ids_padded": Tail(plan.kv_indices_host.numpy(), pb),
+            "row_starts": starts}
 
 
 def gather_decode_table(table: torch.Tensor, ids_padded: torch.Tensor,
