@@ -53,7 +53,7 @@ def test_torch_grouped_kernel_returns_its_own_zeroed_result():
     except RuntimeError as exc:  # a CPU build whose _grouped_mm lacks this dtype
         pytest.skip(f"torch._grouped_mm on CPU: {exc}")
     assert segment_gemm_grouped.returns_output and y.shape == (40, 16)
-    want = torch.empty(40, 16, dtype=torch.float32)
+    want = torch.empty(40, 16, dtype=torch.float32, device="cpu")
     y = y.cpu()
     reference_segment_gemm(x.cpu(), w.cpu(), indptr.cpu(), None, True, alpha.cpu(), want)
     assert (y[:4] == 0).all() and (y[31:] == 0).all()
