@@ -8,8 +8,10 @@ device-to-host copy); all of a plan's host arrays reach the device in one non-bl
 (:mod:`flashinfer.plan_upload`). An indptr / last_page_len given on the device is copied to the
 host once (a synchronisation, as upstream does for ``indptr``) so that it can be checked; page
 ids kept on the device stay there (copied device to device into the plan) and only their min
-and max come to the host (one synchronisation, which waits for the work already queued;
-``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1`` skips it, and the check, as upstream does). Page indices
+and max come to the host: a non-blocking copy started early in plan() and waited for at its end
+(:class:`PageBounds`), so the GPU round trip overlaps the host work in between — still a wait
+for the work already queued before plan(); ``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1`` skips it,
+and the check, as upstream does. Page indices
 are checked against the *cache size* in ``run()``: plan() does not see the cache, so it keeps
 the largest index (a Python int) and every run() compares it with ``k_cache.shape[0]`` — an int
 comparison, no device work.
@@ -133,13 +135,15 @@ def paged_kv_lens(indptr, last_page_len, page_size: int) -> torch.Tensor:
     return torch.from_numpy(lens.astype(np.int32, copy=False))
 
 
-def page_indices(name: str, t: torch.Tensor, n_pages: int,
-                 indptr_name: str = "indptr") -> tuple[torch.Tensor, int]:
+def page_indices(name: str, t: torch.Tensor, n_pages: int, indptr_name: str = "indptr",
+                 bounds: "PageBounds | None" = None) -> tuple[torch.Tensor, "int | PageBounds"]:
     """The first ``n_pages`` entries of a validated int32 page-id array (a view, on its own
     device; the plan's upload copies it), checked ``>= 0``, and their largest id (-1 when
-    empty, or when not known: see below). A device array costs one synchronisation: its min
-    and max (two ints) come to the host, not the whole array; with
-    ``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1`` a device array is not checked (-1)."""
+    empty, or when not known: see below). A device array's min and max (two ints) come to the
+    host, not the whole array: with ``bounds`` (a wrapper's :class:`PageBounds`) the copy is
+    started and ``bounds`` returned in place of the id, to be resolved at the end of plan()
+    (the GPU round trip then overlaps the rest of plan()); without, one synchronisation here.
+    With ``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1`` a device array is not checked (-1)."""
     if t.shape[0] < n_pages:
         raise ValueError(f"{name} must hold {indptr_name}[-1]={n_pages} page ids, got {t.shape[0]}")
     ids = t if t.shape[0] == n_pages else t[:n_pages]
@@ -150,11 +154,42 @@ def page_indices(name: str, t: torch.Tensor, n_pages: int,
         lo, hi = int(a.min()), int(a.max())
     elif envs.TRUST_DEVICE_PAGE_IDS.get():
         return ids, -1
+    elif bounds is not None:
+        return ids, bounds.start(ids, name)
     else:
         lo, hi = torch.stack(torch.aminmax(ids)).tolist()
     if lo < 0:
         raise ValueError(f"{name} must be >= 0 (page ids into the cache)")
     return ids, hi
+
+
+class PageBounds:
+    """The min and max of a plan's device page ids, on their way to the host: ``start()``
+    queues the reduction and a non-blocking copy into pinned memory, ``resolve()`` waits for
+    it (normally long done) and checks. One per wrapper (a plan resolves before the next
+    starts)."""
+
+    def __init__(self):
+        self._host: torch.Tensor | None = None
+        self._event: torch.cuda.Event | None = None
+        self._name = ""
+
+    def start(self, ids: torch.Tensor, name: str) -> "PageBounds":
+        if self._host is None:
+            self._host = torch.empty(2, dtype=torch.int32, pin_memory=True)
+            self._event = torch.cuda.Event()
+        self._host.copy_(torch.stack(torch.aminmax(ids)), non_blocking=True)
+        self._event.record()
+        self._name = name
+        return self
+
+    def resolve(self) -> int:
+        """The largest id; ValueError when an id is negative."""
+        self._event.synchronize()
+        lo, hi = self._host.tolist()
+        if lo < 0:
+            raise ValueError(f"{self._name} must be >= 0 (page ids into the cache)")
+        return hi
 
 
 def check_fixed_buffer(name: str, buf, device: torch.device, length: int | None = None) -> torch.Tensor:
@@ -229,6 +264,7 @@ class BatchWrapperBase:
         self._pin_memory_int_workspace_buffer = None
         self.device = float_workspace_buffer.device
         self._upload = PlanUpload(self.device)
+        self._page_bounds = PageBounds()
         self._reusable: dict = {}  # planners' buffers kept across plans (BatchPlan.reusable)
         self._kv_layout = check_kv_layout(kv_layout)
         self._use_cuda_graph = bool(use_cuda_graph)
@@ -361,6 +397,8 @@ class BatchWrapperBase:
             prep = prepared.get(key)
             runners[key] = kernel(plan) if prep is None else prep.finish(
                 {name: views[key, name] for name in prep.uploads})
+        if isinstance(max_page, PageBounds):  # device page ids: their check ends here
+            max_page = max_page.resolve()
         self._plan, self._choices, self.decision = plan, choices, first
         self._runners = runners
         self._max_page = max_page
@@ -499,6 +537,6 @@ def set_plan_attributes(wrapper: BatchWrapperBase, plan: BatchPlan, window_left:
 
 __all__ = ["BatchWrapperBase", "canonical_dtype", "index_array", "host_index_arrays", "check_indptr",
            "paged_kv_lens",
-           "page_indices",
+           "page_indices", "PageBounds",
            "check_fixed_buffer", "planned_device_fields", "require_workspace", "unpack_segments",
            "set_plan_attributes"]
