@@ -1,7 +1,9 @@
 """cuDNN graphs for batch attention (paged decode, paged and ragged prefill). Imports ``cudnn``.
 
-Imported only from inside the registered planners. :func:`plan` (host work) buckets the batch
-(:mod:`.batch_plan`), fills the device metadata buffers and returns a :class:`BatchRunner`; the
+Imported only from inside the registered planners. :func:`prepare` (host work, before the
+plan's upload; :func:`plan` is the one-phase form) buckets the batch (:mod:`.batch_plan`), makes
+what changes per plan, and its ``finish`` fills the device metadata buffers and returns a
+:class:`BatchRunner`; the
 runner only looks its graph up (built once per bucketed spec and KV-operand geometry — the page
 pool is first seen at run) and executes: no host sync, no data-dependent allocation.
 
@@ -10,10 +12,11 @@ Graphs use cuDNN's padding mask (``seq_len_q`` / ``seq_len_kv``), page tables
 offsets on Q/O (prefill) and K/V (ragged op); built with heuristic A only and static shapes, as
 in :mod:`._graphs` (same handles and per-stream workspaces).
 
-Metadata: dense decode (one query row per request) writes it on the device from the plan's
-device arrays (:meth:`_Buffers.fill_decode`, four small launches); prefill and multi-query decode
-build it on the host (:func:`~.batch_plan.build_metadata`) and upload it with one non-blocking
-copy from pinned memory. A wrapper's next plan with the same graph key rewrites its previous
+Metadata: dense decode (one query row per request) makes ``seq_len_kv`` and the page-table
+source on the host (:func:`~.batch_plan.decode_arrays`); they ride in the plan's one upload and
+``finish`` queues one gather into the page table; prefill and multi-query decode build their
+metadata on the host (:func:`~.batch_plan.build_metadata`) and upload it with one non-blocking
+copy of their own from pinned memory. A wrapper's next plan with the same graph key rewrites its previous
 plan's buffers (``BatchPlan.reusable``) instead of allocating new ones.
 
 CUDA-graph plans (``plan.cuda_graph``): the metadata buffers belong to a store keyed by the

@@ -9,13 +9,14 @@ graph must not depend on the batch composition. A :class:`BatchSpec` (the graph-
 only *buckets*: the batch size and, per request, the longest query run and the number of pages
 (or KV rows) are rounded up to powers of two. The real lengths travel in device tensors that
 the planner fills, padded to the bucket (:func:`build_metadata` states the contents; dense
-decode writes the same on the device, see ``_batch_graphs._Buffers.fill_decode``):
+decode sends the same through :func:`decode_arrays` in the plan's own upload):
 
 * ``seq_len_q`` / ``seq_len_kv`` ``[Bb, 1, 1, 1]`` int32 (cuDNN padding mask);
 * ``page_table`` ``[Bb, 1, Pb, 1]`` int32 (paged ops): request ``b``'s pages, then the batch's
   first page id as padding (a valid page, never read: it lies past ``seq_len_kv``), gathered on
-  the device from ``kv_indices`` by one ``index_select`` (:func:`fill_page_table`; the plan
-  has no host copy of the page ids) through the host-made positions ``page_src``;
+  the device from ``kv_indices`` by one ``index_select`` (:func:`fill_page_table`) through the
+  host-made positions ``page_src`` — dense decode with the page ids on the host gathers rows of
+  the uploaded ids instead (:func:`gather_decode_table`), with the pages that follow as padding;
 * ragged offsets ``[Bb + 1, 1, 1, 1]`` int32, in elements, for ragged Q/O (prefill) and K/V
   (ragged op): ``indptr * heads * head_dim``.
 
