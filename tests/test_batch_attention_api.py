@@ -271,3 +271,33 @@ def test_loglevel_1_logs_batch_calls_and_their_decisions():
     assert "API call: BatchDecodeWithPagedKVCacheWrapper.run" in out
     assert "problem: batch_decode on cpu" in out and "chosen:  reference" in out
 
+
+
+def test_two_phase_planner_prepares_before_the_upload_and_finishes_with_its_views(monkeypatch):
+    """A planner with ``prepare`` (batch_attention_params.Prepared): called before the plan's
+    upload (device fields unset), its arrays sent with the index arrays, ``finish`` given their
+    device views; the plan is complete when the runner runs."""
+    import numpy as np
+
+    from flashinfer.backends.reference import batch_attention as ref
+    from flashinfer.batch_attention_params import Prepared
+
+    seen = {}
+
+    def prepare(plan):
+        seen["kv_indptr_before"] = plan.kv_indptr
+        extra = np.arange(7, 12, dtype=np.int32)
+
+        def finish(views):
+            seen["views"] = {name: t.clone() for name, t in views.items()}
+            seen["kv_indptr_after"] = plan.kv_indptr.clone()
+            return ref.batch_decode(plan)
+        return Prepared({"extra": (extra, None)}, finish)
+
+    monkeypatch.setattr(ref.batch_decode, "prepare", prepare, raising=False)
+    w, cache, q = _decode(lens=(5, 9, 2))
+    assert seen["kv_indptr_before"] is None  # the Decision and prepare() need host values only
+    assert seen["views"]["extra"].tolist() == [7, 8, 9, 10, 11]
+    assert torch.equal(seen["kv_indptr_after"], w._plan.kv_indptr_host)
+    out = w.run(q, cache)
+    assert out.shape == q.shape and torch.isfinite(out).all()
