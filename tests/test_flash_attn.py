@@ -314,8 +314,13 @@ PAGED_CASES = [
 ]
 
 
-def test_paged_gather_index():
+@pytest.mark.parametrize("ids_on_host", [False, True])
+def test_paged_gather_index(ids_on_host):
+    import dataclasses
+
     plan, *_ = make_paged([1, 2, 3], [3, 0, 21], page_size=4)
+    if ids_on_host:  # plan() keeps a host copy when the page ids were given on the host
+        plan = dataclasses.replace(plan, kv_indices_host=plan.kv_indices.cpu().clone())
     page_ids, slots, cu_k = fa.paged_gather_index(plan)
     idx, ind = plan.kv_indices.tolist(), plan.kv_indptr_host.tolist()
     want = [(idx[ind[b] + t // 4], t % 4) for b, n in enumerate([3, 0, 21]) for t in range(n)]

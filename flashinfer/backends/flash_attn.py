@@ -32,6 +32,7 @@ import functools
 import importlib
 import inspect
 
+import numpy as np
 import torch
 
 from ..attention_params import AttentionParams
@@ -234,20 +235,32 @@ def _ragged_planner(variant: str):
 def paged_gather_index(plan: BatchPlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(page_ids, slots, cu_seqlens_k)`` on ``plan.device``: the page and in-page slot (int64
     ``[total_kv]``) of every KV token of every request, in request order, and the int32
-    ``[B+1]`` row offsets of the gathered K/V. Built from the plan's device arrays with sizes
-    known on the host (``repeat_interleave`` with ``output_size``): no host copy of the page ids,
-    no device sync."""
-    device, page_size = plan.device, plan.page_size
-    total_kv = int(plan.kv_lens_host.sum())
-    lens = plan.kv_lens.to(torch.int64)
-    cu_k = torch.zeros(plan.batch_size + 1, dtype=torch.int32, device=device)
-    cu_k[1:] = torch.cumsum(lens, 0)
-    request = torch.repeat_interleave(torch.arange(plan.batch_size, device=device), lens,
-                                      output_size=total_kv)
-    token = torch.arange(total_kv, device=device) - cu_k[:-1].to(torch.int64)[request]
-    page_pos = plan.kv_indptr.to(torch.int64)[request] + token // page_size
-    page_ids = plan.kv_indices.to(torch.int64)[page_pos]
-    return page_ids, token % page_size, cu_k
+    ``[B+1]`` row offsets of the gathered K/V. Made on the host from the plan's host arrays
+    (numpy, page by page: every slot of a request's pages but the unused tail of its last page)
+    and sent in one copy with the offsets; page ids kept on the device are then looked up there
+    (one gather): no device sync, two or three launches instead of a dozen."""
+    device, ps = plan.device, plan.page_size
+    lens = plan.kv_lens_host.numpy()
+    indptr = plan.kv_indptr_host.numpy()
+    n_pages, total_kv = int(indptr[-1]), int(lens.sum(dtype=np.int64))
+    host_ids = plan.kv_indices_host
+    pages = host_ids.numpy()[:n_pages] if host_ids is not None else np.arange(n_pages)
+    page_of = np.repeat(pages.astype(np.int64, copy=False), ps)  # every slot of every page
+    slot_of = np.tile(np.arange(ps, dtype=np.int64), n_pages)
+    if total_kv != n_pages * ps:  # drop the unused tail of each request's last page
+        keep = np.ones(n_pages * ps, dtype=bool)
+        for start, end, n in zip(indptr[:-1].tolist(), indptr[1:].tolist(), lens.tolist()):
+            keep[start * ps + n:end * ps] = False
+        page_of, slot_of = page_of[keep], slot_of[keep]
+    packed = np.empty(2 * total_kv + lens.shape[0] + 1, dtype=np.int64)
+    packed[:total_kv], packed[total_kv:2 * total_kv] = page_of, slot_of
+    packed[2 * total_kv] = 0
+    np.cumsum(lens, out=packed[2 * total_kv + 1:])
+    sent = torch.from_numpy(packed).to(device, non_blocking=True)
+    page_ids, slots = sent[:total_kv], sent[total_kv:2 * total_kv]
+    if host_ids is None and total_kv:  # positions in kv_indices: the ids live on the device
+        page_ids = plan.kv_indices.to(torch.int64)[page_ids]
+    return page_ids, slots, sent[2 * total_kv:].to(torch.int32)
 
 
 def _page_rows(cache: torch.Tensor, layout: str) -> tuple[torch.Tensor, int] | None:
