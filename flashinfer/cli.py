@@ -383,10 +383,16 @@ def cmd_warmup(args: argparse.Namespace) -> int:
 
     from .warmup import warm_sampling
 
+    from .warmup import select_calls
+
+    try:
+        select_calls(args.only)  # a bad --only fails here, GPU or not
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to compile (Triton kernels run only on GPUs here)")
         return 0
-    results = warm_sampling(args.vocab, "cuda")
+    results = warm_sampling(args.vocab, "cuda", only=args.only)
     if args.json:
         print(json.dumps(results, indent=1))
         return 0
@@ -466,6 +472,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "first call (see flashinfer/warmup.py).")
     p.add_argument("--vocab", type=_positive, nargs="+", default=[32000, 128256, 151936],
                    metavar="V", help="vocabulary sizes served (default: 32000 128256 151936)")
+    p.add_argument("--only", default="", metavar="NAMES",
+                   help="comma-separated substrings of the functions to warm (default: all), "
+                        "e.g. top_k_top_p,softmax")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=cmd_warmup)
     return parser

@@ -381,3 +381,15 @@ def test_warm_sampling_calls_every_function_in_both_threshold_forms():
     assert names == [name for name, _ in sampling_calls()]
     assert any("[per_row]" in n for n in names) and "softmax" in names
     assert all(r["kernel"] == "reference" and r["seconds"] >= 0 for r in results)
+
+
+def test_warmup_only_picks_functions_and_rejects_unknown_names(capsys):
+    from flashinfer.warmup import warm_sampling
+
+    results = warm_sampling([300], "cpu", only="top_k_top_p, softmax")
+    assert [r["function"] for r in results] == [
+        "top_k_top_p_sampling_from_probs", "top_k_top_p_sampling_from_probs[per_row]",
+        "top_k_top_p_sampling_from_logits", "softmax"]
+    assert cli.main(["warmup", "--only", "no_such_function"]) == 2
+    err = capsys.readouterr().err
+    assert "matches no warm-up call" in err and "top_k_mask_logits" in err
