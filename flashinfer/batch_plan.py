@@ -7,8 +7,8 @@ request with no page), page indices ``>= 0``. An index array given on the host i
 device-to-host copy); all of a plan's host arrays reach the device in one non-blocking copy
 (:mod:`flashinfer.plan_upload`). An indptr / last_page_len given on the device is copied to the
 host once (a synchronisation, as upstream does for ``indptr``) so that it can be checked; page
-ids kept on the device stay there (copied device to device into the plan) and only their min
-and max come to the host: a non-blocking copy started early in plan() and waited for at its end
+ids kept on the device stay there (copied device to device into the plan); to check them, a
+copy goes to pinned host memory, started early in plan() and checked at its end
 (:class:`PageBounds`), so the GPU round trip overlaps the host work in between — still a wait
 for the work already queued before plan(); ``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1`` skips it,
 and the check, as upstream does. Page indices
@@ -139,57 +139,60 @@ def page_indices(name: str, t: torch.Tensor, n_pages: int, indptr_name: str = "i
                  bounds: "PageBounds | None" = None) -> tuple[torch.Tensor, "int | PageBounds"]:
     """The first ``n_pages`` entries of a validated int32 page-id array (a view, on its own
     device; the plan's upload copies it), checked ``>= 0``, and their largest id (-1 when
-    empty, or when not known: see below). A device array's min and max (two ints) come to the
-    host, not the whole array: with ``bounds`` (a wrapper's :class:`PageBounds`) the copy is
-    started and ``bounds`` returned in place of the id, to be resolved at the end of plan()
-    (the GPU round trip then overlaps the rest of plan()); without, one synchronisation here.
-    With ``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1`` a device array is not checked (-1)."""
+    empty, or when not known: see below). A device array is checked on a host copy: with
+    ``bounds`` (a wrapper's :class:`PageBounds`) the copy is started and ``bounds`` returned in
+    place of the id, to be resolved at the end of plan() (the GPU round trip then overlaps the
+    rest of plan()); without, one synchronisation here. With
+    ``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1`` a device array is not checked (-1)."""
     if t.shape[0] < n_pages:
         raise ValueError(f"{name} must hold {indptr_name}[-1]={n_pages} page ids, got {t.shape[0]}")
     ids = t if t.shape[0] == n_pages else t[:n_pages]
     if not n_pages:
         return ids, -1
     if ids.device.type == "cpu":
-        a = ids.numpy()
-        lo, hi = int(a.min()), int(a.max())
-    elif envs.TRUST_DEVICE_PAGE_IDS.get():
+        return ids, largest_page_id(ids.numpy(), name)
+    if envs.TRUST_DEVICE_PAGE_IDS.get():
         return ids, -1
-    elif bounds is not None:
+    if bounds is not None:
         return ids, bounds.start(ids, name)
-    else:
-        lo, hi = torch.stack(torch.aminmax(ids)).tolist()
-    if lo < 0:
-        raise ValueError(f"{name} must be >= 0 (page ids into the cache)")
-    return ids, hi
+    return ids, largest_page_id(ids.cpu().numpy(), name)
+
+
+def largest_page_id(ids: np.ndarray, name: str) -> int:
+    """The largest of int32 page ids, ValueError naming ``name`` when one is negative: one
+    reduction over the ids seen as uint32, where a negative id is above every valid one."""
+    hi = int(ids.view(np.uint32).max())
+    if hi > 0x7FFFFFFF:
+        raise ValueError(f"{name} must be >= 0 (page ids into the cache), got {int(ids.min())}")
+    return hi
 
 
 class PageBounds:
-    """The min and max of a plan's device page ids, on their way to the host: ``start()``
-    queues the reduction and a non-blocking copy into pinned memory, ``resolve()`` waits for
-    it (normally long done) and checks. One per wrapper (a plan resolves before the next
-    starts)."""
+    """A plan's device page ids on their way to the host for the bounds check: ``start()``
+    queues a non-blocking copy into pinned memory (one launch, no reduction on the device),
+    ``resolve()`` waits for it (normally long done) and reduces on the host. One per wrapper (a
+    plan resolves before the next starts); the pinned buffer grows to the largest id count."""
 
     def __init__(self):
         self._host: torch.Tensor | None = None
         self._event: torch.cuda.Event | None = None
         self._name = ""
+        self._count = 0
 
     def start(self, ids: torch.Tensor, name: str) -> "PageBounds":
-        if self._host is None:
-            self._host = torch.empty(2, dtype=torch.int32, pin_memory=True)
+        n = ids.shape[0]
+        if self._host is None or self._host.shape[0] < n:
+            self._host = torch.empty(max(n, 1024) * 2, dtype=torch.int32, pin_memory=True)
             self._event = torch.cuda.Event()
-        self._host.copy_(torch.stack(torch.aminmax(ids)), non_blocking=True)
+        self._host[:n].copy_(ids, non_blocking=True)
         self._event.record()
-        self._name = name
+        self._name, self._count = name, n
         return self
 
     def resolve(self) -> int:
         """The largest id; ValueError when an id is negative."""
         self._event.synchronize()
-        lo, hi = self._host.tolist()
-        if lo < 0:
-            raise ValueError(f"{self._name} must be >= 0 (page ids into the cache)")
-        return hi
+        return largest_page_id(self._host.numpy()[:self._count], self._name)
 
 
 def check_fixed_buffer(name: str, buf, device: torch.device, length: int | None = None) -> torch.Tensor:
@@ -436,7 +439,7 @@ class BatchWrapperBase:
         if not isinstance(q, torch.Tensor):
             raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
         want = (plan.total_qo, plan.num_qo_heads, plan.head_dim_qk)
-        if tuple(q.shape) != want:
+        if q.shape != want:
             raise ValueError(f"q must have shape [total_qo, num_qo_heads, head_dim_qk] = {list(want)} "
                              f"as planned, got {tuple(q.shape)}")
         if q.dtype != plan.q_dtype:

@@ -53,7 +53,7 @@ def unpack_paged_kv_cache(paged_kv_cache, kv_layout: str = "NHD") -> tuple[torch
         if t.dim() != 5 or t.shape[1] != 2:
             raise ValueError(f"paged_kv_cache as one tensor must be [pages, 2, page_size, H_kv, D] "
                              f"(NHD) or [pages, 2, H_kv, page_size, D] (HND), got shape {tuple(t.shape)}")
-        return t[:, 0], t[:, 1]
+        return t.unbind(1)
     if isinstance(paged_kv_cache, (tuple, list)) and len(paged_kv_cache) == 2:
         k, v = paged_kv_cache
         if not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor):

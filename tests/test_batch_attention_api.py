@@ -3,6 +3,7 @@ CUDA-graph wrapper rules, aliases, and Decisions on simulated SMs."""
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -74,6 +75,16 @@ def test_page_index_beyond_cache():
     with pytest.raises(ValueError, match="indices"):
         w.plan(torch.tensor([0, 1], dtype=I32), torch.tensor([-1], dtype=I32),
                torch.tensor([2], dtype=I32), 2, 2, 16, 4)
+
+
+def test_largest_page_id_is_one_reduction_that_still_sees_negatives():
+    from flashinfer.batch_plan import largest_page_id
+    ids = np.array([3, 0x7FFFFFFF, 5], dtype=np.int32)
+    assert largest_page_id(ids, "kv_indices") == 0x7FFFFFFF
+    with pytest.raises(ValueError, match=r"kv_indices must be >= 0.*got -2147483648"):
+        largest_page_id(np.array([1, -(2**31), 2], dtype=np.int32), "kv_indices")
+    with pytest.raises(ValueError, match=r"kv_indices must be >= 0.*got -1"):
+        largest_page_id(np.array([9, -1], dtype=np.int32), "kv_indices")
 
 
 def test_head_count_and_dim_differ_between_plan_and_run():
