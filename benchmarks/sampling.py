@@ -44,6 +44,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -301,8 +302,11 @@ def first_call_child(argv) -> None:
 def first_call(args, device: str) -> list[dict]:
     batch, vocab = (SMOKE["batch"], SMOKE["vocab"]) if args.smoke else (256, 128256)
     runs = [("as_is", {})]
-    if args.impl == "ours" and device == "cuda":  # empty Triton cache: what a fresh machine pays
-        runs.insert(0, ("cold_triton_cache", {"TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton_")}))
+    if args.impl == "ours" and device == "cuda":
+        # empty Triton cache: what a fresh machine pays, without and with the kernel pack
+        runs[:0] = [("cold_triton_cache_no_pack", {"TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton_"),
+                                                   "FLASHINFER_KERNEL_PACK_DIR": "off"}),
+                    ("cold_triton_cache", {"TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton_")})]
     out = []
     for label, env in runs:
         cmd = [sys.executable, os.path.abspath(__file__), "--_first-call-child", "--impl", args.impl,
@@ -322,6 +326,8 @@ def first_call(args, device: str) -> list[dict]:
             entry["error"] = f"no result after {args.first_timeout:.0f} s (killed)"
         except Exception as exc:  # noqa: BLE001
             entry["error"] = _error(exc)
+        if "TRITON_CACHE_DIR" in env:  # kernels compiled in the child leave their IR behind
+            entry["compiled_in_process"] = len(list(Path(env["TRITON_CACHE_DIR"]).glob("*/*.ttir")))
         print(f"first call [{args.impl} {label}] " + (
             f"import {entry['import_flashinfer_s']:.2f} s + first call {entry['first_call_s']:.2f} s "
             f"(second {entry['second_call_s'] * 1e3:.2f} ms) -> {entry.get('chosen')}"

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from . import __version__, device, dispatch, envs, overrides
+from . import __version__, device, dispatch, envs, kernel_pack, overrides
 from .backends import BACKEND_NAMES
 from .capability_db import DTYPE_NAMES, Record, database, import_error
 from .dispatch_rules import DispatchRulesError
@@ -164,6 +164,7 @@ def config_data() -> dict[str, Any]:
         "device": {"kind": facts.kind, "name": facts.name, "sm": facts.sm_str,
                    "family": device.sm_family(facts.sm)},
         "env": envs.snapshot(),
+        "kernel_packs": kernel_pack.describe(),
         "ops": op_table(facts),
     }
 
@@ -232,6 +233,9 @@ def _print_config(data: dict[str, Any]) -> None:
         line = f"{row['name']:<30} {value:<14} default: {row['default']!r}"
         if row["error"]:
             line += f"   INVALID: {row['error']}"
+        print(line)
+    print("\n=== Compiled kernel packs (flashinfer/kernel_pack.py) ===")
+    for line in data["kernel_packs"]:
         print(line)
     print(f"\n=== Ops x backends on {'cpu' if d['kind'] == 'cpu' else 'SM ' + d['sm']} "
           "(typical fp16 problem; `flashinfer explain OP` for details) ===")
@@ -378,6 +382,33 @@ def cmd_clear_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_pack(args: argparse.Namespace) -> int:
+    import tempfile
+
+    import triton
+
+    from .warmup import warm_sampling
+
+    fresh = tempfile.mkdtemp(prefix="flashinfer_pack_")
+    previous = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = fresh  # Triton reads it at every cache lookup
+    try:
+        warm_sampling(args.vocab, "cuda", only=args.only)
+    finally:
+        if previous is None:
+            del os.environ["TRITON_CACHE_DIR"]
+        else:
+            os.environ["TRITON_CACHE_DIR"] = previous
+    major, minor = torch.cuda.get_device_capability()
+    manifest = kernel_pack.export_pack(Path(fresh), args.export_pack, triton.__version__,
+                                       major * 10 + minor)
+    shutil.rmtree(fresh, ignore_errors=True)
+    size = args.export_pack.stat().st_size
+    print(f"{args.export_pack}: {len(manifest['entries'])} compiled kernels, {size / 2**20:.2f} MiB "
+          f"(Triton {manifest['triton']}, sm{manifest['arch']})")
+    return 0
+
+
 def cmd_warmup(args: argparse.Namespace) -> int:
     import torch
 
@@ -392,6 +423,8 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to compile (Triton kernels run only on GPUs here)")
         return 0
+    if args.export_pack is not None:
+        return _export_pack(args)
     results = warm_sampling(args.vocab, "cuda", only=args.only)
     if args.json:
         print(json.dumps(results, indent=1))
@@ -475,6 +508,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", default="", metavar="NAMES",
                    help="comma-separated substrings of the functions to warm (default: all), "
                         "e.g. top_k_top_p,softmax")
+    p.add_argument("--export-pack", type=Path, default=None, metavar="FILE",
+                   help="compile into a fresh Triton cache and write its kernels to FILE, a kernel "
+                        "pack (flashinfer/kernel_pack.py; the shipped ones live in "
+                        "flashinfer/kernel_packs/triton-<version>-sm<arch>.tar.xz)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=cmd_warmup)
     return parser

@@ -99,6 +99,9 @@ _VARS: list[EnvVar] = [
     EnvVar("FLASHINFER_CACHE_DIR", "path", os.path.join(os.path.expanduser("~"), ".cache", "flashinfer"),
            "directory for caches (cuDNN graph plans, tuning); `flashinfer clear-cache` empties it",
            _parse_str),
+    EnvVar("FLASHINFER_KERNEL_PACK_DIR", "path", None,
+           "directory of compiled-kernel packs seeded into Triton's cache on first use (default: "
+           "the packs shipped in flashinfer/kernel_packs); 'off' disables seeding", _parse_str),
     EnvVar("TRITON_INTERPRET", "bool", False,
            "Triton's own switch: run Triton kernels in its interpreter (lets our kernels run on CPU)",
            _parse_bool),
@@ -113,6 +116,7 @@ TRUST_DEVICE_PAGE_IDS = REGISTRY["FLASHINFER_TRUST_DEVICE_PAGE_IDS"]
 LOGLEVEL = REGISTRY["FLASHINFER_LOGLEVEL"]
 LOGDEST = REGISTRY["FLASHINFER_LOGDEST"]
 CACHE_DIR = REGISTRY["FLASHINFER_CACHE_DIR"]
+KERNEL_PACK_DIR = REGISTRY["FLASHINFER_KERNEL_PACK_DIR"]
 TRITON_INTERPRET = REGISTRY["TRITON_INTERPRET"]
 
 

@@ -14,6 +14,11 @@ Row counts, seeds, offsets and threshold values are runtime arguments: any batch
 reuses the same compile. Each call goes through the public API with ``backend="auto"``, so it
 compiles what the dispatcher would choose on this device (nothing on CPU). ``--only`` limits the
 warm-up to the functions a deployment calls (about 2.5 s each instead of ~20 s for all).
+``--export-pack FILE`` compiles into a fresh cache and writes the result as a kernel pack
+(:mod:`flashinfer.kernel_pack`), which is how ``flashinfer/kernel_packs/`` is made: on a GPU,
+``flashinfer warmup --vocab 32000 50257 --export-pack
+flashinfer/kernel_packs/triton-<version>-sm<arch>.tar.xz`` (one vocabulary divisible by 16 and
+one not: the two alignment classes).
 """
 
 from __future__ import annotations

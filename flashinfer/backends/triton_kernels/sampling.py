@@ -17,6 +17,7 @@ import contextlib
 
 import torch
 
+from ...kernel_pack import seed_for_device
 from . import KERNELS
 
 #: (lanes per chunk quarter, warps): a chunk is 4 * Q elements (Q shrinks for small
@@ -49,6 +50,16 @@ def _launch_shape(vocab: int, n_rows: int) -> tuple[int, int]:
     return max(16, min(q, _pow2(-(-vocab // 4)))), warps
 
 
+def _kernels(t: torch.Tensor):
+    """The @triton.jit module, imported on first use; Triton's cache is seeded from the shipped
+    kernel pack the first time a CUDA device is seen (:mod:`flashinfer.kernel_pack`)."""
+    from . import _sampling_kernels
+
+    if t.is_cuda:
+        seed_for_device(t.device)
+    return _sampling_kernels
+
+
 def _device_of(t: torch.Tensor):
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
@@ -79,7 +90,7 @@ def _threshold(value, dummy: torch.Tensor, cast):
 def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, deterministic,
                         seed, offset, passes: torch.Tensor | None = None) -> None:
     """``passes`` (int32 ``[len(out)]``, tests only): the number of passes over each row."""
-    from . import _sampling_kernels as K
+    K = _kernels(probs)
 
     n_out = out.numel()
     if n_out == 0:
@@ -108,7 +119,7 @@ def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, 
 
 @KERNELS.kernel("sampling_from_logits", "default")
 def sampling_from_logits(logits, out, indices, deterministic, seed, offset) -> None:
-    from . import _sampling_kernels as K
+    K = _kernels(logits)
 
     n_out = out.numel()
     if n_out == 0:
@@ -129,7 +140,7 @@ def sampling_from_logits(logits, out, indices, deterministic, seed, offset) -> N
 
 
 def _threshold_launch(src, out, top_k, top_p, is_logits: bool) -> None:
-    from . import _sampling_kernels as K
+    K = _kernels(src)
 
     src = src.contiguous()
     n_rows, vocab = src.shape
@@ -162,7 +173,7 @@ def top_k_mask_logits(logits, out, top_k) -> None:
 
 @KERNELS.kernel("softmax", "default")
 def softmax(logits, out, temperature) -> None:
-    from . import _sampling_kernels as K
+    K = _kernels(logits)
 
     logits = logits.contiguous()
     n_rows, vocab = logits.shape
@@ -187,7 +198,7 @@ def softmax(logits, out, temperature) -> None:
 @KERNELS.kernel("chain_speculative_sampling", "default")
 def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, output, accepted,
                                emitted, deterministic, seed, offset) -> None:
-    from . import _sampling_kernels as K
+    K = _kernels(draft_probs)
 
     batch, n_draft, vocab = draft_probs.shape
     if batch == 0:

@@ -1,0 +1,223 @@
+"""Compiled Triton kernels shipped with the package, so a first call need not compile.
+
+A cold Triton compile of one sampling kernel takes 2-2.5 s on the H200's host (benchmarks/
+compile_time.py); a first call in a fresh process then took 3.4 s. A *kernel pack* holds Triton
+cache entries (the cubin, its metadata and the group file that Triton looks up) made by
+``flashinfer warmup --export-pack`` on a GPU. On the first launch of one of our Triton kernels
+in a process, :func:`seed_triton_cache` copies the pack's entries that Triton's on-disk cache
+lacks into it; Triton then finds the compiled kernel under its own cache key and loads it.
+
+Safe by construction: Triton's key hashes the kernel source, the Triton build, the target and
+the compile options, so an entry made from other source or for another Triton or GPU is never
+looked up (it only costs disk). Packs are per Triton version and target
+(``triton-<version>-sm<arch>.tar.xz``). The manifest records a digest of each kernel module an
+entry came from; entries whose module has changed since the export are skipped, and
+``flashinfer show-config`` and the test suite report them: re-export the pack on a GPU
+(``flashinfer warmup --export-pack``) whenever a packed kernel changes.
+
+Nothing is seeded when Triton uses a custom cache manager (``TRITON_CACHE_MANAGER``), or with
+``FLASHINFER_KERNEL_PACK_DIR=off``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+import tempfile
+import threading
+from pathlib import Path
+
+from . import envs
+
+#: the packs shipped with the package
+SHIPPED_DIR = Path(__file__).parent / "kernel_packs"
+#: the kernel modules a pack may hold kernels of (digested in the manifest)
+KERNEL_MODULE_DIR = Path(__file__).parent / "backends" / "triton_kernels"
+#: the files of a cache entry a pack keeps: the binary, its metadata, the group file
+_KEPT_SUFFIXES = (".cubin", ".hsaco", ".json")
+
+_lock = threading.Lock()
+_seeded: dict[tuple[str, int], int] = {}
+
+
+def pack_dir() -> Path | None:
+    raw = envs.KERNEL_PACK_DIR.get()
+    if raw is None:
+        return SHIPPED_DIR
+    return None if raw.lower() == "off" else Path(os.path.expanduser(raw))
+
+
+def pack_name(triton_version: str, arch: int) -> str:
+    return f"triton-{triton_version}-sm{arch}.tar.xz"
+
+
+def module_digest(module: str) -> str:
+    """sha256 of a kernel module's source (``_sampling_kernels`` -> its file)."""
+    return hashlib.sha256((KERNEL_MODULE_DIR / f"{module}.py").read_bytes()).hexdigest()
+
+
+def triton_cache_dir() -> Path | None:
+    """Triton's file cache directory, or None when Triton uses another cache manager."""
+    if os.environ.get("TRITON_CACHE_MANAGER"):
+        return None
+    try:
+        from triton import knobs
+        return Path(knobs.cache.dir)
+    except ImportError:  # Triton < 3.4
+        from triton.runtime.cache import default_cache_dir
+        return Path(os.environ.get("TRITON_CACHE_DIR") or default_cache_dir())
+
+
+def read_manifest(path: Path) -> dict:
+    with tarfile.open(path, "r:xz") as tar:
+        return json.load(tar.extractfile("manifest.json"))
+
+
+def stale_entries(manifest: dict) -> list[dict]:
+    """The manifest's entries whose kernel module differs from the one they were compiled from."""
+    digests = {m: (module_digest(m) if (KERNEL_MODULE_DIR / f"{m}.py").exists() else None)
+               for m in manifest["modules"]}
+    return [e for e in manifest["entries"] if digests[e["module"]] != manifest["modules"][e["module"]]]
+
+
+_devices_done: set[int] = set()
+
+
+def seed_for_device(device) -> None:
+    """:func:`seed_triton_cache` for a CUDA ``device``'s arch; a set lookup after the first call
+    per device (nothing under the Triton interpreter)."""
+    index = device.index if device.index is not None else 0
+    if index in _devices_done:
+        return
+    if not envs.TRITON_INTERPRET.get():
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(index)
+        seed_triton_cache(major * 10 + minor)
+    _devices_done.add(index)
+
+
+def seed_triton_cache(arch: int) -> int:
+    """Copy the current Triton's pack entries for ``sm<arch>`` that Triton's cache lacks into it,
+    once per process and arch; returns the number of entries copied."""
+    import triton
+
+    key = (triton.__version__, arch)
+    with _lock:
+        if key not in _seeded:
+            _seeded[key] = _seed(triton.__version__, arch)
+        return _seeded[key]
+
+
+def _seed(triton_version: str, arch: int) -> int:
+    where, cache = pack_dir(), triton_cache_dir()
+    if where is None or cache is None:
+        return 0
+    path = where / pack_name(triton_version, arch)
+    if not path.is_file():
+        return 0
+    copied = 0
+    with tarfile.open(path, "r:xz") as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))
+        stale = {e["key"] for e in stale_entries(manifest)}
+        wanted = {e["key"]: e for e in manifest["entries"]
+                  if e["key"] not in stale and not (cache / e["key"] / e["group"]).exists()}
+        if not wanted:
+            return 0
+        files: dict[str, dict[str, bytes]] = {}
+        for member in tar:
+            entry_key, _, name = member.name.partition("/")
+            if entry_key in wanted and member.isfile():
+                files.setdefault(entry_key, {})[name] = tar.extractfile(member).read()
+    for entry_key, entry in wanted.items():
+        if _install(cache / entry_key, entry, files.get(entry_key, {})):
+            copied += 1
+    return copied
+
+
+def _install(dest: Path, entry: dict, blobs: dict[str, bytes]) -> bool:
+    """Write one entry the way Triton's FileCacheManager does (each file renamed into place),
+    the group file last, so a concurrent process never sees a partial entry as a hit."""
+    if set(entry["files"]) - set(blobs):
+        return False
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in entry["files"]:
+        _atomic_write(dest / name, blobs[name])
+    group = {"child_paths": {name: str(dest / name) for name in entry["files"]}}
+    _atomic_write(dest / entry["group"], json.dumps(group).encode())
+    return True
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".flashinfer_pack_")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _kernel_module(kernel_name: str) -> str | None:
+    """The ``_*_kernels`` module defining the @triton.jit function ``kernel_name``."""
+    import importlib
+
+    for file in sorted(KERNEL_MODULE_DIR.glob("_*_kernels.py")):
+        mod = importlib.import_module(f"flashinfer.backends.triton_kernels.{file.stem}")
+        if hasattr(mod, kernel_name):
+            return file.stem
+    return None
+
+
+def export_pack(cache: Path, out: Path, triton_version: str, arch: int) -> dict:
+    """Write the pack of every compiled kernel of ours found in the Triton cache directory
+    ``cache`` (normally a fresh one that a warm-up filled) to ``out``; returns the manifest."""
+    entries, blobs = [], {}
+    for entry_dir in sorted(p for p in cache.iterdir() if p.is_dir()):
+        groups = list(entry_dir.glob("__grp__*.json"))
+        if len(groups) != 1:
+            continue  # launcher and utility modules: built for the host, not packed
+        children = json.loads(groups[0].read_text())["child_paths"]
+        kept = sorted(n for n in children if n.endswith(_KEPT_SUFFIXES))
+        meta = json.loads((entry_dir / groups[0].name[len("__grp__"):]).read_text())
+        module = _kernel_module(meta["name"])
+        if module is None or not any(n.endswith((".cubin", ".hsaco")) for n in kept):
+            continue
+        entries.append({"key": entry_dir.name, "kernel": meta["name"], "module": module,
+                        "group": groups[0].name, "files": kept})
+        for name in kept:
+            blobs[f"{entry_dir.name}/{name}"] = (entry_dir / name).read_bytes()
+    modules = sorted({e["module"] for e in entries})
+    manifest = {"triton": triton_version, "arch": arch,
+                "modules": {m: module_digest(m) for m in modules}, "entries": entries}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out, "w:xz") as tar:
+        _add(tar, "manifest.json", json.dumps(manifest, indent=1).encode())
+        for name, data in sorted(blobs.items()):
+            _add(tar, name, data)
+    return manifest
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def describe() -> list[str]:
+    """show-config lines: each pack found, its entries and the stale ones."""
+    where = pack_dir()
+    if where is None:
+        return ["kernel packs: off (FLASHINFER_KERNEL_PACK_DIR=off)"]
+    packs = sorted(where.glob("triton-*-sm*.tar.xz")) if where.is_dir() else []
+    if not packs:
+        return [f"kernel packs: none in {where}"]
+    lines = []
+    for path in packs:
+        manifest = read_manifest(path)
+        stale = stale_entries(manifest)
+        kernels = sorted({e["kernel"] for e in manifest["entries"]})
+        note = f", {len(stale)} STALE (kernel source changed; re-export)" if stale else ""
+        lines.append(f"kernel pack {path.name}: {len(manifest['entries'])} compiled kernels "
+                     f"({', '.join(kernels)}){note}")
+    return lines
