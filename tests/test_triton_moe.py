@@ -58,8 +58,7 @@ def _q128(v):
 
 def _naive_w8a8(x, w1, w2, ids, weights, on_input=False):
     """float64 W8A8 DeepSeek recipe (SwiGLU) with weights already dequantised: the input and
-    the intermediate (bf16 on a GPU; float32 in the interpreter) rounded to fp8 per row and
-    128-wide group (``_q128``)."""
+    the (float32) intermediate rounded to fp8 per row and 128-wide group (``_q128``)."""
     xq, w1, w2 = _q128(x.double()), w1.double(), w2.double()
     inter = w2.shape[2]
     out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float64, device=x.device)
@@ -72,7 +71,7 @@ def _naive_w8a8(x, w1, w2, ids, weights, on_input=False):
         h = rows @ w1[e].t()
         up, gate = h[:, :inter], h[:, inter:]
         mid = gate / (1 + torch.exp(-gate)) * up
-        mid = mid.to(torch.bfloat16 if x.is_cuda else torch.float32).double()
+        mid = mid.float().double()
         y = _q128(mid) @ w2[e].t()
         out.index_add_(0, tok, y if on_input else w * y)
     return out
@@ -142,6 +141,42 @@ def test_align_groups_and_pads_by_expert(t, k, e, block_m, offset):
     assert sorted_pairs.tolist() == expected + [t * k] * (rows - len(expected))
     assert block_expert[: len(experts)].tolist() == experts
     assert ((block_expert >= 0) & (block_expert < e)).all()  # unused blocks: any valid expert
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 256, 1024, 4096, 65536])
+def test_launch_configs_keep_w8a8_tiles_one_scale_group(tokens):
+    from flashinfer.backends.triton_kernels.moe import launch_config
+
+    w8a8 = launch_config(tokens * 8, 256, True, True)
+    assert w8a8.block_k == w8a8.block_n1 == 128
+    plain = launch_config(tokens * 8, 256, True, False)
+    assert plain.block_n1 == 64  # 128-wide bf16 tiles overflow shared memory at BLOCK_M 64
+    assert w8a8.block_m <= 16 or tokens >= 256  # few rows per expert: little padding
+
+
+@pytest.mark.parametrize("tokens,hidden", [(1, 128), (19, 320)])
+def test_quantise_groups_per_token_and_128_group(tokens, hidden):
+    from flashinfer.backends.triton_kernels.moe import quantise_groups
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device="cpu").manual_seed(tokens)
+    x = (torch.randn(tokens, hidden, generator=gen, device="cpu") * 3).to(torch.bfloat16)
+    x[0, :128] = 0  # an all-zero group: scale 0, values 0
+    q, s = quantise_groups(x.to(dev))
+    groups = -(-hidden // 128)
+    assert q.shape == (tokens, hidden) and s.shape == (tokens, groups)
+    q, s = q.float().cpu(), s.cpu()
+    xf = torch.nn.functional.pad(x.float(), (0, groups * 128 - hidden)).view(tokens, groups, 128)
+    amax = xf.abs().amax(-1)
+    torch.testing.assert_close(s, amax / 448.0, rtol=1e-6, atol=0)
+    assert s[0, 0] == 0 and (q[0, :128] == 0).all()
+    # fp8 e4m3 values (3 mantissa bits: within 2**-4 relative of x / scale, the group's
+    # largest magnitude exactly 448); ties may round either way (the kernel's fp32 division is
+    # not torch's), so no bit-for-bit comparison with torch's conversion
+    assert torch.equal(q, q.to(torch.float8_e4m3fn).float())
+    scaled = (xf / torch.where(amax > 0, amax / 448.0, 1.0)[..., None]).view(tokens, -1)[:, :hidden]
+    assert ((q - scaled).abs() <= scaled.abs() * 2.0**-4 + 1e-6).all()
+    assert torch.equal(q.abs()[1:].amax(-1), torch.full((tokens - 1,), 448.0, device="cpu"))
 
 
 # --------------------------------------------------------------------------------------------

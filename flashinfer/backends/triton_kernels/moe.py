@@ -6,7 +6,8 @@ in ``_moe_kernels.py`` and is imported on first use (this module must import wit
 One call, never synchronising with the host (so it can be captured in a CUDA graph), and every
 buffer sized from the shapes alone:
 
-1. ``align`` (one program of ``align_kernel``): the ``P = T * top_k`` (token, slot) pairs are
+1. ``align`` (``align_kernel``, or three parallel launches past one chunk of pairs): the
+   ``P = T * top_k`` (token, slot) pairs are
    stably sorted by local expert id (pairs of other ranks are dropped) and each expert's
    segment is padded to a multiple of ``BLOCK_M`` in a list of ``max_rows(P, E, BLOCK_M)`` rows
    (the sentinel ``P`` marks padding), with the expert of each M-block and the number of used
@@ -19,8 +20,9 @@ buffer sized from the shapes alone:
 4. ``out = buffer.sum(1)``: a fixed-order reduction, so results are deterministic.
 
 FP8 128x128 block-scaled experts run W8A8 (DeepSeek-V3's recipe, as upstream's CUTLASS MoE):
-activation tiles are quantised to fp8 per row and 128-wide K group inside both GEMMs, or taken
-as given when the input is fp8 with 1x128 scales, and multiplied fp8 by fp8 (``_moe_kernels``).
+the input is quantised to fp8 per token and 128-wide group in one launch (``quantise_groups``;
+taken as given when it is fp8 with 1x128 scales), the intermediate tile by tile inside gemm2,
+and both GEMMs multiply fp8 by fp8 (``_moe_kernels``).
 So results differ from the torch backend and the reference, which keep bf16 activations, by the
 fp8 rounding of the input and of the intermediate (a few percent, relative). Per-tensor fp8
 experts keep bfloat16 activations (an fp8 input is dequantised first) and convert the weights in
@@ -52,19 +54,28 @@ class LaunchConfig:
     num_stages: int
 
 
-def launch_config(num_pairs: int, num_experts: int, on_gpu: bool) -> LaunchConfig:
+def launch_config(num_pairs: int, num_experts: int, on_gpu: bool, w8a8: bool) -> LaunchConfig:
     """Tile sizes from the average rows per expert (shapes only, nothing read from the device).
 
-    Set from ``benchmarks/tune_moe.py`` on the H200 (DeepSeek-V3 layer, W8A8 fp8 experts, 12
-    configurations; benchmarks/results/tune_moe_w8a8_h200_2026-11-30.json): up to 32 rows per
-    expert (<= 1,024 tokens of top-8 over 256 experts) ``BLOCK_M = 16``, so padding wastes little
-    (best at 16-1,024 tokens, within 5 % at 1); more rows ``BLOCK_M = 64`` (best at 4,096)."""
+    W8A8 (fp8 128x128 experts; gemm1 tiles must be one 128-wide scale group): set from
+    ``benchmarks/profile_moe.py`` on the H200, DeepSeek-V3 layer
+    (benchmarks/results/profile_moe_configs_h200_2026-11-30_0943utc.txt): ``BLOCK_M = 16`` up to 8 rows
+    per expert (best at 1-256 tokens of top-8 over 256 experts), 32 up to 64 rows (3.46 ms at
+    1,024 tokens against 3.91 / 3.72 for 16 / 64), 64 with 8 warps beyond (8.87 ms at 4,096
+    against 10.9 for 32). Two-byte weights keep 64-wide gemm1 tiles (128-wide ones at BLOCK_M
+    64 with 3 stages need 240 KB of shared memory, more than the H200's 227 KB), as tuned
+    before on the same layer (benchmarks/results/tune_moe_w8a8_h200_2026-11-30.json)."""
     per_expert = num_pairs / max(num_experts, 1)
     if not on_gpu:  # the interpreter: small tiles, few programs
-        return LaunchConfig(16, 64, 64, 128, 4, 1)
-    if per_expert <= 32:
-        return LaunchConfig(16, 64, 128, 128, 4, 4)
-    return LaunchConfig(64, 64, 128, 128, 4, 3)
+        return LaunchConfig(16, 128, 64, 128, 4, 1)
+    if not w8a8:
+        return (LaunchConfig(16, 64, 128, 128, 4, 4) if per_expert <= 32 else
+                LaunchConfig(64, 64, 128, 128, 4, 3))
+    if per_expert <= 8:
+        return LaunchConfig(16, 128, 128, 128, 4, 4)
+    if per_expert <= 64:
+        return LaunchConfig(32, 128, 128, 128, 4, 4)
+    return LaunchConfig(64, 128, 128, 128, 8, 3)
 
 
 def max_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -87,17 +98,31 @@ def align(ids: torch.Tensor, expert_offset: int, num_experts: int, block_m: int)
     dev = ids.device
     num_pairs = ids.numel()
     rows = max_rows(num_pairs, num_experts, block_m)
-    sorted_pairs = torch.empty(rows, dtype=torch.int32, device=dev)
     block_expert = torch.empty(rows // block_m, dtype=torch.int32, device=dev)
     num_blocks = torch.zeros(1, dtype=torch.int32, device=dev)
     if num_pairs == 0:
+        return torch.empty(rows, dtype=torch.int32, device=dev), block_expert, num_blocks
+    flat = ids.contiguous().view(-1)
+    ep = _pow2(num_experts)
+    n_chunks = -(-num_pairs // ALIGN_CHUNK)
+    if n_chunks == 1:  # one program does it all in one launch
+        sorted_pairs = torch.empty(rows, dtype=torch.int32, device=dev)
+        _moe_kernels.align_kernel[(1,)](
+            flat, sorted_pairs, block_expert, num_blocks, num_pairs, expert_offset, rows,
+            NUM_EXPERTS=num_experts, EP=ep, BLOCK_M=block_m, CHUNK=ALIGN_CHUNK, num_warps=8,
+        )
         return sorted_pairs, block_expert, num_blocks
-    _moe_kernels.align_kernel[(1,)](
-        ids.contiguous().view(-1), sorted_pairs, block_expert, num_blocks,
-        num_pairs, expert_offset, rows,
-        NUM_EXPERTS=num_experts, EP=_pow2(num_experts), BLOCK_M=block_m, CHUNK=ALIGN_CHUNK,
-        num_warps=8,
-    )
+    sorted_pairs = torch.full((rows,), num_pairs, dtype=torch.int32, device=dev)
+    base = torch.empty((n_chunks, ep), dtype=torch.int32, device=dev)
+    _moe_kernels.align_count_kernel[(n_chunks,)](
+        flat, base, num_pairs, expert_offset, NUM_EXPERTS=num_experts, EP=ep, CHUNK=ALIGN_CHUNK,
+        num_warps=4)
+    _moe_kernels.align_offsets_kernel[(1,)](
+        base, block_expert, num_blocks, n_chunks, rows, NUM_EXPERTS=num_experts, EP=ep,
+        BLOCK_M=block_m, CHUNK=ALIGN_CHUNK, GROUP=16, num_warps=8)
+    _moe_kernels.align_scatter_kernel[(n_chunks,)](
+        flat, base, sorted_pairs, num_pairs, expert_offset, NUM_EXPERTS=num_experts, EP=ep,
+        CHUNK=ALIGN_CHUNK, num_warps=4)
     return sorted_pairs, block_expert, num_blocks
 
 
@@ -125,6 +150,25 @@ def _activations(x: torch.Tensor, x_scale, w8a8: bool) -> torch.Tensor:
     return (x.float() * full).to(torch.bfloat16)
 
 
+def quantise_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W8A8 input: ``x [T, H]`` half precision -> (fp8 ``[T, H]``, float32 1x128 scales ``[T,
+    ceil(H/128)]``), one launch, the rounding of gemm1's own on-the-fly quantisation. Under the
+    interpreter the fp8 values are held in float32 (see ``_moe_kernels``)."""
+    from . import _moe_kernels
+
+    tokens, hidden = x.shape
+    on_gpu = x.is_cuda
+    q = torch.empty((tokens, hidden), dtype=torch.float8_e4m3fn if on_gpu else torch.float32,
+                    device=x.device)
+    s = torch.empty((tokens, -(-hidden // 128)), dtype=torch.float32, device=x.device)
+    if tokens:
+        block_t = 16
+        _moe_kernels.quantise_groups_kernel[(-(-tokens // block_t), s.shape[1])](
+            x, q, s, tokens, hidden, x.stride(0), q.stride(0), s.stride(0), s.stride(1),
+            BLOCK_T=block_t, DOT_F32=not on_gpu, num_warps=4)
+    return q, s
+
+
 def _scale_args(scale, quant: int, ref: torch.Tensor):
     """(tensor, stride_e, stride_n, stride_k): a dummy pointer when unquantised."""
     if quant == 0:
@@ -145,16 +189,18 @@ def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -
     num_pairs = num_tokens * top_k
     quant = _QUANT[spec.quant]
     on_gpu = x.is_cuda
-    cfg = launch_config(num_pairs, num_experts, on_gpu)
     w8a8 = quant == 1
-    if w8a8 and cfg.block_k != 128:
-        raise ValueError(f"W8A8 needs 128-deep K steps (one scale group), got {cfg}")
+    cfg = launch_config(num_pairs, num_experts, on_gpu, w8a8)
+    if w8a8 and (cfg.block_k != 128 or cfg.block_n1 != 128):
+        raise ValueError(f"W8A8 needs 128-deep K steps and 128-wide gemm1 tiles (one scale "
+                         f"group), got {cfg}")
     a = _activations(x, x_scale, w8a8)
-    x_fp8 = a.dtype == torch.float8_e4m3fn
-    # the W8A8 intermediate is bf16 on the GPU; the interpreter's bf16 cast truncates (and would
-    # move fp8 rounding boundaries), so there it stays float32
-    mid_dtype = (torch.float32 if not on_gpu else torch.bfloat16) if w8a8 else a.dtype
-    xs, xs_t, xs_k = (x_scale, x_scale.stride(0), x_scale.stride(1)) if x_fp8 else (a, 0, 0)
+    if w8a8 and a.dtype != torch.float8_e4m3fn:  # once per token, not per pair and column tile
+        with _device_of(x):
+            a, x_scale = quantise_groups(a)
+    # the W8A8 intermediate is fp8 with 1x128 scales (held in float32 under the interpreter)
+    mid_dtype = (torch.float8_e4m3fn if on_gpu else torch.float32) if w8a8 else a.dtype
+    xs, xs_t, xs_k = (x_scale, x_scale.stride(0), x_scale.stride(1)) if w8a8 else (a, 0, 0)
     w1, w2 = _unit_stride(w1), _unit_stride(w2)
     flat_w = weights.reshape(-1).float().contiguous()
     with _device_of(x):
@@ -163,12 +209,15 @@ def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -
         rows = sorted_pairs.numel()
         grid_m = rows // cfg.block_m
         mid = torch.empty((rows, inter), dtype=mid_dtype, device=x.device)
+        mid_s = (torch.empty((rows, -(-inter // 128)), dtype=torch.float32, device=x.device)
+                 if w8a8 else flat_w)
         s1, s1e, s1n, s1k = _scale_args(w1_scale, quant, flat_w)
         _moe_kernels.gemm1_kernel[(grid_m, -(-inter // cfg.block_n1))](
-            a, xs, w1, s1, mid, sorted_pairs, block_expert, num_blocks, flat_w,
+            a, xs, w1, s1, mid, mid_s, sorted_pairs, block_expert, num_blocks, flat_w,
             num_pairs, hidden, inter,
             a.stride(0), xs_t, xs_k, w1.stride(0), w1.stride(1), s1e, s1n, s1k, mid.stride(0),
-            TOP_K=top_k, ACTIVATION=int(spec.activation), QUANT=quant, X_FP8=x_fp8,
+            mid_s.stride(0),
+            TOP_K=top_k, ACTIVATION=int(spec.activation), QUANT=quant,
             SCALES_ON_INPUT=bool(spec.scales_on_input), BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n1, BLOCK_K=cfg.block_k, EVEN_K=hidden % cfg.block_k == 0,
             DOT_F32=not on_gpu,
@@ -177,9 +226,9 @@ def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -
         result = torch.zeros((num_tokens, top_k, hidden), dtype=torch.float32, device=x.device)
         s2, s2e, s2n, s2k = _scale_args(w2_scale, quant, flat_w)
         _moe_kernels.gemm2_kernel[(grid_m, -(-hidden // cfg.block_n2))](
-            mid, w2, s2, result, sorted_pairs, block_expert, num_blocks, flat_w,
+            mid, mid_s, w2, s2, result, sorted_pairs, block_expert, num_blocks, flat_w,
             num_pairs, hidden, inter,
-            mid.stride(0), w2.stride(0), w2.stride(1), s2e, s2n, s2k, hidden,
+            mid.stride(0), mid_s.stride(0), w2.stride(0), w2.stride(1), s2e, s2n, s2k, hidden,
             QUANT=quant, SCALES_ON_INPUT=bool(spec.scales_on_input), BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n2, BLOCK_K=cfg.block_k, EVEN_K=inter % cfg.block_k == 0,
             DOT_F32=not on_gpu,

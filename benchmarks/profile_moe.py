@@ -1,0 +1,82 @@
+"""Where the Triton fused MoE's GPU time goes on the DeepSeek-V3 layer (W8A8 fp8 experts).
+
+    python benchmarks/profile_moe.py [--tokens 1024 4096] [--configs "16,64,128,128,4,4;..."]
+
+For each token count and launch configuration: GPU time of each kernel of one call (torch
+profiler), with bfloat16 input (quantised per 1x128 group inside gemm1) and with the input
+already fp8 with its 1x128 scales (gemm1 only loads them). The weight bytes per call over the
+4.8 TB/s HBM peak give the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import torch
+
+from moe import LAYER, _route, _weights
+
+from flashinfer.backends.triton_kernels import moe as tmoe
+from flashinfer.fused_moe.core import ExpertSpec
+
+
+def quantise_1x128(x: torch.Tensor):
+    groups = x.float().view(x.shape[0], -1, 128)
+    amax = groups.abs().amax(-1)
+    inv = torch.where(amax > 0, 448.0 / amax.clamp_min(1e-30), torch.zeros_like(amax))
+    q = (groups * inv[..., None]).to(torch.float8_e4m3fn).view_as(x)
+    return q, amax / 448.0
+
+
+def kernel_times(fn, reps: int = 5) -> dict[str, float]:
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    times = collections.defaultdict(float)
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            times[evt.name[:40]] += evt.device_time / reps / 1e3
+    return dict(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096])
+    ap.add_argument("--configs", default="")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    w1, s1, w2, s2 = _weights(LAYER, "cuda")
+    spec = ExpertSpec("fp8_block_scale", 3, 0, False)
+    weight_bytes = w1.numel() + w2.numel()
+    configs = [tuple(map(int, c.split(","))) for c in args.configs.split(";") if c]
+    original = tmoe.launch_config
+    for tokens in args.tokens:
+        x = torch.randn(tokens, LAYER["hidden"], device="cuda", dtype=torch.bfloat16)
+        xq, xs = quantise_1x128(x)
+        ids, values = _route(LAYER, tokens, "cuda", False)
+        out = torch.empty_like(x)
+        used = torch.unique(ids).numel()
+        floor_ms = weight_bytes * used / LAYER["experts"] / 4.8e12 * 1e3
+        for cfg in configs or [None]:
+            if cfg is not None:
+                tmoe.launch_config = lambda *a, _c=cfg: tmoe.LaunchConfig(*_c)
+            for label, a, a_s in (("bf16 in", x, None), ("fp8 in", xq, xs)):
+                try:
+                    t = kernel_times(lambda: tmoe.fused_moe(a, a_s, w1, s1, w2, s2, ids, values,
+                                                            spec, out))
+                except Exception as exc:  # noqa: BLE001 - a config that does not fit is a finding
+                    print(f"T={tokens:<5d} cfg={cfg} {label}: {type(exc).__name__}: {str(exc)[:90]}")
+                    continue
+                total = sum(t.values())
+                parts = ", ".join(f"{k} {v:.3f}" for k, v in sorted(t.items(), key=lambda kv: -kv[1]))
+                print(f"T={tokens:<5d} cfg={cfg or 'default'} {label}: {total:.3f} ms "
+                      f"(floor {floor_ms:.3f}, {used} experts) | {parts}", flush=True)
+            tmoe.launch_config = original
+
+
+if __name__ == "__main__":
+    main()
