@@ -390,15 +390,19 @@ def _export_pack(args: argparse.Namespace) -> int:
     from .warmup import warm_sampling
 
     fresh = tempfile.mkdtemp(prefix="flashinfer_pack_")
-    previous = os.environ.get("TRITON_CACHE_DIR")
-    os.environ["TRITON_CACHE_DIR"] = fresh  # Triton reads it at every cache lookup
+    # a fresh Triton cache (Triton reads the variable at every lookup), not seeded from the
+    # shipped packs: everything in the new pack is compiled here
+    scoped = {"TRITON_CACHE_DIR": fresh, "FLASHINFER_KERNEL_PACK_DIR": "off"}
+    previous = {name: os.environ.get(name) for name in scoped}
+    os.environ.update(scoped)
     try:
         warm_sampling(args.vocab, "cuda", only=args.only)
     finally:
-        if previous is None:
-            del os.environ["TRITON_CACHE_DIR"]
-        else:
-            os.environ["TRITON_CACHE_DIR"] = previous
+        for name, value in previous.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
     major, minor = torch.cuda.get_device_capability()
     manifest = kernel_pack.export_pack(Path(fresh), args.export_pack, triton.__version__,
                                        major * 10 + minor)

@@ -1,15 +1,19 @@
 """Compiled Triton kernels shipped with the package, so a first call need not compile.
 
 A cold Triton compile of one sampling kernel takes 2-2.5 s on the H200's host (benchmarks/
-compile_time.py); a first call in a fresh process then took 3.4 s. A *kernel pack* holds Triton
-cache entries (the cubin, its metadata and the group file that Triton looks up) made by
-``flashinfer warmup --export-pack`` on a GPU. On the first launch of one of our Triton kernels
-in a process, :func:`seed_triton_cache` copies the pack's entries that Triton's on-disk cache
-lacks into it; Triton then finds the compiled kernel under its own cache key and loads it.
+compile_time.py); a first call in a fresh process then took 3.4-4.5 s. A *kernel pack* holds
+Triton cache entries made by ``flashinfer warmup --export-pack`` on a GPU: for each kernel the
+cubin, its metadata and the group file that Triton looks up, and the host-side modules Triton
+builds with the C compiler for them (its ``cuda_utils`` and one ``__triton_launcher`` per kernel
+signature, about 0.3 s of gcc each). On the first launch of one of our Triton kernels in a
+process, :func:`seed_triton_cache` copies the pack's entries that Triton's on-disk cache lacks
+into it; Triton then finds them under its own cache keys and loads them.
 
 Safe by construction: Triton's key hashes the kernel source, the Triton build, the target and
 the compile options, so an entry made from other source or for another Triton or GPU is never
-looked up (it only costs disk). Packs are per Triton version and target
+looked up (it only costs disk). A host module's key hashes its C source and the machine and OS;
+its file name carries the Python ABI, so another Python never looks it up either, and one that
+does not load (an older C library) is rebuilt by Triton, with a warning. Packs are per Triton version and target
 (``triton-<version>-sm<arch>.tar.xz``). The manifest records a digest of each kernel module an
 entry came from; entries whose module has changed since the export are skipped, and
 ``flashinfer show-config`` and the test suite report them: re-export the pack on a GPU
@@ -25,6 +29,7 @@ import hashlib
 import io
 import json
 import os
+import sysconfig
 import tarfile
 import tempfile
 import threading
@@ -38,6 +43,12 @@ SHIPPED_DIR = Path(__file__).parent / "kernel_packs"
 KERNEL_MODULE_DIR = Path(__file__).parent / "backends" / "triton_kernels"
 #: the files of a cache entry a pack keeps: the binary, its metadata, the group file
 _KEPT_SUFFIXES = (".cubin", ".hsaco", ".json")
+
+
+def _host_module_names(suffix: str) -> tuple[str, ...]:
+    """File names of the host modules Triton's NVIDIA driver builds (``EXT_SUFFIX``: this
+    Python's extension suffix)."""
+    return (f"cuda_utils{suffix}", f"__triton_launcher{suffix}")
 
 _lock = threading.Lock()
 _seeded: dict[tuple[str, int], int] = {}
@@ -125,15 +136,24 @@ def _seed(triton_version: str, arch: int) -> int:
         stale = {e["key"] for e in stale_entries(manifest)}
         wanted = {e["key"]: e for e in manifest["entries"]
                   if e["key"] not in stale and not (cache / e["key"] / e["group"]).exists()}
-        if not wanted:
+        suffix = sysconfig.get_config_var("EXT_SUFFIX")
+        hosts = {h["key"]: h for h in manifest.get("host_modules", [])
+                 if h["file"].endswith(suffix) and not (cache / h["key"] / h["file"]).exists()}
+        if not wanted and not hosts:
             return 0
         files: dict[str, dict[str, bytes]] = {}
         for member in tar:
             entry_key, _, name = member.name.partition("/")
-            if entry_key in wanted and member.isfile():
+            if (entry_key in wanted or entry_key in hosts) and member.isfile():
                 files.setdefault(entry_key, {})[name] = tar.extractfile(member).read()
     for entry_key, entry in wanted.items():
         if _install(cache / entry_key, entry, files.get(entry_key, {})):
+            copied += 1
+    for entry_key, host in hosts.items():
+        blob = files.get(entry_key, {}).get(host["file"])
+        if blob is not None:
+            (cache / entry_key).mkdir(parents=True, exist_ok=True)
+            _atomic_write(cache / entry_key / host["file"], blob)
             copied += 1
     return copied
 
@@ -172,11 +192,17 @@ def _kernel_module(kernel_name: str) -> str | None:
 def export_pack(cache: Path, out: Path, triton_version: str, arch: int) -> dict:
     """Write the pack of every compiled kernel of ours found in the Triton cache directory
     ``cache`` (normally a fresh one that a warm-up filled) to ``out``; returns the manifest."""
-    entries, blobs = [], {}
+    entries, hosts, blobs = [], [], {}
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
     for entry_dir in sorted(p for p in cache.iterdir() if p.is_dir()):
         groups = list(entry_dir.glob("__grp__*.json"))
+        host_files = [p.name for p in entry_dir.iterdir() if p.name in _host_module_names(suffix)]
+        if not groups and len(host_files) == 1:  # cuda_utils, a launcher
+            hosts.append({"key": entry_dir.name, "file": host_files[0]})
+            blobs[f"{entry_dir.name}/{host_files[0]}"] = (entry_dir / host_files[0]).read_bytes()
+            continue
         if len(groups) != 1:
-            continue  # launcher and utility modules: built for the host, not packed
+            continue
         children = json.loads(groups[0].read_text())["child_paths"]
         kept = sorted(n for n in children if n.endswith(_KEPT_SUFFIXES))
         meta = json.loads((entry_dir / groups[0].name[len("__grp__"):]).read_text())
@@ -189,7 +215,8 @@ def export_pack(cache: Path, out: Path, triton_version: str, arch: int) -> dict:
             blobs[f"{entry_dir.name}/{name}"] = (entry_dir / name).read_bytes()
     modules = sorted({e["module"] for e in entries})
     manifest = {"triton": triton_version, "arch": arch,
-                "modules": {m: module_digest(m) for m in modules}, "entries": entries}
+                "modules": {m: module_digest(m) for m in modules}, "entries": entries,
+                "host_modules": hosts}
     out.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(out, "w:xz") as tar:
         _add(tar, "manifest.json", json.dumps(manifest, indent=1).encode())
@@ -218,6 +245,7 @@ def describe() -> list[str]:
         stale = stale_entries(manifest)
         kernels = sorted({e["kernel"] for e in manifest["entries"]})
         note = f", {len(stale)} STALE (kernel source changed; re-export)" if stale else ""
+        hosts = len(manifest.get("host_modules", []))
         lines.append(f"kernel pack {path.name}: {len(manifest['entries'])} compiled kernels "
-                     f"({', '.join(kernels)}){note}")
+                     f"({', '.join(kernels)}), {hosts} host modules{note}")
     return lines

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import sysconfig
 import tarfile
 
 import pytest
 
 from flashinfer import kernel_pack as KP
+
+SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 
 pytest.importorskip("triton")
 
@@ -31,7 +34,10 @@ def exported(tmp_path):
     _fake_entry(src, "KEYB", "softmax_kernel", b"\x7fELF-b")
     launcher = src / "KEYC"
     launcher.mkdir()
-    (launcher / "__triton_launcher.so").write_bytes(b"host code")  # not packed
+    (launcher / f"__triton_launcher{SUFFIX}").write_bytes(b"host code")  # packed
+    other = src / "KEYF"
+    other.mkdir()
+    (other / "libsomething.so").write_bytes(b"not Triton's")  # not packed
     (src / "KEYD").mkdir()  # an entry of a kernel that is not ours: not packed
     _fake_entry(src, "KEYE", "somebody_elses_kernel", b"\x7fELF-e")
     packs = tmp_path / "packs"
@@ -48,7 +54,9 @@ def test_export_keeps_binary_metadata_and_group_of_our_kernels_only(exported):
     with tarfile.open(packs / "triton-9.9.9-sm90.tar.xz") as tar:
         names = sorted(tar.getnames())
     assert names == ["KEYA/sample_probs_kernel.cubin", "KEYA/sample_probs_kernel.json",
-                     "KEYB/softmax_kernel.cubin", "KEYB/softmax_kernel.json", "manifest.json"]
+                     "KEYB/softmax_kernel.cubin", "KEYB/softmax_kernel.json",
+                     f"KEYC/__triton_launcher{SUFFIX}", "manifest.json"]
+    assert manifest["host_modules"] == [{"key": "KEYC", "file": f"__triton_launcher{SUFFIX}"}]
 
 
 def test_seed_writes_what_triton_looks_up_and_only_what_is_missing(exported, tmp_path, monkeypatch):
@@ -57,7 +65,8 @@ def test_seed_writes_what_triton_looks_up_and_only_what_is_missing(exported, tmp
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
     monkeypatch.setenv("FLASHINFER_KERNEL_PACK_DIR", str(packs))
     monkeypatch.delenv("TRITON_CACHE_MANAGER", raising=False)
-    assert KP._seed("9.9.9", 90) == 2
+    assert KP._seed("9.9.9", 90) == 3  # two kernels, one launcher
+    assert (cache / "KEYC" / f"__triton_launcher{SUFFIX}").read_bytes() == b"host code"
     group = json.loads((cache / "KEYA" / "__grp__sample_probs_kernel.json").read_text())["child_paths"]
     assert sorted(group) == ["sample_probs_kernel.cubin", "sample_probs_kernel.json"]
     assert open(group["sample_probs_kernel.cubin"], "rb").read() == b"\x7fELF-a"
@@ -79,7 +88,8 @@ def test_stale_entries_are_skipped_and_reported(exported, tmp_path, monkeypatch)
     assert len(KP.stale_entries(manifest)) == 2
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "user_cache"))
     monkeypatch.setenv("FLASHINFER_KERNEL_PACK_DIR", str(packs))
-    assert KP._seed("9.9.9", 90) == 0
+    assert KP._seed("9.9.9", 90) == 1  # only the launcher: no kernel source behind it
+    assert not (tmp_path / "user_cache" / "KEYA").exists()
     assert any("2 STALE" in line for line in KP.describe())
 
 
