@@ -49,7 +49,8 @@ def test_mm_bf16(sm):
         assert _reasons(decision, "torch") == {"sm"}
     else:  # torch.mm: cuBLAS on every SM from 8.0, the CPU BLAS on cpu
         assert decision.backend == "torch"
-        assert decision.order == ("torch", "reference")
+        assert decision.order == (("torch", "reference") if sm == "cpu" else
+                                  ("torch", "cudnn", "reference"))
 
 
 @pytest.mark.parametrize("sm", SMS)
@@ -57,7 +58,7 @@ def test_bmm_fp8_per_tensor(sm):
     decision = select(_bmm_fp8(sm), assume_installed=True)
     if sm in ("8.9", "9.0", "10.0", "12.0"):  # torch leads, triton next, reference last
         assert decision.name == "torch:scaled_mm"
-        assert decision.order == ("torch:scaled_mm", "triton", "reference")
+        assert decision.order == ("torch:scaled_mm", "triton", "cudnn", "reference")
     else:  # neither fp8 kernel runs below SM 8.9 (or on the CPU without TRITON_INTERPRET)
         assert decision.backend == "reference"
         why = {"device"} if sm == "cpu" else {"sm"}
@@ -83,7 +84,7 @@ def test_bmm_fp8_e5m2_pairs():
     assert _reasons(mixed, "triton") == {"dtype.b"}
     decision = select(_bmm_fp8("9.0", a=E5M2, b=E5M2), assume_installed=True)
     assert decision.backend == "triton"
-    assert decision.order == ("triton", "reference")
+    assert decision.order == ("triton", "cudnn", "reference")
     assert _reasons(decision, "torch:scaled_mm") == {"dtype.b"}
     assert _reasons(decision, "triton") == set()
 

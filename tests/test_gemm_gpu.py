@@ -27,13 +27,16 @@ def _run(call, backend):
         pytest.skip(f"{backend} cannot run this problem: {str(exc).splitlines()[0]}")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS + ["cudnn"])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_mm_bf16(backend, out_dtype, m, n, k):
+@pytest.mark.parametrize("b_layout", ["column_major", "row_major"])
+def test_mm_bf16(backend, out_dtype, m, n, k, b_layout):
     torch.manual_seed(m + n)
     a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(n, k, dtype=torch.bfloat16, device="cuda").t()
+    if b_layout == "row_major":
+        b = b.contiguous()
     bias = torch.randn(n, dtype=torch.bfloat16, device="cuda")
     out = poison(torch.empty(m, n, dtype=out_dtype, device="cuda"))
     _run(lambda be: mm_bf16(a, b, bias, out=out, out_dtype=out_dtype, backend=be), backend)
@@ -42,7 +45,7 @@ def test_mm_bf16(backend, out_dtype, m, n, k):
     assert rel_error(out, expected) < tol
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS + ["cudnn"])
 @pytest.mark.parametrize("m,n,k", SHAPES)
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_bmm_fp8(backend, m, n, k, fp8):
@@ -56,7 +59,20 @@ def test_bmm_fp8(backend, m, n, k, fp8):
     assert rel_error(out, expected) < FP8_TOL
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ["triton", "cudnn"])
+def test_bmm_fp8_e5m2_pair(backend):
+    """e5m2 x e5m2, which cuBLASLt refuses."""
+    torch.manual_seed(3)
+    A, A_s = Q.quantize_fp8_per_tensor(torch.randn(2, 33, 256, device="cuda"), torch.float8_e5m2)
+    B, B_s = Q.quantize_fp8_per_tensor(torch.randn(2, 128, 256, device="cuda"), torch.float8_e5m2)
+    B = B.transpose(-2, -1)
+    out = poison(torch.empty(2, 33, 128, dtype=torch.bfloat16, device="cuda"))
+    _run(lambda be: bmm_fp8(A, B, A_s, B_s, torch.bfloat16, out=out, backend=be), backend)
+    expected = bmm_fp8(A, B, A_s, B_s, torch.bfloat16, backend="reference")
+    assert rel_error(out, expected) < FP8_TOL
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["cudnn"])
 @pytest.mark.parametrize("m,n,k", SHAPES[:3])
 def test_mm_fp8(backend, m, n, k):
     torch.manual_seed(m)

@@ -1,4 +1,4 @@
-"""cuDNN adapter: single-request prefill and decode attention through cuDNN frontend SDPA graphs.
+"""cuDNN adapter: attention through cuDNN frontend SDPA graphs, GEMMs through its matmul graphs.
 
 The kernels follow the canonical signature of :mod:`flashinfer.attention_params`
 (``out, lse = kernel(q, k, v, params)``) and serve what ``capability_db/cudnn.toml`` declares:
@@ -7,6 +7,9 @@ How a call is split into graphs and planned once per geometry is in :mod:`.plan`
 head-dim limits and cuDNN version gates (the adapter checks) in :mod:`.support`; building,
 caching and running graphs in :mod:`._graphs`, the only module that imports ``cudnn`` and the
 only one imported lazily, inside the kernels.
+
+GEMMs: ``mm_bf16`` and ``bmm_fp8`` as matmul graphs (:mod:`.gemm`, built and cached in
+:mod:`._gemm_graphs`).
 
 Batch attention (:mod:`flashinfer.batch_attention_params`): planners for ``batch_decode``,
 ``batch_prefill_paged`` and ``batch_prefill_ragged``; bucketed graph keys and padded metadata in
@@ -88,3 +91,6 @@ def batch_graph_cache_state() -> dict:
     KV-operand geometry) and the number of CUDA-graph buffer stores; {} before first use."""
     graphs = sys.modules.get(__name__ + "._batch_graphs")
     return graphs.state() if graphs is not None else {}
+
+
+from . import gemm  # noqa: E402,F401  (registers mm_bf16 and bmm_fp8 into KERNELS)
