@@ -33,6 +33,7 @@ import sysconfig
 import tarfile
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 
 from . import envs
@@ -119,7 +120,14 @@ def seed_triton_cache(arch: int) -> int:
     key = (triton.__version__, arch)
     with _lock:
         if key not in _seeded:
-            _seeded[key] = _seed(triton.__version__, arch)
+            try:
+                _seeded[key] = _seed(triton.__version__, arch)
+            except (OSError, tarfile.TarError, ValueError, KeyError) as exc:
+                # an optimisation only: an unwritable cache or a damaged pack must not fail the
+                # call (Triton then compiles, as without a pack)
+                warnings.warn(f"flashinfer: kernel pack not used ({type(exc).__name__}: {exc}); "
+                              "Triton compiles the kernels instead", RuntimeWarning, stacklevel=2)
+                _seeded[key] = 0
         return _seeded[key]
 
 

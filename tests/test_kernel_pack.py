@@ -111,3 +111,18 @@ def test_shipped_packs_match_the_kernel_sources():
     for path in sorted(KP.SHIPPED_DIR.glob("triton-*-sm*.tar.xz")):
         stale = KP.stale_entries(KP.read_manifest(path))
         assert not stale, f"{path.name}: stale entries {sorted({e['kernel'] for e in stale})}"
+
+
+def test_a_damaged_pack_warns_and_is_skipped(tmp_path, monkeypatch):
+    import triton
+
+    packs = tmp_path / "packs"
+    packs.mkdir()
+    (packs / KP.pack_name(triton.__version__, 77)).write_bytes(b"not an xz archive")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "user_cache"))
+    monkeypatch.setenv("FLASHINFER_KERNEL_PACK_DIR", str(packs))
+    monkeypatch.delenv("TRITON_CACHE_MANAGER", raising=False)
+    monkeypatch.setattr(KP, "_seeded", {})
+    with pytest.warns(RuntimeWarning, match="kernel pack not used"):
+        assert KP.seed_triton_cache(77) == 0
+    assert KP.seed_triton_cache(77) == 0  # once per process and arch: no second warning
