@@ -13,14 +13,15 @@ Safe by construction: Triton's key hashes the kernel source, the Triton build, t
 the compile options, so an entry made from other source or for another Triton or GPU is never
 looked up (it only costs disk). A host module's key hashes its C source and the machine and OS;
 its file name carries the Python ABI, so another Python never looks it up either, and one that
-does not load (an older C library) is rebuilt by Triton, with a warning. Packs are per Triton version and target
-(``triton-<version>-sm<arch>.tar.xz``). The manifest records a digest of each kernel module an
-entry came from; entries whose module has changed since the export are skipped, and
-``flashinfer show-config`` and the test suite report them: re-export the pack on a GPU
+does not load (an older C library) is rebuilt by Triton, with a warning. Packs are per Triton
+version and target (``triton-<version>-sm<arch>.tar.xz``). The manifest records a digest of each
+kernel module an entry came from; entries whose module has changed since the export are skipped,
+and ``flashinfer show-config`` and the test suite report them: re-export the pack on a GPU
 (``flashinfer warmup --export-pack``) whenever a packed kernel changes.
 
 Nothing is seeded when Triton uses a custom cache manager (``TRITON_CACHE_MANAGER``), or with
-``FLASHINFER_KERNEL_PACK_DIR=off``.
+``FLASHINFER_KERNEL_PACK_DIR=off``; an unwritable cache or a damaged pack only warns (Triton then
+compiles).
 """
 
 from __future__ import annotations

@@ -58,11 +58,11 @@ def launch_config(num_pairs: int, num_experts: int, on_gpu: bool, w8a8: bool) ->
     """Tile sizes from the average rows per expert (shapes only, nothing read from the device).
 
     W8A8 (fp8 128x128 experts; gemm1 tiles must be one 128-wide scale group): set from
-    ``benchmarks/profile_moe.py`` on the H200, DeepSeek-V3 layer
-    (benchmarks/results/profile_moe_configs_h200_2026-11-30_0943utc.txt): ``BLOCK_M = 16`` up to 8 rows
-    per expert (best at 1-256 tokens of top-8 over 256 experts), 32 up to 64 rows (3.46 ms at
-    1,024 tokens against 3.91 / 3.72 for 16 / 64), 64 with 8 warps beyond (8.87 ms at 4,096
-    against 10.9 for 32). Two-byte weights keep 64-wide gemm1 tiles (128-wide ones at BLOCK_M
+    ``benchmarks/profile_moe.py`` on the H200, DeepSeek-V3 layer (benchmarks/results/
+    profile_moe_configs_h200_2026-11-30_0943utc.txt): ``BLOCK_M = 16`` up to 8 rows per expert
+    (best at 1-256 tokens of top-8 over 256 experts), 32 up to 64 rows (3.46 ms at 1,024 tokens
+    against 3.91 / 3.72 for 16 / 64), 64 with 8 warps beyond (8.87 ms at 4,096 against 10.9 for
+    32). Two-byte weights keep 64-wide gemm1 tiles (128-wide ones at BLOCK_M
     64 with 3 stages need 240 KB of shared memory, more than the H200's 227 KB), as tuned
     before on the same layer (benchmarks/results/tune_moe_w8a8_h200_2026-11-30.json)."""
     per_expert = num_pairs / max(num_experts, 1)
