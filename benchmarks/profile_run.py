@@ -4,8 +4,9 @@
 
 For decode (32/8 heads, head dim 128, page 16, bf16) at small batches, with the cudnn and triton
 backends: back-to-back run() throughput (host bound at these sizes), the cuDNN graph's own
-``execute`` alone (mapping form and ordered ``tensor_uids`` form, the same arguments run() passed),
-and a cProfile of run() by own time per call.
+``execute`` alone with the same arguments run() passed (keyed by tensor handles, as the adapter
+does; keyed by uid; the ordered ``tensor_uids`` form), and a cProfile of run() by own time per
+call.
 """
 
 from __future__ import annotations
@@ -104,8 +105,11 @@ def main():
                 g, a, k = seen["graph"], seen["args"], seen["kwargs"]
                 pack = a[0]
                 row["execute"] = per_call_us(lambda: execute(g, *a, **k), args.calls)
-                uids, buffers = tuple(pack), list(pack.values())
-                try:
+                by_uid = {handle.get_uid(): t for handle, t in pack.items()}
+                row["execute_uids"] = per_call_us(lambda: execute(g, by_uid, *a[1:], **k),
+                                                  args.calls)
+                uids, buffers = list(by_uid), list(by_uid.values())
+                try:  # the ordered form (cudnn-frontend 1.3x): buffers plus their int uids
                     row["execute_ordered"] = per_call_us(
                         lambda: execute(g, buffers, *a[1:], tensor_uids=uids, **k), args.calls)
                 except Exception as exc:  # noqa: BLE001
@@ -114,11 +118,12 @@ def main():
             table.append(row)
             print(f"\n===== decode B={batch} kv={kv} {backend}: run {row['run']:.1f} us per call =====")
             print(own_time_table(run, 500, args.top))
-    print("\nbatch backend   run_us  run_out_us  execute_us  execute_ordered_us  empty_us")
+    nan = float("nan")
+    print("\nbatch backend   run_us  run_out_us  execute_us  execute_uids_us  execute_ordered_us  empty_us")
     for r in table:
         print(f"{r['batch']:5d} {r['backend']:8s} {r['run']:7.1f} {r['run_out']:10.1f} "
-              f"{r.get('execute', float('nan')):10.1f} {r.get('execute_ordered', float('nan')):18.1f} "
-              f"{r['empty']:8.1f}")
+              f"{r.get('execute', nan):10.1f} {r.get('execute_uids', nan):15.1f} "
+              f"{r.get('execute_ordered', nan):18.1f} {r['empty']:8.1f}")
 
 
 if __name__ == "__main__":
