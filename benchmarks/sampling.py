@@ -163,7 +163,7 @@ def make_call(sampling, fn_name: str, kind: str, kwargs: dict, seeded: bool, sor
     return call
 
 
-def backends_for(impl: str, sort_cfg, batch: int, vocab: int, args) -> list[str]:
+def backends_for(impl: str, sort_cfg, batch: int, vocab: int, args, name: str = "") -> list[str]:
     if args.backends:
         names = args.backends.split(",")
     elif args.smoke:
@@ -172,6 +172,8 @@ def backends_for(impl: str, sort_cfg, batch: int, vocab: int, args) -> list[str]
         names = ["upstream"]
     else:
         names = list(OURS_BACKENDS)
+        if sort_cfg is not None and name.endswith("_from_probs"):
+            names.append("triton:two_pass")  # the two-pass top-k variant (op sampling_from_probs)
         if args.reference or (batch <= REFERENCE_MAX[0] and vocab <= REFERENCE_MAX[1]):
             names.append("reference")
     if sort_cfg is not None and "torch_sort_inline" not in names:
@@ -393,7 +395,7 @@ def main() -> None:
     scale = 1.0 if args.flat else args.scale
     device = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
     t_start = time.perf_counter()
-    plan = [(f, b, v, backends_for(args.impl, f[5], b, v, args)) for f, b, v in points(args)]
+    plan = [(f, b, v, backends_for(args.impl, f[5], b, v, args, f[0])) for f, b, v in points(args)]
     if args.list:
         for (fn_name, label, *_), b, v, names in plan:
             print(f"{fn_name}{'[' + label + ']' if label else ''} B={b} V={v}: {', '.join(names)}")

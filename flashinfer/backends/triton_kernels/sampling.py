@@ -117,6 +117,39 @@ def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, 
         )
 
 
+@KERNELS.kernel("sampling_from_probs", "two_pass")
+def sampling_from_probs_two_pass(probs, out, valid, indices, top_k, top_p, min_p, joint,
+                                 deterministic, seed, offset) -> None:
+    """A scalar top-k with ``1 <= k <= Q`` (and any top-p, no min-p): two light passes per row
+    (``_sampling_two_pass_kernels``); anything else goes to the general kernel above."""
+    n_out = out.numel()
+    if n_out == 0:
+        return
+    vocab = probs.shape[1]
+    q, warps = _launch_shape(vocab, n_out)
+    small_k = (top_k is not None and not isinstance(top_k, torch.Tensor)
+               and 1 <= int(top_k) <= q and int(top_k) < vocab)
+    if not small_k or min_p is not None:
+        sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, deterministic,
+                            seed, offset)
+        return
+    _kernels(probs)  # seeds Triton's cache (the helpers live in the general kernel's module)
+    from . import _sampling_two_pass_kernels as K2
+
+    probs = probs.contiguous()
+    p_ptr, p_val, has_p, p_t = _threshold(top_p, out, float)
+    s_ptr, s_val, s_stride, s_t = _rng(seed, out)
+    o_ptr, o_val, o_stride, o_t = _rng(offset, out)
+    with _device_of(probs):
+        K2.two_pass_topk_kernel[(n_out,)](
+            probs, out, valid, indices if indices is not None else out, p_ptr, int(top_k), p_val,
+            s_ptr, o_ptr, s_val, o_val, s_stride, o_stride, probs.shape[0], vocab,
+            probs.stride(0), HAS_IDX=indices is not None, HAS_P=has_p, P_T=p_t,
+            JOINT=int(bool(joint)), SEED_T=s_t, OFF_T=o_t, BLOCK=4 * q,
+            PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
+        )
+
+
 @KERNELS.kernel("sampling_from_logits", "default")
 def sampling_from_logits(logits, out, indices, deterministic, seed, offset) -> None:
     K = _kernels(logits)

@@ -1,0 +1,222 @@
+"""@triton.jit kernel of the two-pass top-k sampler (variant ``two_pass`` of sampling_from_probs).
+
+Why a second kernel: the general one (``_sampling_kernels``) needs only one or two passes over a
+row for top-k 50 then top-p 0.9, but does much work per element in each (eight pivot counts and
+masses, eight race trackers, top-four tracking, Philox and a logarithm): on the H200 it took
+604 us at 256 x 128k where upstream FlashInfer took 137 (benchmarks/results/README.md). This
+kernel does little per element, for the common case of a small top-k (``1 <= k <= BLOCK / 4``,
+chosen on the host), with or without top-p (top-k first or joint), one program per row reading
+``BLOCK`` elements a step:
+
+1. **Pass 1**: per position of the block the four largest positive values (min / max
+   exchanges), the row's sum and a bad flag (NaN, negative, infinite). A row that is not a
+   distribution gives token 0 and ``valid = False``, as the contract says.
+2. **Between the passes** (registers only): from the ``4 BLOCK`` candidates, ``tau`` (the k-th
+   largest) and, when top-p is on, the smallest candidate top-p keeps (mass strictly above it
+   below ``top_p`` times the top-k mass, or the row's sum when joint; the row's maximum is always
+   kept): the keep boundary ``b``, and ``M``, the candidates' mass at or above ``b``.
+3. **Pass 2**: one uniform ``u``; the first token, in index order, where the running sum of
+   ``{p >= b}`` passes ``u * M`` (the inverse CDF; a block's cumulative sum is only formed in the
+   block that crosses), and the count of tokens ``>= tau``. The candidates held every token
+   ``>= tau`` iff that count equals theirs; then ``tau``, the top-k mass, ``b`` and ``M`` were
+   exact and the draw is the answer.
+4. Otherwise (a block position held more than four of the row's top k: rare for ``k <= BLOCK /
+   4``), the same quantities are found exactly from full passes (bisection over the fp32 order:
+   at most 31 + 32 counting passes), then pass 2 is repeated with them.
+
+The kept set is the contract's (``reference.sampling.keep_mask``): ``p > 0``, fewer than ``k``
+larger values, and (top-p) mass strictly above below ``top_p * total`` or the maximum. Sums are
+float32 (the reference uses float64), so a token whose mass-above sits within rounding of the
+top-p bound may be decided differently, as in the general kernel; the inverse CDF normalises by
+the candidates' sum, which can differ from the pass's own running sum by rounding: when ``u *
+M`` is not reached, the last kept token is drawn (a ~1e-7 mass shift).
+
+RNG: Philox4x32 keyed on the seed, counter ``(0, output row, 0xFFFF | offset_hi << 16,
+offset_lo)``: one uniform per output row, a counter the general kernel never uses.
+"""
+
+import triton
+import triton.language as tl
+from triton.language.random import philox, uint_to_uniform_float
+
+from ._sampling_kernels import _ord, _rng_words, _unord
+
+
+@triton.jit
+def _insert(top0, top1, top2, top3, x):
+    """``x`` into each lane's four largest (``top0 >= top1 >= top2 >= top3``)."""
+    down = tl.minimum(top0, x)
+    top0 = tl.maximum(top0, x)
+    nxt = tl.minimum(top1, down)
+    top1 = tl.maximum(top1, down)
+    down = tl.minimum(top2, nxt)
+    top2 = tl.maximum(top2, nxt)
+    top3 = tl.maximum(top3, down)
+    return top0, top1, top2, top3
+
+
+@triton.jit
+def _at_least(o0, o1, o2, o3, t):
+    """Candidates (ordered ints) ``>= t``."""
+    n = (o0 >= t).to(tl.int32) + (o1 >= t).to(tl.int32) + (o2 >= t).to(tl.int32)
+    return tl.sum(n + (o3 >= t).to(tl.int32), axis=0)
+
+
+@triton.jit
+def _mass_ge(v0, v1, v2, v3, o0, o1, o2, o3, t):
+    """Candidates' mass at or above the ordered int ``t``."""
+    m = tl.where(o0 >= t, v0, 0.0) + tl.where(o1 >= t, v1, 0.0) + tl.where(o2 >= t, v2, 0.0)
+    return tl.sum(m + tl.where(o3 >= t, v3, 0.0), axis=0)
+
+
+@triton.jit
+def _row_ge(row_ptr, V, t, BLOCK: tl.constexpr):
+    """Full pass: count and mass of the positive tokens ``>= t`` (a float)."""
+    lane = tl.arange(0, BLOCK)
+    cnt = tl.zeros([BLOCK], tl.int32)
+    mass = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, V, BLOCK):
+        offs = start + lane
+        x = tl.load(row_ptr + offs, mask=offs < V, other=0.0).to(tl.float32)
+        hit = (x >= t) & (x > 0.0)
+        cnt += hit.to(tl.int32)
+        mass += tl.where(hit, x, 0.0)
+    return tl.sum(cnt, axis=0), tl.sum(mass, axis=0)
+
+
+@triton.jit
+def _draw(row_ptr, V, b, target, tau, BLOCK: tl.constexpr):
+    """Full pass: the first token whose running sum of positive ``p >= b`` exceeds ``target``
+    (else the last such token; -1 when none), and the count of positive tokens ``>= tau``."""
+    lane = tl.arange(0, BLOCK)
+    run = tl.zeros([], tl.float32)
+    pick = tl.full([], -1, tl.int32)
+    last = tl.full([], -1, tl.int32)
+    cnt = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, V, BLOCK):
+        offs = start + lane
+        x = tl.load(row_ptr + offs, mask=offs < V, other=0.0).to(tl.float32)
+        cnt += ((x >= tau) & (x > 0.0)).to(tl.int32)
+        w = tl.where((x >= b) & (x > 0.0), x, 0.0)
+        chunk = tl.sum(w, axis=0)
+        if (pick < 0) & (run + chunk > target):  # the crossing chunk: its cumulative sum only
+            crossed = (run + tl.cumsum(w, axis=0) > target) & (w > 0.0)
+            pick = tl.min(tl.where(crossed, offs, 2147483647), axis=0)
+        last = tl.maximum(last, tl.max(tl.where(w > 0.0, offs, -1), axis=0))
+        run += chunk
+    return tl.where(pick >= 0, pick, last), tl.sum(cnt, axis=0)
+
+
+@triton.jit(do_not_specialize=["k_val", "p_val", "seed_val", "off_val", "R", "V",
+                               "stride_row"])
+def two_pass_topk_kernel(probs, out, valid, idx_ptr, p_ptr, k_val, p_val, seed_ptr, off_ptr,
+                         seed_val, off_val, seed_stride, off_stride, R, V, stride_row,
+                         HAS_IDX: tl.constexpr, HAS_P: tl.constexpr, P_T: tl.constexpr,
+                         JOINT: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
+                         BLOCK: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
+    """``probs [R, V]`` fp32 -> ``out[i]`` int32, ``valid[i]``, for output row ``i`` (row
+    ``idx[i]`` with HAS_IDX). ``1 <= k_val < V`` and ``k_val <= BLOCK / 4`` (the host checks);
+    ``top_p`` scalar ``p_val`` or per row (P_T)."""
+    i = tl.program_id(0)
+    if HAS_IDX:
+        row = tl.load(idx_ptr + i).to(tl.int64)
+    else:
+        row = i.to(tl.int64)
+    row_ok = (row >= 0) & (row < R)
+    row_ptr = probs + tl.where(row_ok, row, 0) * stride_row
+    k = tl.zeros([], tl.int32) + k_val
+    top_p = tl.full([], 1.0, tl.float32)
+    if HAS_P:
+        if P_T:
+            top_p = tl.load(p_ptr + tl.where(row_ok, row, 0)).to(tl.float32)
+        else:
+            top_p = top_p * 0.0 + p_val
+    p_on = top_p < 1.0
+
+    # pass 1: the lanes' four largest positive values, the sum, the bad flag
+    lane = tl.arange(0, BLOCK)
+    ninf = tl.full([BLOCK], float("-inf"), tl.float32)
+    top0 = ninf
+    top1 = ninf
+    top2 = ninf
+    top3 = ninf
+    total = tl.zeros([BLOCK], tl.float32)
+    bad = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, V, BLOCK):
+        offs = start + lane
+        mask = offs < V
+        x = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        bad |= (mask & ((x != x) | (x < 0.0) | (x == float("inf")))).to(tl.int32)
+        total += x
+        top0, top1, top2, top3 = _insert(top0, top1, top2, top3, tl.where(x > 0.0, x, ninf))
+    s_all = tl.sum(total, axis=0)
+    ok = row_ok & (tl.max(bad, axis=0) == 0) & (s_all > 0.0) & (s_all < float("inf"))
+    rmax = tl.max(top0, axis=0)
+
+    # between the passes: tau, the top-k mass, the boundary b and its mass, from the candidates
+    o0 = _ord(top0)
+    o1 = _ord(top1)
+    o2 = _ord(top2)
+    o3 = _ord(top3)
+    lo = tl.full([], 1, tl.int64)  # ordered int of the smallest positive float: all positives
+    hi = tl.full([], 2139095040, tl.int64)  # ordered int of +inf: none
+    for _ in range(31):
+        mid = lo + (hi - lo) // 2
+        enough = _at_least(o0, o1, o2, o3, mid) >= k
+        lo = tl.where(enough, mid, lo)
+        hi = tl.where(enough, hi, mid)
+    tau_o = lo  # fewer than k positive candidates: lo stays 1 (every positive token is in the top k)
+    n_tau = _at_least(o0, o1, o2, o3, tau_o)
+    s_k = _mass_ge(top0, top1, top2, top3, o0, o1, o2, o3, tau_o)
+    b_o = tau_o
+    if p_on:
+        bound = top_p * tl.where(JOINT == 0, s_k, s_all)
+        # the smallest t >= tau whose mass strictly above falls below the bound: mass above t
+        # is the mass at or above t + 1 in the fp32 order
+        lo2 = tau_o - 1  # mass above lo2 >= bound (or lo2 below tau)
+        hi2 = tl.full([], 2139095040, tl.int64)
+        for _ in range(32):
+            mid = lo2 + (hi2 - lo2) // 2
+            heavy = _mass_ge(top0, top1, top2, top3, o0, o1, o2, o3, mid + 1) >= bound
+            lo2 = tl.where(heavy, mid, lo2)
+            hi2 = tl.where(heavy, hi2, mid)
+        b_o = tl.minimum(tl.maximum(hi2, tau_o), _ord(rmax).to(tl.int64))  # the max is kept
+    m_b = _mass_ge(top0, top1, top2, top3, o0, o1, o2, o3, b_o)
+
+    # pass 2: the draw and the proof that the candidates held every token >= tau
+    seed, off_lo, off_hi = _rng_words(seed_ptr, off_ptr, seed_val, off_val, seed_stride,
+                                      off_stride, i, SEED_T, OFF_T)
+    zero = tl.zeros([], tl.uint32)
+    r0, _r1, _r2, _r3 = philox(seed, zero, i.to(tl.uint32), 0xFFFF | (off_hi << 16), off_lo,
+                               PHILOX_ROUNDS)
+    u = uint_to_uniform_float(r0)
+    tau = _unord(tau_o.to(tl.int32))
+    res = tl.zeros([], tl.int32)
+    if ok:
+        res, n_full = _draw(row_ptr, V, _unord(b_o.to(tl.int32)), u * m_b, tau, BLOCK)
+        if n_full != n_tau:  # exact boundaries from full passes
+            lo = tl.full([], 1, tl.int64)
+            hi = tl.full([], 2139095040, tl.int64)
+            for _ in range(31):
+                mid = lo + (hi - lo) // 2
+                cnt, _m = _row_ge(row_ptr, V, _unord(mid.to(tl.int32)), BLOCK)
+                lo = tl.where(cnt >= k, mid, lo)
+                hi = tl.where(cnt >= k, hi, mid)
+            tau_o = lo
+            _n, s_k = _row_ge(row_ptr, V, _unord(tau_o.to(tl.int32)), BLOCK)
+            b_o = tau_o
+            if p_on:
+                bound = top_p * tl.where(JOINT == 0, s_k, s_all)
+                lo2 = tau_o - 1
+                hi2 = tl.full([], 2139095040, tl.int64)
+                for _ in range(32):
+                    mid = lo2 + (hi2 - lo2) // 2
+                    _c, above = _row_ge(row_ptr, V, _unord((mid + 1).to(tl.int32)), BLOCK)
+                    lo2 = tl.where(above >= bound, mid, lo2)
+                    hi2 = tl.where(above >= bound, hi2, mid)
+                b_o = tl.minimum(tl.maximum(hi2, tau_o), _ord(rmax).to(tl.int64))
+            _c, m_b = _row_ge(row_ptr, V, _unord(b_o.to(tl.int32)), BLOCK)
+            res, n_full = _draw(row_ptr, V, _unord(b_o.to(tl.int32)), u * m_b,
+                                _unord(tau_o.to(tl.int32)), BLOCK)
+    tl.store(out + i, tl.where(ok, tl.maximum(res, 0), 0))
+    tl.store(valid + i, ok)

@@ -1,0 +1,151 @@
+"""The two-pass top-k sampler (variant ``triton:two_pass`` of sampling_from_probs,
+``_sampling_two_pass_kernels.py``): support of every draw against the contract's float64 keep
+set, both orders of top-k and top-p, ties, invalid rows, index mapping, determinism, the exact
+full-pass path (forced with a narrow block) agreeing with the candidate path, and the calls the
+adapter hands to the general kernel. CPU: the interpreter, small shapes; the chi-square
+tests of the sampled distributions need many draws and are marked ``gpu``."""
+
+import pytest
+import torch
+
+from test_triton_sampling import chi_square_p_value, keep_set, probs_rows
+
+triton = pytest.importorskip("triton")
+
+from flashinfer.backends import adapter_table  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("kernel_device")
+
+
+def two_pass():
+    return adapter_table("triton").kernels[("sampling_from_probs", "two_pass")]
+
+
+def draw(p, n_per_row, top_k, top_p=None, joint=False, seed=7, offset=0, min_p=None):
+    rows = p.shape[0]
+    idx = torch.arange(rows, dtype=torch.int32, device=p.device).repeat_interleave(n_per_row)
+    out = torch.full((idx.numel(),), -7, dtype=torch.int32, device=p.device)
+    valid = torch.zeros(idx.numel(), dtype=torch.bool, device=p.device)
+    two_pass()(p, out, valid, idx, top_k, top_p, min_p, joint, True, seed, offset)
+    return idx.long(), out.long(), valid
+
+
+@pytest.mark.parametrize("rules", [dict(top_k=5), dict(top_k=5, top_p=0.6),
+                                   dict(top_k=5, top_p=0.6, joint=True), dict(top_k=40, top_p=0.3),
+                                   dict(top_k=3, top_p=0.0), dict(top_k=7, top_p=1.0)],
+                         ids=["k", "k_first", "joint", "k40_p03", "p0", "p1"])
+def test_every_draw_is_in_the_keep_set(rules):
+    p = probs_rows(2, 300, seed=1)
+    idx, out, valid = draw(p, 6, **rules)
+    assert valid.all()
+    assert keep_set(p, **rules)[idx, out].all(), out.tolist()
+
+
+def test_ties_at_the_top_k_boundary_are_all_kept():
+    p = probs_rows(1, 64, seed=2)
+    p[0, [3, 9, 20, 41]] = p.max() * 1.5  # four equal largest values, top_k = 2
+    p /= p.sum()
+    idx, out, valid = draw(p, 16, top_k=2)
+    keep = keep_set(p, top_k=2)
+    assert valid.all() and keep[idx, out].all()
+    assert int(keep.sum()) == 4  # the contract keeps every tied value
+
+
+def test_rows_that_are_not_distributions_give_token_0_and_invalid():
+    p = probs_rows(4, 50, seed=3)
+    p[1, 7] = float("nan")
+    p[2, 3] = -0.1
+    p[3] = 0.0
+    idx, out, valid = draw(p, 1, top_k=4, top_p=0.8)
+    assert valid.tolist() == [True, False, False, False]
+    assert out[1:].tolist() == [0, 0, 0]
+
+
+def test_index_mapping_and_an_out_of_range_index():
+    p = probs_rows(3, 80, seed=4)
+    idx = torch.tensor([2, 0, 7, -1], dtype=torch.int32, device=p.device)
+    out = torch.full((4,), -7, dtype=torch.int32, device=p.device)
+    valid = torch.zeros(4, dtype=torch.bool, device=p.device)
+    two_pass()(p, out, valid, idx, 6, 0.7, None, False, True, 5, 0)
+    assert valid.tolist() == [True, True, False, False]
+    keep = keep_set(p, top_k=6, top_p=0.7)
+    assert keep[2, out[0].long()] and keep[0, out[1].long()]
+    assert out[2:].tolist() == [0, 0]
+
+
+def test_deterministic_for_a_seed_and_offset_and_different_for_another():
+    p = probs_rows(1, 200, seed=5, power=1.0)
+    a = draw(p, 12, top_k=20, seed=11)[1]
+    b = draw(p, 12, top_k=20, seed=11)[1]
+    c = draw(p, 12, top_k=20, seed=11, offset=1)[1]
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def _launch(p, top_k, top_p, joint, block, seed=9):
+    """The kernel itself with a chosen block (a narrow one forces the exact full-pass path)."""
+    from flashinfer.backends.triton_kernels import _sampling_two_pass_kernels as K2
+
+    n = p.shape[0]
+    out = torch.full((n,), -7, dtype=torch.int32, device=p.device)
+    valid = torch.zeros(n, dtype=torch.bool, device=p.device)
+    pv = 1.0 if top_p is None else top_p
+    K2.two_pass_topk_kernel[(n,)](p, out, valid, out, out, top_k, pv, out, out, seed, 0, 0, 0,
+                                  n, p.shape[1], p.stride(0), HAS_IDX=False,
+                                  HAS_P=top_p is not None, P_T=False, JOINT=int(joint),
+                                  SEED_T=False, OFF_T=False, BLOCK=block, PHILOX_ROUNDS=7)
+    return out.long(), valid
+
+
+@pytest.mark.parametrize("joint", [False, True], ids=["k_first", "joint"])
+def test_exact_path_when_a_block_position_holds_more_than_four_of_the_top_k(joint):
+    # the 8 largest values all sit at block position 3 of a 16-wide block: the candidates (four
+    # per position) miss half of the top 8, the count in pass 2 proves it, the full passes run
+    g = torch.Generator().manual_seed(6)
+    base = torch.rand(3, 256, generator=g, dtype=torch.float64, device="cpu") * 0.1 + 0.01
+    for j, col in enumerate(range(3, 256, 16)):
+        if j < 8:
+            base[:, col] = 1.0 + 0.1 * j + 0.01 * torch.arange(3, dtype=torch.float64)
+    p = (base / base.sum(-1, keepdim=True)).float().to(torch.get_default_device())
+    narrow, ok_n = _launch(p, 8, 0.5, joint, block=16)
+    wide, ok_w = _launch(p, 8, 0.5, joint, block=256)  # one position per token: candidate path
+    keep = keep_set(p, top_k=8, top_p=0.5, joint=joint)
+    rows = torch.arange(3, device=p.device)
+    assert ok_n.all() and ok_w.all()
+    assert keep[rows, narrow].all() and keep[rows, wide].all()
+    # the same uniform and the same kept set: the same token (up to summation-order rounding)
+    assert (narrow == wide).float().mean() >= 2 / 3
+
+
+def test_calls_it_does_not_serve_go_to_the_general_kernel():
+    p = probs_rows(2, 120, seed=8)
+    for rules in (dict(top_k=torch.tensor([3, 9], dtype=torch.int32, device=p.device)),
+                  dict(top_k=5, min_p=0.1), dict(top_k=None, top_p=0.7), dict(top_k=120)):
+        top_k = rules.get("top_k")
+        idx, out, valid = draw(p, 3, top_k, rules.get("top_p"), min_p=rules.get("min_p"))
+        assert valid.all()
+        assert keep_set(p, top_k=top_k, top_p=rules.get("top_p"),
+                        min_p=rules.get("min_p"))[idx, out].all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rules", [dict(top_k=5), dict(top_k=8, top_p=0.7),
+                                   dict(top_k=8, top_p=0.7, joint=True)],
+                         ids=["top_k", "k_first", "joint"])
+def test_gpu_chi_square(rules):
+    p = probs_rows(1, 48, seed=14).cuda()
+    n = 200_000
+    _, out, valid = draw(p, n, **rules)
+    assert valid.all()
+    keep = keep_set(p.cpu(), **rules)[0]
+    target = p.cpu().double()[0] * keep
+    target /= target.sum()
+    counts = torch.bincount(out.cpu(), minlength=48).double()
+    assert (counts[~keep] == 0).all()
+    assert chi_square_p_value(counts, target) > 1e-6
+
+
+@pytest.mark.gpu
+def test_gpu_large_vocab_keep_set_and_exact_path_agree():
+    p = probs_rows(64, 128256, seed=16, power=8.0).cuda()
+    idx, out, valid = draw(p, 2, 50, 0.9)
+    assert valid.all() and keep_set(p.cpu(), top_k=50, top_p=0.9)[idx.cpu(), out.cpu()].all()
