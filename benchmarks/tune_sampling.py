@@ -1,6 +1,7 @@
 """Launch-shape sweep of our Triton sampling kernels: (lanes Q, warps) at batch 1 / 16 / 256,
-vocabulary 128256, for plain sampling, top-k-then-top-p sampling and top-k logit masking
-(the pivot search), GPU time of a captured call.
+vocabulary 128256, for plain sampling, top-k-then-top-p sampling (the general kernel and the
+two-pass variant, whose block is 4 Q) and top-k logit masking (the pivot search), GPU time of a
+captured call.
 
     python benchmarks/tune_sampling.py --out tune_sampling.json
 
@@ -39,10 +40,12 @@ def _cases(batch: int):
     valid = torch.empty(batch, dtype=torch.bool, device="cuda")
     masked = torch.empty_like(logits)
     sample = _kernel("sampling_from_probs")
+    two_pass = adapter_table("triton").kernels[("sampling_from_probs", "two_pass")]
     mask = _kernel("top_k_mask_logits")
     return {
         "plain": lambda: sample(probs, out, valid, None, None, None, None, False, True, 7, 0),
         "top_k_top_p": lambda: sample(probs, out, valid, None, 50, 0.9, None, False, True, 7, 0),
+        "two_pass": lambda: two_pass(probs, out, valid, None, 50, 0.9, None, False, True, 7, 0),
         "top_k_mask": lambda: mask(logits, masked, 50),
     }
 
