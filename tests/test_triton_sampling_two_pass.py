@@ -12,6 +12,9 @@ from test_triton_sampling import chi_square_p_value, keep_set, probs_rows
 
 triton = pytest.importorskip("triton")
 
+import triton.language as tl  # noqa: E402
+from triton.language.random import philox, uint_to_uniform_float  # noqa: E402
+
 from flashinfer.backends import adapter_table  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("kernel_device")
@@ -92,28 +95,51 @@ def _launch(p, top_k, top_p, joint, block, seed=9):
     K2.two_pass_topk_kernel[(n,)](p, out, valid, out, out, top_k, pv, out, out, seed, 0, 0, 0,
                                   n, p.shape[1], p.stride(0), HAS_IDX=False,
                                   HAS_P=top_p is not None, P_T=False, JOINT=int(joint),
-                                  SEED_T=False, OFF_T=False, BLOCK=block, PHILOX_ROUNDS=7)
+                                  SEED_T=False, OFF_T=False, BLOCK=block, COL=4,
+                                  PHILOX_ROUNDS=7)
     return out.long(), valid
 
 
-@pytest.mark.parametrize("joint", [False, True], ids=["k_first", "joint"])
-def test_exact_path_when_a_block_position_holds_more_than_four_of_the_top_k(joint):
-    # the 8 largest values all sit at block position 3 of a 16-wide block: the candidates (four
-    # per position) miss half of the top 8, the count in pass 2 proves it, the full passes run
+@triton.jit
+def _uniform_kernel(out, seed):
+    """The two-pass sampler's uniform for output row i (offset 0): the same Philox counter."""
+    i = tl.program_id(0)
+    zero = tl.zeros([], tl.uint32)
+    r0, _r1, _r2, _r3 = philox(tl.zeros([], tl.int64) + seed, zero, i.to(tl.uint32),
+                               zero + 0xFFFF, zero, 7)
+    tl.store(out + i, uint_to_uniform_float(r0))
+
+
+def _expected(p, top_k, top_p, joint, block, seed):
+    """float64 inverse CDF over the keep set in position-major order, at the kernel's uniforms."""
+    rows, vocab = p.shape
+    u = torch.empty(rows, dtype=torch.float32, device=p.device)
+    _uniform_kernel[(rows,)](u, seed)
+    w = p.cpu().double() * keep_set(p, top_k=top_k, top_p=top_p, joint=joint).cpu()
+    order = torch.tensor([t for j in range(block) for t in range(j, vocab, block)])
+    cdf = w[:, order].cumsum(-1)
+    target = u.cpu().double() * cdf[:, -1]
+    pos = torch.searchsorted(cdf, target.unsqueeze(-1), right=True).squeeze(-1)
+    return order[pos.clamp_max(vocab - 1)]
+
+
+@pytest.mark.parametrize("block,joint", [(256, False), (64, False), (64, True), (16, False),
+                                         (16, True)],
+                         ids=["one_token_per_position", "four_per_position", "four_joint",
+                              "exact_path", "exact_path_joint"])
+def test_draw_is_the_inverse_cdf_in_position_major_order(block, joint):
+    # rows of 256 whose 8 largest values all sit at block position 3 of a 16-wide block: with
+    # block 16 the candidates (four per position) miss half of the top 8, the count in pass 2
+    # proves it and the exact full passes run; with 64 and 256 every token is a candidate
     g = torch.Generator().manual_seed(6)
     base = torch.rand(3, 256, generator=g, dtype=torch.float64, device="cpu") * 0.1 + 0.01
     for j, col in enumerate(range(3, 256, 16)):
         if j < 8:
             base[:, col] = 1.0 + 0.1 * j + 0.01 * torch.arange(3, dtype=torch.float64)
     p = (base / base.sum(-1, keepdim=True)).float().to(torch.get_default_device())
-    narrow, ok_n = _launch(p, 8, 0.5, joint, block=16)
-    wide, ok_w = _launch(p, 8, 0.5, joint, block=256)  # one position per token: candidate path
-    keep = keep_set(p, top_k=8, top_p=0.5, joint=joint)
-    rows = torch.arange(3, device=p.device)
-    assert ok_n.all() and ok_w.all()
-    assert keep[rows, narrow].all() and keep[rows, wide].all()
-    # the same uniform and the same kept set: the same token (up to summation-order rounding)
-    assert (narrow == wide).float().mean() >= 2 / 3
+    got, ok = _launch(p, 8, 0.5, joint, block=block, seed=9)
+    assert ok.all()
+    assert torch.equal(got.cpu(), _expected(p, 8, 0.5, joint, block, seed=9))
 
 
 def test_calls_it_does_not_serve_go_to_the_general_kernel():

@@ -15,11 +15,13 @@ chosen on the host), with or without top-p (top-k first or joint), one program p
    largest) and, when top-p is on, the smallest candidate top-p keeps (mass strictly above it
    below ``top_p`` times the top-k mass, or the row's sum when joint; the row's maximum is always
    kept): the keep boundary ``b``, and ``M``, the candidates' mass at or above ``b``.
-3. **Pass 2**: one uniform ``u``; the first token, in index order, where the running sum of
-   ``{p >= b}`` passes ``u * M`` (the inverse CDF; a block's cumulative sum is only formed in the
-   block that crosses), and the count of tokens ``>= tau``. The candidates held every token
-   ``>= tau`` iff that count equals theirs; then ``tau``, the top-k mass, ``b`` and ``M`` were
-   exact and the draw is the answer.
+3. **Pass 2**: per block position, the mass of ``{p >= b}`` and the count of ``{p >= tau}``;
+   then one uniform ``u`` and the inverse CDF at ``u * M`` in position-major order (position 0's
+   tokens ``0, BLOCK, 2 BLOCK, ...``, then position 1's, ...: any fixed order gives the same
+   distribution, and this one needs no reduction across the block per step): the crossing
+   position from one cumulative sum over the block, then the token within that position's
+   column (``COL`` at a time). The candidates held every token ``>= tau`` iff the count equals
+   theirs; then ``tau``, the top-k mass, ``b`` and ``M`` were exact and the draw is the answer.
 4. Otherwise (a block position held more than four of the row's top k: rare for ``k <= BLOCK /
    4``), the same quantities are found exactly from full passes (bisection over the fp32 order:
    at most 31 + 32 counting passes), then pass 2 is repeated with them.
@@ -29,7 +31,7 @@ larger values, and (top-p) mass strictly above below ``top_p * total`` or the ma
 float32 (the reference uses float64), so a token whose mass-above sits within rounding of the
 top-p bound may be decided differently, as in the general kernel; the inverse CDF normalises by
 the candidates' sum, which can differ from the pass's own running sum by rounding: when ``u *
-M`` is not reached, the last kept token is drawn (a ~1e-7 mass shift).
+M`` is not reached, the last kept token (in that order) is drawn (a ~1e-7 mass shift).
 
 RNG: Philox4x32 keyed on the seed, counter ``(0, output row, 0xFFFF | offset_hi << 16,
 offset_lo)``: one uniform per output row, a counter the general kernel never uses.
@@ -85,25 +87,42 @@ def _row_ge(row_ptr, V, t, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _draw(row_ptr, V, b, target, tau, BLOCK: tl.constexpr):
-    """Full pass: the first token whose running sum of positive ``p >= b`` exceeds ``target``
-    (else the last such token; -1 when none), and the count of positive tokens ``>= tau``."""
+def _draw(row_ptr, V, b, target, tau, BLOCK: tl.constexpr, COL: tl.constexpr):
+    """The inverse-CDF draw over the positive ``p >= b`` in *position-major* order (block
+    position 0's tokens ``0, BLOCK, 2 BLOCK, ...``, then position 1's, ...): any fixed order gives
+    the same distribution, and this one needs no reduction across the block per step. Returns the
+    first token whose running sum exceeds ``target`` (else the last such token of the last
+    position with weight, a rounding case; -1 when none) and the count of positive ``p >= tau``."""
     lane = tl.arange(0, BLOCK)
-    run = tl.zeros([], tl.float32)
-    pick = tl.full([], -1, tl.int32)
-    last = tl.full([], -1, tl.int32)
+    acc = tl.zeros([BLOCK], tl.float32)
     cnt = tl.zeros([BLOCK], tl.int32)
     for start in range(0, V, BLOCK):
         offs = start + lane
         x = tl.load(row_ptr + offs, mask=offs < V, other=0.0).to(tl.float32)
         cnt += ((x >= tau) & (x > 0.0)).to(tl.int32)
+        acc += tl.where((x >= b) & (x > 0.0), x, 0.0)
+    ends = tl.cumsum(acc, axis=0)
+    first = tl.min(tl.where((ends > target) & (acc > 0.0), lane, BLOCK), axis=0)
+    found = first < BLOCK
+    pos = tl.where(found, first, tl.max(tl.where(acc > 0.0, lane, -1), axis=0))
+    rest = tl.where(found, target - tl.sum(tl.where(lane < pos, acc, 0.0), axis=0),
+                    float("inf"))
+    # the position's own tokens, COL at a time
+    col = tl.arange(0, COL)
+    n_col = tl.where(pos >= 0, (V - pos + BLOCK - 1) // BLOCK, 0)
+    run = tl.zeros([], tl.float32)
+    pick = tl.full([], -1, tl.int32)
+    last = tl.full([], -1, tl.int32)
+    for s0 in range(0, n_col, COL):
+        s = s0 + col
+        offs = pos + s * BLOCK
+        x = tl.load(row_ptr + offs, mask=s < n_col, other=0.0).to(tl.float32)
         w = tl.where((x >= b) & (x > 0.0), x, 0.0)
-        chunk = tl.sum(w, axis=0)
-        if (pick < 0) & (run + chunk > target):  # the crossing chunk: its cumulative sum only
-            crossed = (run + tl.cumsum(w, axis=0) > target) & (w > 0.0)
-            pick = tl.min(tl.where(crossed, offs, 2147483647), axis=0)
+        hit = (run + tl.cumsum(w, axis=0) > rest) & (w > 0.0)
+        first_hit = tl.min(tl.where(hit, offs, 2147483647), axis=0)
+        pick = tl.where((pick < 0) & (first_hit < 2147483647), first_hit, pick)
         last = tl.maximum(last, tl.max(tl.where(w > 0.0, offs, -1), axis=0))
-        run += chunk
+        run += tl.sum(w, axis=0)
     return tl.where(pick >= 0, pick, last), tl.sum(cnt, axis=0)
 
 
@@ -113,7 +132,8 @@ def two_pass_topk_kernel(probs, out, valid, idx_ptr, p_ptr, k_val, p_val, seed_p
                          seed_val, off_val, seed_stride, off_stride, R, V, stride_row,
                          HAS_IDX: tl.constexpr, HAS_P: tl.constexpr, P_T: tl.constexpr,
                          JOINT: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
-                         BLOCK: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
+                         BLOCK: tl.constexpr, COL: tl.constexpr,
+                         PHILOX_ROUNDS: tl.constexpr):
     """``probs [R, V]`` fp32 -> ``out[i]`` int32, ``valid[i]``, for output row ``i`` (row
     ``idx[i]`` with HAS_IDX). ``1 <= k_val < V`` and ``k_val <= BLOCK / 4`` (the host checks);
     ``top_p`` scalar ``p_val`` or per row (P_T)."""
@@ -193,7 +213,7 @@ def two_pass_topk_kernel(probs, out, valid, idx_ptr, p_ptr, k_val, p_val, seed_p
     tau = _unord(tau_o.to(tl.int32))
     res = tl.zeros([], tl.int32)
     if ok:
-        res, n_full = _draw(row_ptr, V, _unord(b_o.to(tl.int32)), u * m_b, tau, BLOCK)
+        res, n_full = _draw(row_ptr, V, _unord(b_o.to(tl.int32)), u * m_b, tau, BLOCK, COL)
         if n_full != n_tau:  # exact boundaries from full passes
             lo = tl.full([], 1, tl.int64)
             hi = tl.full([], 2139095040, tl.int64)
@@ -217,6 +237,6 @@ def two_pass_topk_kernel(probs, out, valid, idx_ptr, p_ptr, k_val, p_val, seed_p
                 b_o = tl.minimum(tl.maximum(hi2, tau_o), _ord(rmax).to(tl.int64))
             _c, m_b = _row_ge(row_ptr, V, _unord(b_o.to(tl.int32)), BLOCK)
             res, n_full = _draw(row_ptr, V, _unord(b_o.to(tl.int32)), u * m_b,
-                                _unord(tau_o.to(tl.int32)), BLOCK)
+                                _unord(tau_o.to(tl.int32)), BLOCK, COL)
     tl.store(out + i, tl.where(ok, tl.maximum(res, 0), 0))
     tl.store(valid + i, ok)

@@ -37,6 +37,9 @@ RANK_CHUNK = 32
 SOFTMAX_BLOCK = 4096
 #: Philox4x32 rounds (7 pass BigCrush, Salmon et al. 2011; Triton's default is 10).
 PHILOX_ROUNDS = 7
+#: tokens of one block position read at a time by the two-pass sampler's draw (a 128k row in
+#: blocks of 2,048 gives 63 per position)
+TWO_PASS_COLUMN = 64
 
 
 def _pow2(n: int) -> int:
@@ -145,7 +148,7 @@ def sampling_from_probs_two_pass(probs, out, valid, indices, top_k, top_p, min_p
             probs, out, valid, indices if indices is not None else out, p_ptr, int(top_k), p_val,
             s_ptr, o_ptr, s_val, o_val, s_stride, o_stride, probs.shape[0], vocab,
             probs.stride(0), HAS_IDX=indices is not None, HAS_P=has_p, P_T=p_t,
-            JOINT=int(bool(joint)), SEED_T=s_t, OFF_T=o_t, BLOCK=4 * q,
+            JOINT=int(bool(joint)), SEED_T=s_t, OFF_T=o_t, BLOCK=4 * q, COL=TWO_PASS_COLUMN,
             PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
         )
 
