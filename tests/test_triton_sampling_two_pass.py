@@ -95,7 +95,7 @@ def _launch(p, top_k, top_p, joint, block, seed=9):
     K2.two_pass_topk_kernel[(n,)](p, out, valid, out, out, top_k, pv, out, out, seed, 0, 0, 0,
                                   n, p.shape[1], p.stride(0), HAS_IDX=False,
                                   HAS_P=top_p is not None, P_T=False, JOINT=int(joint),
-                                  SEED_T=False, OFF_T=False, BLOCK=block, COL=4,
+                                  SEED_T=False, OFF_T=False, BLOCK=block, COL=4, NPIV=8,
                                   PHILOX_ROUNDS=7)
     return out.long(), valid
 

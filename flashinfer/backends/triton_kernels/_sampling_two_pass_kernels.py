@@ -14,7 +14,9 @@ chosen on the host), with or without top-p (top-k first or joint), one program p
 2. **Between the passes** (registers only): from the ``4 BLOCK`` candidates, ``tau`` (the k-th
    largest) and, when top-p is on, the smallest candidate top-p keeps (mass strictly above it
    below ``top_p`` times the top-k mass, or the row's sum when joint; the row's maximum is always
-   kept): the keep boundary ``b``, and ``M``, the candidates' mass at or above ``b``.
+   kept): the keep boundary ``b``, and ``M``, the candidates' mass at or above ``b``. Both are
+   searches over the fp32 order with ``NPIV`` pivots a step (11 steps of one block-wide
+   reduction each, where a bisection takes 31).
 3. **Pass 2**: per block position, the mass of ``{p >= b}`` and the count of ``{p >= tau}``;
    then one uniform ``u`` and the inverse CDF at ``u * M`` in position-major order (position 0's
    tokens ``0, BLOCK, 2 BLOCK, ...``, then position 1's, ...: any fixed order gives the same
@@ -69,6 +71,33 @@ def _mass_ge(v0, v1, v2, v3, o0, o1, o2, o3, t):
     """Candidates' mass at or above the ordered int ``t``."""
     m = tl.where(o0 >= t, v0, 0.0) + tl.where(o1 >= t, v1, 0.0) + tl.where(o2 >= t, v2, 0.0)
     return tl.sum(m + tl.where(o3 >= t, v3, 0.0), axis=0)
+
+
+@triton.jit
+def _at_least_each(o0, o1, o2, o3, piv):
+    """``_at_least`` at each of the ``[NPIV]`` pivots at once: ``[NPIV]`` counts."""
+    t = piv[:, None]
+    n = ((o0[None, :] >= t).to(tl.int32) + (o1[None, :] >= t).to(tl.int32)
+         + (o2[None, :] >= t).to(tl.int32) + (o3[None, :] >= t).to(tl.int32))
+    return tl.sum(n, axis=1)
+
+
+@triton.jit
+def _mass_ge_each(v0, v1, v2, v3, o0, o1, o2, o3, piv):
+    """``_mass_ge`` at each of the ``[NPIV]`` pivots at once: ``[NPIV]`` masses."""
+    t = piv[:, None]
+    m = (tl.where(o0[None, :] >= t, v0[None, :], 0.0) + tl.where(o1[None, :] >= t, v1[None, :], 0.0)
+         + tl.where(o2[None, :] >= t, v2[None, :], 0.0)
+         + tl.where(o3[None, :] >= t, v3[None, :], 0.0))
+    return tl.sum(m, axis=1)
+
+
+@triton.jit
+def _spread(lo, hi, NPIV: tl.constexpr):
+    """``NPIV`` ordered-int pivots splitting ``(lo, hi)`` into ``NPIV + 1`` near-equal parts
+    (every integer in between once ``hi - lo <= NPIV + 1``)."""
+    j = tl.arange(0, NPIV).to(tl.int64)
+    return lo + (hi - lo) * (j + 1) // (NPIV + 1)
 
 
 @triton.jit
@@ -132,7 +161,7 @@ def two_pass_topk_kernel(probs, out, valid, idx_ptr, p_ptr, k_val, p_val, seed_p
                          seed_val, off_val, seed_stride, off_stride, R, V, stride_row,
                          HAS_IDX: tl.constexpr, HAS_P: tl.constexpr, P_T: tl.constexpr,
                          JOINT: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
-                         BLOCK: tl.constexpr, COL: tl.constexpr,
+                         BLOCK: tl.constexpr, COL: tl.constexpr, NPIV: tl.constexpr,
                          PHILOX_ROUNDS: tl.constexpr):
     """``probs [R, V]`` fp32 -> ``out[i]`` int32, ``valid[i]``, for output row ``i`` (row
     ``idx[i]`` with HAS_IDX). ``1 <= k_val < V`` and ``k_val <= BLOCK / 4`` (the host checks);
@@ -178,13 +207,14 @@ def two_pass_topk_kernel(probs, out, valid, idx_ptr, p_ptr, k_val, p_val, seed_p
     o1 = _ord(top1)
     o2 = _ord(top2)
     o3 = _ord(top3)
+    # NPIV pivots a step (one block-wide reduction each), not one: 11 steps instead of 31
     lo = tl.full([], 1, tl.int64)  # ordered int of the smallest positive float: all positives
     hi = tl.full([], 2139095040, tl.int64)  # ordered int of +inf: none
-    for _ in range(31):
-        mid = lo + (hi - lo) // 2
-        enough = _at_least(o0, o1, o2, o3, mid) >= k
-        lo = tl.where(enough, mid, lo)
-        hi = tl.where(enough, hi, mid)
+    for _ in range(11):
+        piv = _spread(lo, hi, NPIV)
+        enough = _at_least_each(o0, o1, o2, o3, piv) >= k
+        lo = tl.maximum(lo, tl.max(tl.where(enough, piv, lo), axis=0))
+        hi = tl.minimum(hi, tl.min(tl.where(enough, hi, piv), axis=0))
     tau_o = lo  # fewer than k positive candidates: lo stays 1 (every positive token is in the top k)
     n_tau = _at_least(o0, o1, o2, o3, tau_o)
     s_k = _mass_ge(top0, top1, top2, top3, o0, o1, o2, o3, tau_o)
@@ -195,11 +225,11 @@ def two_pass_topk_kernel(probs, out, valid, idx_ptr, p_ptr, k_val, p_val, seed_p
         # is the mass at or above t + 1 in the fp32 order
         lo2 = tau_o - 1  # mass above lo2 >= bound (or lo2 below tau)
         hi2 = tl.full([], 2139095040, tl.int64)
-        for _ in range(32):
-            mid = lo2 + (hi2 - lo2) // 2
-            heavy = _mass_ge(top0, top1, top2, top3, o0, o1, o2, o3, mid + 1) >= bound
-            lo2 = tl.where(heavy, mid, lo2)
-            hi2 = tl.where(heavy, hi2, mid)
+        for _ in range(11):
+            piv = _spread(lo2, hi2, NPIV)
+            heavy = _mass_ge_each(top0, top1, top2, top3, o0, o1, o2, o3, piv + 1) >= bound
+            lo2 = tl.maximum(lo2, tl.max(tl.where(heavy, piv, lo2), axis=0))
+            hi2 = tl.minimum(hi2, tl.min(tl.where(heavy, hi2, piv), axis=0))
         b_o = tl.minimum(tl.maximum(hi2, tau_o), _ord(rmax).to(tl.int64))  # the max is kept
     m_b = _mass_ge(top0, top1, top2, top3, o0, o1, o2, o3, b_o)
 

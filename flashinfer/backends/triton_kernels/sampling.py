@@ -40,6 +40,9 @@ PHILOX_ROUNDS = 7
 #: tokens of one block position read at a time by the two-pass sampler's draw (a 128k row in
 #: blocks of 2,048 gives 63 per position)
 TWO_PASS_COLUMN = 64
+#: pivots a step of the two-pass sampler's searches among its candidates (11 steps of one
+#: block-wide reduction each, instead of 31 binary ones)
+TWO_PASS_PIVOTS = 8
 
 
 def _pow2(n: int) -> int:
@@ -148,7 +151,7 @@ def sampling_from_probs_two_pass(probs, out, valid, indices, top_k, top_p, min_p
             probs, out, valid, indices if indices is not None else out, p_ptr, int(top_k), p_val,
             s_ptr, o_ptr, s_val, o_val, s_stride, o_stride, probs.shape[0], vocab,
             probs.stride(0), HAS_IDX=indices is not None, HAS_P=has_p, P_T=p_t,
-            JOINT=int(bool(joint)), SEED_T=s_t, OFF_T=o_t, BLOCK=4 * q, COL=TWO_PASS_COLUMN,
+            JOINT=int(bool(joint)), SEED_T=s_t, OFF_T=o_t, BLOCK=4 * q, COL=TWO_PASS_COLUMN, NPIV=TWO_PASS_PIVOTS,
             PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
         )
 
