@@ -15,7 +15,8 @@ looked up (it only costs disk). A host module's key hashes its C source and the 
 its file name carries the Python ABI, so another Python never looks it up either, and one that
 does not load (an older C library) is rebuilt by Triton, with a warning. Packs are per Triton
 version and target (``triton-<version>-sm<arch>.tar.xz``). The manifest records a digest of each
-kernel module an entry came from; entries whose module has changed since the export are skipped,
+kernel module an entry came from (and of the kernel modules it imports helpers from); entries
+whose module has changed since the export are skipped,
 and ``flashinfer show-config`` and the test suite report them: re-export the pack on a GPU
 (``flashinfer warmup --export-pack``) whenever a packed kernel changes.
 
@@ -30,6 +31,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import sysconfig
 import tarfile
 import tempfile
@@ -68,8 +70,15 @@ def pack_name(triton_version: str, arch: int) -> str:
 
 
 def module_digest(module: str) -> str:
-    """sha256 of a kernel module's source (``_sampling_kernels`` -> its file)."""
-    return hashlib.sha256((KERNEL_MODULE_DIR / f"{module}.py").read_bytes()).hexdigest()
+    """sha256 of a kernel module's source (``_sampling_kernels`` -> its file), chained with the
+    digests of the kernel modules it imports @triton.jit helpers from (Triton's key covers them
+    too); a module that imports none: the hash of its file alone."""
+    source = (KERNEL_MODULE_DIR / f"{module}.py").read_bytes()
+    used = sorted(set(re.findall(rb"^from \.(_\w+_kernels) import", source, re.MULTILINE)))
+    digest = hashlib.sha256(source)
+    for dep in used:
+        digest.update(module_digest(dep.decode()).encode())
+    return digest.hexdigest()
 
 
 def triton_cache_dir() -> Path | None:

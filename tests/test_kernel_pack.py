@@ -126,3 +126,15 @@ def test_a_damaged_pack_warns_and_is_skipped(tmp_path, monkeypatch):
     with pytest.warns(RuntimeWarning, match="kernel pack not used"):
         assert KP.seed_triton_cache(77) == 0
     assert KP.seed_triton_cache(77) == 0  # once per process and arch: no second warning
+
+
+def test_a_module_digest_covers_the_kernel_modules_it_imports_helpers_from(tmp_path, monkeypatch):
+    (tmp_path / "_base_kernels.py").write_text("import triton\n")
+    (tmp_path / "_user_kernels.py").write_text("from ._base_kernels import helper\n")
+    monkeypatch.setattr(KP, "KERNEL_MODULE_DIR", tmp_path)
+    import hashlib
+
+    assert KP.module_digest("_base_kernels") == hashlib.sha256(b"import triton\n").hexdigest()
+    before = KP.module_digest("_user_kernels")
+    (tmp_path / "_base_kernels.py").write_text("import triton  # changed\n")
+    assert KP.module_digest("_user_kernels") != before

@@ -171,7 +171,7 @@ def test_gpu_chi_square(rules):
 
 
 @pytest.mark.gpu
-def test_gpu_large_vocab_keep_set_and_exact_path_agree():
+def test_gpu_large_vocab_keep_set():
     p = probs_rows(64, 128256, seed=16, power=8.0).cuda()
     idx, out, valid = draw(p, 2, 50, 0.9)
     assert valid.all() and keep_set(p.cpu(), top_k=50, top_p=0.9)[idx.cpu(), out.cpu()].all()
