@@ -16,9 +16,9 @@ its file name carries the Python ABI, so another Python never looks it up either
 does not load (an older C library) is rebuilt by Triton, with a warning. Packs are per Triton
 version and target (``triton-<version>-sm<arch>.tar.xz``). The manifest records a digest of each
 kernel module an entry came from (and of the kernel modules it imports helpers from); entries
-whose module has changed since the export are skipped,
-and ``flashinfer show-config`` and the test suite report them: re-export the pack on a GPU
-(``flashinfer warmup --export-pack``) whenever a packed kernel changes.
+whose module has changed since the export are skipped, and ``flashinfer show-config`` and the
+test suite report them: re-export the pack on a GPU (``flashinfer warmup --export-pack``)
+whenever a packed kernel changes.
 
 Nothing is seeded when Triton uses a custom cache manager (``TRITON_CACHE_MANAGER``), or with
 ``FLASHINFER_KERNEL_PACK_DIR=off``; an unwritable cache or a damaged pack only warns (Triton then
