@@ -20,8 +20,8 @@ from flashinfer.backends import adapter_table  # noqa: E402
 pytestmark = pytest.mark.usefixtures("kernel_device")
 
 
-def kernel(op):
-    return adapter_table("triton").kernels[(op, "default")]
+def kernel(op, variant="default"):
+    return adapter_table("triton").kernels[(op, variant)]
 
 
 def probs_rows(rows, vocab, seed, power=3.0):
@@ -72,13 +72,13 @@ def _keep_set_cpu(p, top_k, top_p, min_p, joint):
 
 
 def draw(p, n_per_row, top_k=None, top_p=None, min_p=None, joint=False, seed=7, offset=0,
-         out_dtype=torch.int32):
+         out_dtype=torch.int32, variant="default"):
     rows = p.shape[0]
     idx = torch.arange(rows, dtype=torch.int32, device=p.device).repeat_interleave(n_per_row)
     out = torch.full((idx.numel(),), -7, dtype=out_dtype, device=p.device)
     valid = torch.zeros(idx.numel(), dtype=torch.bool, device=p.device)
-    kernel("sampling_from_probs")(p, out, valid, idx, top_k, top_p, min_p, joint, True, seed,
-                                  offset)
+    kernel("sampling_from_probs", variant)(p, out, valid, idx, top_k, top_p, min_p, joint, True,
+                                           seed, offset)
     return idx.long(), out.long(), valid
 
 
@@ -362,10 +362,12 @@ def chi_square_p_value(counts, expected_prob):
     dict(), dict(top_k=5), dict(top_p=0.6), dict(min_p=0.2), dict(top_k=8, top_p=0.7),
     dict(top_k=8, top_p=0.7, joint=True),
 ], ids=["plain", "top_k", "top_p", "min_p", "k_first", "joint"])
-def test_gpu_chi_square_probs(rules):
+# two_pass serves the scalar top-k rules and hands the others to the general kernel
+@pytest.mark.parametrize("variant", ["default", "two_pass"])
+def test_gpu_chi_square_probs(rules, variant):
     p = probs_rows(1, 48, seed=14).cuda()
     n = 200_000
-    _, out, valid = draw(p, n, **rules)
+    _, out, valid = draw(p, n, **rules, variant=variant)
     assert valid.all()
     keep = keep_set(p.cpu(), **rules)[0]
     target = p.cpu().double()[0] * keep

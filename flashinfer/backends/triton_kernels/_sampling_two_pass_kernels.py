@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 from triton.language.random import philox, uint_to_uniform_float
 
-from ._sampling_kernels import _ord, _rng_words, _unord
+from ._sampling_kernels import _count_at_least, _mass_above, _ord, _rng_words, _unord
 
 
 @triton.jit
@@ -60,22 +60,8 @@ def _insert(top0, top1, top2, top3, x):
 
 
 @triton.jit
-def _at_least(o0, o1, o2, o3, t):
-    """Candidates (ordered ints) ``>= t``."""
-    n = (o0 >= t).to(tl.int32) + (o1 >= t).to(tl.int32) + (o2 >= t).to(tl.int32)
-    return tl.sum(n + (o3 >= t).to(tl.int32), axis=0)
-
-
-@triton.jit
-def _mass_ge(v0, v1, v2, v3, o0, o1, o2, o3, t):
-    """Candidates' mass at or above the ordered int ``t``."""
-    m = tl.where(o0 >= t, v0, 0.0) + tl.where(o1 >= t, v1, 0.0) + tl.where(o2 >= t, v2, 0.0)
-    return tl.sum(m + tl.where(o3 >= t, v3, 0.0), axis=0)
-
-
-@triton.jit
 def _at_least_each(o0, o1, o2, o3, piv):
-    """``_at_least`` at each of the ``[NPIV]`` pivots at once: ``[NPIV]`` counts."""
+    """Candidates (ordered ints) ``>= t`` for each of the ``[NPIV]`` pivots ``t`` at once."""
     t = piv[:, None]
     n = ((o0[None, :] >= t).to(tl.int32) + (o1[None, :] >= t).to(tl.int32)
          + (o2[None, :] >= t).to(tl.int32) + (o3[None, :] >= t).to(tl.int32))
@@ -84,7 +70,7 @@ def _at_least_each(o0, o1, o2, o3, piv):
 
 @triton.jit
 def _mass_ge_each(v0, v1, v2, v3, o0, o1, o2, o3, piv):
-    """``_mass_ge`` at each of the ``[NPIV]`` pivots at once: ``[NPIV]`` masses."""
+    """Candidates' mass at or above each of the ``[NPIV]`` ordered-int pivots at once."""
     t = piv[:, None]
     m = (tl.where(o0[None, :] >= t, v0[None, :], 0.0) + tl.where(o1[None, :] >= t, v1[None, :], 0.0)
          + tl.where(o2[None, :] >= t, v2[None, :], 0.0)
@@ -216,8 +202,8 @@ def two_pass_topk_kernel(probs, out, valid, idx_ptr, p_ptr, k_val, p_val, seed_p
         lo = tl.maximum(lo, tl.max(tl.where(enough, piv, lo), axis=0))
         hi = tl.minimum(hi, tl.min(tl.where(enough, hi, piv), axis=0))
     tau_o = lo  # fewer than k positive candidates: lo stays 1 (every positive token is in the top k)
-    n_tau = _at_least(o0, o1, o2, o3, tau_o)
-    s_k = _mass_ge(top0, top1, top2, top3, o0, o1, o2, o3, tau_o)
+    n_tau = _count_at_least(o0, o1, o2, o3, tau_o)
+    s_k = _mass_above(top0, top1, top2, top3, o0, o1, o2, o3, tau_o - 1)
     b_o = tau_o
     if p_on:
         bound = top_p * tl.where(JOINT == 0, s_k, s_all)
@@ -231,7 +217,7 @@ def two_pass_topk_kernel(probs, out, valid, idx_ptr, p_ptr, k_val, p_val, seed_p
             lo2 = tl.maximum(lo2, tl.max(tl.where(heavy, piv, lo2), axis=0))
             hi2 = tl.minimum(hi2, tl.min(tl.where(heavy, hi2, piv), axis=0))
         b_o = tl.minimum(tl.maximum(hi2, tau_o), _ord(rmax).to(tl.int64))  # the max is kept
-    m_b = _mass_ge(top0, top1, top2, top3, o0, o1, o2, o3, b_o)
+    m_b = _mass_above(top0, top1, top2, top3, o0, o1, o2, o3, b_o - 1)
 
     # pass 2: the draw and the proof that the candidates held every token >= tau
     seed, off_lo, off_hi = _rng_words(seed_ptr, off_ptr, seed_val, off_val, seed_stride,
