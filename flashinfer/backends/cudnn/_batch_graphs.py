@@ -38,7 +38,7 @@ import cudnn
 import numpy as np
 import torch
 
-from ._graphs import _DTYPES, _LOG2E, _binding, _workspace
+from ._graphs import _DTYPES, _LOG2E, _binding, _workspace, build_plans
 from ...batch_attention_params import Prepared
 from ...plan_upload import Tail
 from .batch_plan import (RAGGED, BatchSpec, build_metadata, byte_layout, container,
@@ -119,13 +119,7 @@ def _declare(spec: BatchSpec, geometry: tuple, handle) -> Entry:
 def _build(spec: BatchSpec, geometry: tuple, handle) -> Entry:
     try:
         entry = _declare(spec, geometry, handle)
-        g = entry.graph
-        g.validate()
-        g.build_operation_graph()
-        g.create_execution_plans([cudnn.heur_mode.A])  # A only: see _graphs
-        g.check_support()
-        g.build_plans()
-        size = int(g.get_workspace_size())
+        size = build_plans(entry.graph)
     except Exception as exc:  # noqa: BLE001 - re-raised with the graph named
         raise RuntimeError(f"cuDNN cannot build a batch SDPA graph for {spec.describe()} "
                            f"(KV operands {geometry}): {type(exc).__name__}: {exc}") from exc

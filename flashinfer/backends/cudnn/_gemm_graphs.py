@@ -2,8 +2,9 @@
 
 Imported lazily from the registered kernels (``backends/cudnn/gemm.py``). One graph per exact
 call geometry — batch, M, N, K, the operands' strides and dtypes, bias, output dtype — in an LRU
-cache, built with heuristic mode A only (see ``_graphs``), so a new M builds a new graph: the
-capability record says so, and the dispatcher's order keeps cuBLAS first (measured on the H200).
+cache, built by ``_graphs.build_plans`` (heuristic mode A only), so a new M builds a new graph:
+the capability record says so, and the dispatcher's order keeps cuBLAS first (measured on the
+H200).
 
 * ``mm``: ``out [M, N] = a [M, K] @ b [K, N] (+ bias [N])``, bf16 operands, float32
   accumulation, output bf16 / fp16 / fp32 (one 3-D graph with batch 1, bias a pointwise add);
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import cudnn
 import torch
 
-from ._graphs import _binding, _workspace
+from ._graphs import _binding, _workspace, build_plans
 from .plan import GraphCache
 
 GEMM_CACHE = GraphCache(maxsize=256)
@@ -85,12 +86,7 @@ def _declare(key: GemmKey, handle) -> tuple[object, dict]:
 def _build(key: GemmKey, handle) -> Entry:
     try:
         g, handles = _declare(key, handle)
-        g.validate()
-        g.build_operation_graph()
-        g.create_execution_plans([cudnn.heur_mode.A])
-        g.check_support()
-        g.build_plans()
-        size = int(g.get_workspace_size())
+        size = build_plans(g)
     except Exception as exc:  # noqa: BLE001 - re-raised with the graph named
         raise RuntimeError(f"cuDNN cannot build a matmul graph for {key.describe()}: "
                            f"{type(exc).__name__}: {exc}") from exc

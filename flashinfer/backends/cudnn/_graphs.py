@@ -132,16 +132,22 @@ def _declare(spec: GraphSpec, handle) -> Entry:
     return Entry(g, q, k, v, o, stats if spec.stats else None, 0)
 
 
+def build_plans(g) -> int:
+    """Validate a declared graph and build its plans with heuristic mode A only (see the module
+    docstring); returns its workspace size in bytes. Every cuDNN graph of the adapter ends here."""
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([cudnn.heur_mode.A])
+    g.check_support()
+    g.build_plans()
+    return int(g.get_workspace_size())
+
+
 def _build(spec: GraphSpec, handle) -> Entry:
     try:
         entry = _declare(spec, handle)
         g = entry.graph
-        g.validate()
-        g.build_operation_graph()
-        g.create_execution_plans([cudnn.heur_mode.A])  # A only: see the module docstring
-        g.check_support()
-        g.build_plans()
-        workspace_size = int(g.get_workspace_size())
+        workspace_size = build_plans(g)
     except Exception as exc:  # noqa: BLE001 - re-raised with the graph named
         raise RuntimeError(f"cuDNN cannot build an SDPA graph for {spec.describe()}: "
                            f"{type(exc).__name__}: {exc}") from exc
