@@ -1,7 +1,8 @@
 """Launch-shape sweep of our Triton sampling kernels: (lanes Q, warps) at batch 1 / 16 / 256,
 vocabulary 128256, for plain sampling, top-k-then-top-p sampling (the general kernel and the
 two-pass variant, whose block is 4 Q) and top-k logit masking (the pivot search), GPU time of a
-captured call.
+captured call. ``stream_floor`` is the floor of a two-pass kernel at a shape: two plain summing
+passes over each row, one program per row, block 4 Q.
 
     python benchmarks/tune_sampling.py --out tune_sampling.json
 
@@ -16,6 +17,8 @@ import json
 import sys
 
 import torch
+import triton
+import triton.language as tl
 
 from bench_timing import graph_ms
 
@@ -26,6 +29,26 @@ SHAPES = [(128, 4), (256, 4), (256, 8), (256, 16), (512, 4), (512, 8), (512, 16)
           (1024, 16)]
 BATCHES = (1, 16, 256)
 VOCAB = 128256
+
+
+@triton.jit
+def _two_sums_kernel(probs, out, V, BLOCK: tl.constexpr):
+    """Two plain passes over row ``program_id``: what any two-pass sampler reads."""
+    row_ptr = probs + tl.program_id(0).to(tl.int64) * V
+    lane = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, V, BLOCK):
+        acc += tl.load(row_ptr + start + lane, mask=start + lane < V, other=0.0)
+    first = tl.sum(acc, axis=0)
+    for start in range(0, V, BLOCK):
+        acc += tl.load(row_ptr + start + lane, mask=start + lane < V, other=0.0) * first
+    tl.store(out + tl.program_id(0), tl.sum(acc, axis=0))
+
+
+def _stream_floor(probs, out):
+    q, warps = ts.LAUNCH_SHAPE
+    _two_sums_kernel[(probs.shape[0],)](probs, out, probs.shape[1], BLOCK=4 * q,
+                                        num_warps=warps)
 
 
 def _kernel(op):
@@ -47,6 +70,7 @@ def _cases(batch: int):
         "top_k_top_p": lambda: sample(probs, out, valid, None, 50, 0.9, None, False, True, 7, 0),
         "two_pass": lambda: two_pass(probs, out, valid, None, 50, 0.9, None, False, True, 7, 0),
         "top_k_mask": lambda: mask(logits, masked, 50),
+        "stream_floor": lambda: _stream_floor(probs, masked),
     }
 
 
@@ -55,6 +79,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--cases", default="", help="e.g. 'two_pass,stream_floor' (default: all)")
     ap.add_argument("--shapes", default="", help="e.g. '512x16,1024x16' (default: the sweep)")
     args = ap.parse_args()
     shapes = ([tuple(map(int, s.split("x"))) for s in args.shapes.split(",")] if args.shapes
@@ -67,6 +92,8 @@ def main() -> None:
     for batch in map(int, args.batches.split(",")):
         cases = _cases(batch)
         for name, fn in cases.items():
+            if args.cases and name not in args.cases.split(","):
+                continue
             ts.LAUNCH_SHAPE = saved
             row = {"batch": batch, "case": name, "current_us": 1e3 * graph_ms([None], lambda a, b: fn(), "", args.iters), "shapes": {}}
             for shape in shapes:

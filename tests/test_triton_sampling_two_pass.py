@@ -84,19 +84,24 @@ def test_deterministic_for_a_seed_and_offset_and_different_for_another():
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
-def _launch(p, top_k, top_p, joint, block, seed=9):
-    """The kernel itself with a chosen block (a narrow one forces the exact full-pass path)."""
+def _launch(p, top_k, top_p, joint, block, seed=9, cap=None):
+    """The kernel itself with a chosen block (a narrow one forces the exact full-pass path) and
+    compacted candidate slots (too few for the candidates force it too)."""
     from flashinfer.backends.triton_kernels import _sampling_two_pass_kernels as K2
+    from flashinfer.backends.triton_kernels.sampling import two_pass_groups
 
     n = p.shape[0]
     out = torch.full((n,), -7, dtype=torch.int32, device=p.device)
     valid = torch.zeros(n, dtype=torch.bool, device=p.device)
     pv = 1.0 if top_p is None else top_p
+    groups, default_cap = two_pass_groups(top_k, block)
+    cap = cap or default_cap
+    scratch = torch.full((n, cap), float("nan"), device=p.device)
     K2.two_pass_topk_kernel[(n,)](p, out, valid, out, out, top_k, pv, out, out, seed, 0, 0, 0,
-                                  n, p.shape[1], p.stride(0), HAS_IDX=False,
+                                  n, p.shape[1], p.stride(0), scratch, HAS_IDX=False,
                                   HAS_P=top_p is not None, P_T=False, JOINT=int(joint),
-                                  SEED_T=False, OFF_T=False, BLOCK=block, COL=4, NPIV=8,
-                                  PHILOX_ROUNDS=7)
+                                  SEED_T=False, OFF_T=False, BLOCK=block, G=groups, CAP=cap,
+                                  COL=4, NPIV=8, PHILOX_ROUNDS=7)
     return out.long(), valid
 
 
@@ -116,28 +121,31 @@ def _expected(p, top_k, top_p, joint, block, seed):
     u = torch.empty(rows, dtype=torch.float32, device=p.device)
     _uniform_kernel[(rows,)](u, seed)
     w = p.cpu().double() * keep_set(p, top_k=top_k, top_p=top_p, joint=joint).cpu()
-    order = torch.tensor([t for j in range(block) for t in range(j, vocab, block)])
+    order = torch.tensor([t for j in range(block) for t in range(j, vocab, block)], device="cpu")
     cdf = w[:, order].cumsum(-1)
     target = u.cpu().double() * cdf[:, -1]
     pos = torch.searchsorted(cdf, target.unsqueeze(-1), right=True).squeeze(-1)
     return order[pos.clamp_max(vocab - 1)]
 
 
-@pytest.mark.parametrize("block,joint", [(256, False), (64, False), (64, True), (16, False),
-                                         (16, True)],
+@pytest.mark.parametrize("block,joint,cap", [(256, False, None), (64, False, None),
+                                             (64, True, None), (16, False, None),
+                                             (16, True, None), (64, False, 8), (64, True, 8)],
                          ids=["one_token_per_position", "four_per_position", "four_joint",
-                              "exact_path", "exact_path_joint"])
-def test_draw_is_the_inverse_cdf_in_position_major_order(block, joint):
+                              "exact_path", "exact_path_joint", "candidates_overflow",
+                              "candidates_overflow_joint"])
+def test_draw_is_the_inverse_cdf_in_position_major_order(block, joint, cap):
     # rows of 256 whose 8 largest values all sit at block position 3 of a 16-wide block: with
     # block 16 the candidates (four per position) miss half of the top 8, the count in pass 2
-    # proves it and the exact full passes run; with 64 and 256 every token is a candidate
+    # proves it and the exact full passes run; with 64 and 256 every token is a candidate, and
+    # 8 compacted slots cannot hold the 64 position maxima at or above the bound: exact path
     g = torch.Generator().manual_seed(6)
     base = torch.rand(3, 256, generator=g, dtype=torch.float64, device="cpu") * 0.1 + 0.01
     for j, col in enumerate(range(3, 256, 16)):
         if j < 8:
             base[:, col] = 1.0 + 0.1 * j + 0.01 * torch.arange(3, dtype=torch.float64)
     p = (base / base.sum(-1, keepdim=True)).float().to(torch.get_default_device())
-    got, ok = _launch(p, 8, 0.5, joint, block=block, seed=9)
+    got, ok = _launch(p, 8, 0.5, joint, block=block, seed=9, cap=cap)
     assert ok.all()
     assert torch.equal(got.cpu(), _expected(p, 8, 0.5, joint, block, seed=9))
 

@@ -11,12 +11,14 @@ chosen on the host), with or without top-p (top-k first or joint), one program p
 1. **Pass 1**: per position of the block the four largest positive values (min / max
    exchanges), the row's sum and a bad flag (NaN, negative, infinite). A row that is not a
    distribution gives token 0 and ``valid = False``, as the contract says.
-2. **Between the passes** (registers only): from the ``4 BLOCK`` candidates, ``tau`` (the k-th
-   largest) and, when top-p is on, the smallest candidate top-p keeps (mass strictly above it
-   below ``top_p`` times the top-k mass, or the row's sum when joint; the row's maximum is always
-   kept): the keep boundary ``b``, and ``M``, the candidates' mass at or above ``b``. Both are
-   searches over the fp32 order with ``NPIV`` pivots a step (11 steps of one block-wide
-   reduction each, where a bisection takes 31).
+2. **Between the passes**: the ``G >= k`` group maxima of the lanes' largest values are distinct
+   tokens, so ``tau`` (the k-th largest) is at least their minimum; the candidates at or above
+   it (about ``G ln G``, 266 for ``G = 64``) are compacted into ``CAP`` slots through a scratch
+   row. Among those: ``tau`` and, when top-p is on, the smallest candidate top-p keeps (mass
+   strictly above it below ``top_p`` times the top-k mass, or the row's sum when joint; the row's
+   maximum is always kept): the keep boundary ``b``, and ``M``, the candidates' mass at or above
+   ``b``. Both are searches over the fp32 order with ``NPIV`` pivots a step (11 steps of one
+   block-wide reduction each, where a bisection takes 31). More candidates than slots: step 4.
 3. **Pass 2**: per block position, the mass of ``{p >= b}`` and the count of ``{p >= tau}``;
    then one uniform ``u`` and the inverse CDF at ``u * M`` in position-major order (position 0's
    tokens ``0, BLOCK, 2 BLOCK, ...``, then position 1's, ...: any fixed order gives the same
@@ -24,8 +26,9 @@ chosen on the host), with or without top-p (top-k first or joint), one program p
    position from one cumulative sum over the block, then the token within that position's
    column (``COL`` at a time). The candidates held every token ``>= tau`` iff the count equals
    theirs; then ``tau``, the top-k mass, ``b`` and ``M`` were exact and the draw is the answer.
-4. Otherwise (a block position held more than four of the row's top k: rare for ``k <= BLOCK /
-   4``), the same quantities are found exactly from full passes (bisection over the fp32 order:
+   Both passes load the next block before working on the current one.
+4. Otherwise (a block position held more than four of the row's top k, rare for ``k <= BLOCK /
+   4``, or the candidates overflowed their slots), the same quantities are found exactly from full passes (bisection over the fp32 order:
    at most 31 + 32 counting passes), then pass 2 is repeated with them.
 
 The kept set is the contract's (``reference.sampling.keep_mask``): ``p > 0``, fewer than ``k``
@@ -43,7 +46,7 @@ import triton
 import triton.language as tl
 from triton.language.random import philox, uint_to_uniform_float
 
-from ._sampling_kernels import _count_at_least, _mass_above, _ord, _rng_words, _unord
+from ._sampling_kernels import _ord, _rng_words, _unord
 
 
 @triton.jit
@@ -60,22 +63,16 @@ def _insert(top0, top1, top2, top3, x):
 
 
 @triton.jit
-def _at_least_each(o0, o1, o2, o3, piv):
-    """Candidates (ordered ints) ``>= t`` for each of the ``[NPIV]`` pivots ``t`` at once."""
-    t = piv[:, None]
-    n = ((o0[None, :] >= t).to(tl.int32) + (o1[None, :] >= t).to(tl.int32)
-         + (o2[None, :] >= t).to(tl.int32) + (o3[None, :] >= t).to(tl.int32))
-    return tl.sum(n, axis=1)
+def _at_least_each(oc, piv):
+    """How many candidates (ordered ints ``oc``) are ``>= t``, for each of the ``[NPIV]`` int32
+    pivots ``t`` at once."""
+    return tl.sum((oc[None, :] >= piv[:, None]).to(tl.int32), axis=1)
 
 
 @triton.jit
-def _mass_ge_each(v0, v1, v2, v3, o0, o1, o2, o3, piv):
-    """Candidates' mass at or above each of the ``[NPIV]`` ordered-int pivots at once."""
-    t = piv[:, None]
-    m = (tl.where(o0[None, :] >= t, v0[None, :], 0.0) + tl.where(o1[None, :] >= t, v1[None, :], 0.0)
-         + tl.where(o2[None, :] >= t, v2[None, :], 0.0)
-         + tl.where(o3[None, :] >= t, v3[None, :], 0.0))
-    return tl.sum(m, axis=1)
+def _mass_ge_each(cand, oc, piv):
+    """The candidates' mass at or above each of the ``[NPIV]`` ordered-int pivots at once."""
+    return tl.sum(tl.where(oc[None, :] >= piv[:, None], cand[None, :], 0.0), axis=1)
 
 
 @triton.jit
@@ -83,7 +80,7 @@ def _spread(lo, hi, NPIV: tl.constexpr):
     """``NPIV`` ordered-int pivots splitting ``(lo, hi)`` into ``NPIV + 1`` near-equal parts
     (every integer in between once ``hi - lo <= NPIV + 1``)."""
     j = tl.arange(0, NPIV).to(tl.int64)
-    return lo + (hi - lo) * (j + 1) // (NPIV + 1)
+    return (lo + (hi - lo) * (j + 1) // (NPIV + 1)).to(tl.int32)
 
 
 @triton.jit
@@ -92,9 +89,10 @@ def _row_ge(row_ptr, V, t, BLOCK: tl.constexpr):
     lane = tl.arange(0, BLOCK)
     cnt = tl.zeros([BLOCK], tl.int32)
     mass = tl.zeros([BLOCK], tl.float32)
+    nxt = tl.load(row_ptr + lane, mask=lane < V, other=0.0)
     for start in range(0, V, BLOCK):
-        offs = start + lane
-        x = tl.load(row_ptr + offs, mask=offs < V, other=0.0).to(tl.float32)
+        x = nxt.to(tl.float32)
+        nxt = tl.load(row_ptr + start + BLOCK + lane, mask=start + BLOCK + lane < V, other=0.0)
         hit = (x >= t) & (x > 0.0)
         cnt += hit.to(tl.int32)
         mass += tl.where(hit, x, 0.0)
@@ -111,9 +109,10 @@ def _draw(row_ptr, V, b, target, tau, BLOCK: tl.constexpr, COL: tl.constexpr):
     lane = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], tl.float32)
     cnt = tl.zeros([BLOCK], tl.int32)
+    nxt = tl.load(row_ptr + lane, mask=lane < V, other=0.0)
     for start in range(0, V, BLOCK):
-        offs = start + lane
-        x = tl.load(row_ptr + offs, mask=offs < V, other=0.0).to(tl.float32)
+        x = nxt.to(tl.float32)
+        nxt = tl.load(row_ptr + start + BLOCK + lane, mask=start + BLOCK + lane < V, other=0.0)
         cnt += ((x >= tau) & (x > 0.0)).to(tl.int32)
         acc += tl.where((x >= b) & (x > 0.0), x, 0.0)
     ends = tl.cumsum(acc, axis=0)
@@ -141,17 +140,17 @@ def _draw(row_ptr, V, b, target, tau, BLOCK: tl.constexpr, COL: tl.constexpr):
     return tl.where(pick >= 0, pick, last), tl.sum(cnt, axis=0)
 
 
-@triton.jit(do_not_specialize=["k_val", "p_val", "seed_val", "off_val", "R", "V",
-                               "stride_row"])
+@triton.jit(do_not_specialize=["k_val", "p_val", "seed_val", "off_val", "R"])
 def two_pass_topk_kernel(probs, out, valid, idx_ptr, p_ptr, k_val, p_val, seed_ptr, off_ptr,
-                         seed_val, off_val, seed_stride, off_stride, R, V, stride_row,
+                         seed_val, off_val, seed_stride, off_stride, R, V, stride_row, scratch,
                          HAS_IDX: tl.constexpr, HAS_P: tl.constexpr, P_T: tl.constexpr,
                          JOINT: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
-                         BLOCK: tl.constexpr, COL: tl.constexpr, NPIV: tl.constexpr,
-                         PHILOX_ROUNDS: tl.constexpr):
+                         BLOCK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr,
+                         COL: tl.constexpr, NPIV: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
     """``probs [R, V]`` fp32 -> ``out[i]`` int32, ``valid[i]``, for output row ``i`` (row
-    ``idx[i]`` with HAS_IDX). ``1 <= k_val < V`` and ``k_val <= BLOCK / 4`` (the host checks);
-    ``top_p`` scalar ``p_val`` or per row (P_T)."""
+    ``idx[i]`` with HAS_IDX). ``1 <= k_val < V``, ``k_val <= G <= BLOCK`` and ``4 k_val <= BLOCK``
+    (the host checks); ``top_p`` scalar ``p_val`` or per row (P_T); ``scratch`` fp32, ``CAP`` per
+    output row."""
     i = tl.program_id(0)
     if HAS_IDX:
         row = tl.load(idx_ptr + i).to(tl.int64)
@@ -168,7 +167,8 @@ def two_pass_topk_kernel(probs, out, valid, idx_ptr, p_ptr, k_val, p_val, seed_p
             top_p = top_p * 0.0 + p_val
     p_on = top_p < 1.0
 
-    # pass 1: the lanes' four largest positive values, the sum, the bad flag
+    # pass 1: the lanes' four largest positive values, the sum, the bad flag (the next block is
+    # loaded before this one is worked on)
     lane = tl.arange(0, BLOCK)
     ninf = tl.full([BLOCK], float("-inf"), tl.float32)
     top0 = ninf
@@ -177,10 +177,11 @@ def two_pass_topk_kernel(probs, out, valid, idx_ptr, p_ptr, k_val, p_val, seed_p
     top3 = ninf
     total = tl.zeros([BLOCK], tl.float32)
     bad = tl.zeros([BLOCK], tl.int32)
+    nxt = tl.load(row_ptr + lane, mask=lane < V, other=0.0)
     for start in range(0, V, BLOCK):
-        offs = start + lane
-        mask = offs < V
-        x = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        mask = start + lane < V
+        x = nxt.to(tl.float32)
+        nxt = tl.load(row_ptr + start + BLOCK + lane, mask=start + BLOCK + lane < V, other=0.0)
         bad |= (mask & ((x != x) | (x < 0.0) | (x == float("inf")))).to(tl.int32)
         total += x
         top0, top1, top2, top3 = _insert(top0, top1, top2, top3, tl.where(x > 0.0, x, ninf))
@@ -188,22 +189,38 @@ def two_pass_topk_kernel(probs, out, valid, idx_ptr, p_ptr, k_val, p_val, seed_p
     ok = row_ok & (tl.max(bad, axis=0) == 0) & (s_all > 0.0) & (s_all < float("inf"))
     rmax = tl.max(top0, axis=0)
 
-    # between the passes: tau, the top-k mass, the boundary b and its mass, from the candidates
-    o0 = _ord(top0)
-    o1 = _ord(top1)
-    o2 = _ord(top2)
-    o3 = _ord(top3)
-    # NPIV pivots a step (one block-wide reduction each), not one: 11 steps instead of 31
+    # between the passes. The G group maxima of the lanes' largest values are G >= k distinct
+    # tokens, so tau >= `low`, the smallest of them; the candidates at or above it (a few hundred
+    # for G = 64) are compacted into CAP slots (through `scratch`), and tau, the top-k mass, the
+    # boundary b and its mass are searched among those, NPIV pivots a step
+    low = tl.min(tl.max(tl.reshape(top0, [G, BLOCK // G]), axis=1), axis=0)
+    low_o = tl.where(low > 0.0, _ord(low), 1)  # a group without positives: every positive
+    n_lane = ((_ord(top0) >= low_o).to(tl.int32) + (_ord(top1) >= low_o).to(tl.int32)
+              + (_ord(top2) >= low_o).to(tl.int32) + (_ord(top3) >= low_o).to(tl.int32))
+    n_c = tl.sum(n_lane, axis=0)
+    fits = n_c <= CAP
+    n_put = tl.where(fits, n_lane, 0)
+    slot = scratch + i.to(tl.int64) * CAP + tl.cumsum(n_put, axis=0) - n_put
+    tl.store(slot, top0, mask=n_put > 0)
+    tl.store(slot + 1, top1, mask=n_put > 1)
+    tl.store(slot + 2, top2, mask=n_put > 2)
+    tl.store(slot + 3, top3, mask=n_put > 3)
+    tl.debug_barrier()
+    c_idx = tl.arange(0, CAP)
+    cand = tl.load(scratch + i.to(tl.int64) * CAP + c_idx, mask=c_idx < tl.where(fits, n_c, 0),
+                   other=float("-inf"))
+    oc = _ord(cand)
     lo = tl.full([], 1, tl.int64)  # ordered int of the smallest positive float: all positives
     hi = tl.full([], 2139095040, tl.int64)  # ordered int of +inf: none
     for _ in range(11):
         piv = _spread(lo, hi, NPIV)
-        enough = _at_least_each(o0, o1, o2, o3, piv) >= k
+        enough = _at_least_each(oc, piv) >= k
         lo = tl.maximum(lo, tl.max(tl.where(enough, piv, lo), axis=0))
         hi = tl.minimum(hi, tl.min(tl.where(enough, hi, piv), axis=0))
     tau_o = lo  # fewer than k positive candidates: lo stays 1 (every positive token is in the top k)
-    n_tau = _count_at_least(o0, o1, o2, o3, tau_o)
-    s_k = _mass_above(top0, top1, top2, top3, o0, o1, o2, o3, tau_o - 1)
+    # the proof's count; -1 (never a row's count) when the candidates did not fit: exact path
+    n_tau = tl.where(fits, tl.sum((oc >= tau_o).to(tl.int32), axis=0), -1)
+    s_k = tl.sum(tl.where(oc >= tau_o, cand, 0.0), axis=0)
     b_o = tau_o
     if p_on:
         bound = top_p * tl.where(JOINT == 0, s_k, s_all)
@@ -213,12 +230,11 @@ def two_pass_topk_kernel(probs, out, valid, idx_ptr, p_ptr, k_val, p_val, seed_p
         hi2 = tl.full([], 2139095040, tl.int64)
         for _ in range(11):
             piv = _spread(lo2, hi2, NPIV)
-            heavy = _mass_ge_each(top0, top1, top2, top3, o0, o1, o2, o3, piv + 1) >= bound
+            heavy = _mass_ge_each(cand, oc, piv + 1) >= bound
             lo2 = tl.maximum(lo2, tl.max(tl.where(heavy, piv, lo2), axis=0))
             hi2 = tl.minimum(hi2, tl.min(tl.where(heavy, hi2, piv), axis=0))
         b_o = tl.minimum(tl.maximum(hi2, tau_o), _ord(rmax).to(tl.int64))  # the max is kept
-    m_b = _mass_above(top0, top1, top2, top3, o0, o1, o2, o3, b_o - 1)
-
+    m_b = tl.sum(tl.where(oc >= b_o, cand, 0.0), axis=0)
     # pass 2: the draw and the proof that the candidates held every token >= tau
     seed, off_lo, off_hi = _rng_words(seed_ptr, off_ptr, seed_val, off_val, seed_stride,
                                       off_stride, i, SEED_T, OFF_T)

@@ -43,6 +43,18 @@ TWO_PASS_COLUMN = 64
 #: pivots a step of the two-pass sampler's searches among its candidates (11 steps of one
 #: block-wide reduction each, instead of 31 binary ones)
 TWO_PASS_PIVOTS = 8
+#: the two-pass sampler's candidate groups for top-k <= 64: tau is at least the smallest of 64
+#: group maxima, and about 64 ln 64 = 266 candidates lie at or above it in a shuffled row
+TWO_PASS_GROUPS = 64
+#: compacted candidate slots per group (more than fit send the row down the exact path)
+TWO_PASS_SLOTS_PER_GROUP = 16
+
+
+def two_pass_groups(k: int, block: int) -> tuple[int, int]:
+    """``(G, CAP)`` of the two-pass sampler for top-k ``k`` and a block of ``block`` (``4 k <=
+    block``): ``k <= G <= block`` groups, ``CAP`` compacted candidate slots per row."""
+    g = min(max(TWO_PASS_GROUPS, _pow2(k)), block)
+    return g, min(TWO_PASS_SLOTS_PER_GROUP * g, 4 * block)
 
 
 def _pow2(n: int) -> int:
@@ -146,13 +158,16 @@ def sampling_from_probs_two_pass(probs, out, valid, indices, top_k, top_p, min_p
     p_ptr, p_val, has_p, p_t = _threshold(top_p, out, float)
     s_ptr, s_val, s_stride, s_t = _rng(seed, out)
     o_ptr, o_val, o_stride, o_t = _rng(offset, out)
+    groups, cap = two_pass_groups(int(top_k), 4 * q)
+    scratch = torch.empty(n_out, cap, dtype=torch.float32, device=probs.device)
     with _device_of(probs):
         K2.two_pass_topk_kernel[(n_out,)](
             probs, out, valid, indices if indices is not None else out, p_ptr, int(top_k), p_val,
             s_ptr, o_ptr, s_val, o_val, s_stride, o_stride, probs.shape[0], vocab,
-            probs.stride(0), HAS_IDX=indices is not None, HAS_P=has_p, P_T=p_t,
-            JOINT=int(bool(joint)), SEED_T=s_t, OFF_T=o_t, BLOCK=4 * q, COL=TWO_PASS_COLUMN, NPIV=TWO_PASS_PIVOTS,
-            PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
+            probs.stride(0), scratch, HAS_IDX=indices is not None, HAS_P=has_p, P_T=p_t,
+            JOINT=int(bool(joint)), SEED_T=s_t, OFF_T=o_t, BLOCK=4 * q, G=groups, CAP=cap,
+            COL=TWO_PASS_COLUMN, NPIV=TWO_PASS_PIVOTS, PHILOX_ROUNDS=PHILOX_ROUNDS,
+            num_warps=warps,
         )
 
 

@@ -1,0 +1,90 @@
+"""Where the two-pass sampler's time goes: the kernel cut after pass 1, after the searches
+between the passes, and whole, GPU time of a captured call at batch 1 and 256, vocabulary 128256,
+top-k 50 then top-p 0.9 (a diagnostic; cut copies are written to a temporary directory).
+
+    python benchmarks/probe_two_pass_stages.py --out probe_two_pass_stages.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import inspect
+import itertools
+import json
+import sys
+import tempfile
+
+import torch
+
+from bench_timing import graph_ms
+
+from flashinfer.backends.triton_kernels import _sampling_two_pass_kernels as K2
+from flashinfer.backends.triton_kernels.sampling import two_pass_groups
+
+CUTS = {
+    "pass1": ("    # between the passes",
+              "    tl.store(out + i, (rmax + s_all).to(tl.int32))\n    tl.store(valid + i, ok)\n"),
+    "compacted": ("    lo = tl.full([], 1, tl.int64)  # ordered",
+                  "    tl.store(out + i, (rmax + tl.sum(cand, axis=0)).to(tl.int32))\n"
+                  "    tl.store(valid + i, ok)\n"),
+    "tau": ("    b_o = tau_o\n",
+            "    tl.store(out + i, (n_tau + s_k).to(tl.int32))\n    tl.store(valid + i, ok)\n"),
+    "searches": ("    # pass 2:",
+                 "    tl.store(out + i, (b_o + m_b.to(tl.int64)).to(tl.int32))\n"
+                 "    tl.store(valid + i, ok)\n"),
+}
+
+
+def _variants(tmp: str) -> dict:
+    src = inspect.getsource(K2).replace("from ._sampling_kernels",
+                                        "from flashinfer.backends.triton_kernels._sampling_kernels")
+    mods = {"whole": K2}
+    sys.path.insert(0, tmp)
+    for name, (marker, tail) in CUTS.items():
+        with open(f"{tmp}/tp_{name}.py", "w") as f:
+            f.write(src[:src.index(marker)] + tail)
+        mods[name] = importlib.import_module(f"tp_{name}")
+    return mods
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="256x8,512x16")
+    ap.add_argument("--pivots", default="8", help="NPIV values, e.g. '8,16,32'")
+    args = ap.parse_args()
+    doc = {"command": "python " + " ".join(sys.argv),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "device": torch.cuda.get_device_name(), "results": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        mods = _variants(tmp)
+        for batch in (1, 256):
+            g = torch.Generator(device="cuda").manual_seed(batch)
+            probs = torch.softmax(torch.randn(batch, 128256, device="cuda", generator=g) * 4, -1)
+            out = torch.empty(batch, dtype=torch.int32, device="cuda")
+            valid = torch.empty(batch, dtype=torch.bool, device="cuda")
+            for shape, npiv in itertools.product(args.shapes.split(","),
+                                                 map(int, args.pivots.split(","))):
+                q, warps = map(int, shape.split("x"))
+                groups, cap = two_pass_groups(50, 4 * q)
+                scratch = torch.empty(batch, cap, device="cuda")
+                row = {"batch": batch, "shape": shape, "npiv": npiv}
+                for name, m in mods.items():
+                    def call(m=m):
+                        m.two_pass_topk_kernel[(batch,)](
+                            probs, out, valid, out, out, 50, 0.9, out, out, 7, 0, 0, 0, batch,
+                            probs.shape[1], probs.stride(0), scratch, HAS_IDX=False, HAS_P=True,
+                            P_T=False, JOINT=0, SEED_T=False, OFF_T=False, BLOCK=4 * q, G=groups,
+                            CAP=cap, COL=64, NPIV=npiv, PHILOX_ROUNDS=7, num_warps=warps)
+                    row[name] = 1e3 * graph_ms([None], lambda a, b: call(), "", 20)
+                print({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()},
+                      flush=True)
+                doc["results"].append(row)
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
