@@ -13,6 +13,8 @@ import importlib
 import inspect
 import itertools
 import json
+import os
+import subprocess
 import sys
 import tempfile
 
@@ -37,15 +39,32 @@ CUTS = {
 }
 
 
-def _variants(tmp: str) -> dict:
-    src = inspect.getsource(K2).replace("from ._sampling_kernels",
-                                        "from flashinfer.backends.triton_kernels._sampling_kernels")
+def _absolute(src: str) -> str:
+    return src.replace("from ._sampling_kernels",
+                       "from flashinfer.backends.triton_kernels._sampling_kernels")
+
+
+def _variants(tmp: str, against: str = "") -> dict:
+    """The kernel whole, cut at each of CUTS whose marker it has, and whole at git revision
+    ``against`` or in the file of that name (``whole@REV``)."""
+    src = _absolute(inspect.getsource(K2))
     mods = {"whole": K2}
     sys.path.insert(0, tmp)
     for name, (marker, tail) in CUTS.items():
-        with open(f"{tmp}/tp_{name}.py", "w") as f:
-            f.write(src[:src.index(marker)] + tail)
-        mods[name] = importlib.import_module(f"tp_{name}")
+        if marker in src:
+            with open(f"{tmp}/tp_{name}.py", "w") as f:
+                f.write(src[:src.index(marker)] + tail)
+            mods[name] = importlib.import_module(f"tp_{name}")
+    if os.path.isfile(against):
+        old = open(against).read()
+    elif against:
+        path = "flashinfer/backends/triton_kernels/_sampling_two_pass_kernels.py"
+        old = subprocess.run(["git", "show", f"{against}:{path}"], capture_output=True, text=True,
+                             check=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout
+    if against:
+        with open(f"{tmp}/tp_against.py", "w") as f:
+            f.write(_absolute(old))
+        mods[f"whole@{against}"] = importlib.import_module("tp_against")
     return mods
 
 
@@ -53,13 +72,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default="256x8,512x16")
-    ap.add_argument("--pivots", default="8", help="NPIV values, e.g. '8,16,32'")
+    ap.add_argument("--pivots", default="8", help="NPIV of revisions before the sort (--against), e.g. '8,16'")
+    ap.add_argument("--against", default="", help="also time the kernel at this git revision (or in this file)")
     args = ap.parse_args()
     doc = {"command": "python " + " ".join(sys.argv),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name(), "results": []}
     with tempfile.TemporaryDirectory() as tmp:
-        mods = _variants(tmp)
+        mods = _variants(tmp, args.against)
         for batch in (1, 256):
             g = torch.Generator(device="cuda").manual_seed(batch)
             probs = torch.softmax(torch.randn(batch, 128256, device="cuda", generator=g) * 4, -1)
@@ -68,16 +88,18 @@ def main() -> None:
             for shape, npiv in itertools.product(args.shapes.split(","),
                                                  map(int, args.pivots.split(","))):
                 q, warps = map(int, shape.split("x"))
-                groups, cap = two_pass_groups(50, 4 * q)
+                groups, cap = two_pass_groups(50, 4 * q, probs.shape[1])
                 scratch = torch.empty(batch, cap, device="cuda")
                 row = {"batch": batch, "shape": shape, "npiv": npiv}
                 for name, m in mods.items():
                     def call(m=m):
-                        m.two_pass_topk_kernel[(batch,)](
+                        kernel = m.two_pass_topk_kernel
+                        extra = {"NPIV": npiv} if "NPIV" in kernel.arg_names else {}
+                        kernel[(batch,)](
                             probs, out, valid, out, out, 50, 0.9, out, out, 7, 0, 0, 0, batch,
                             probs.shape[1], probs.stride(0), scratch, HAS_IDX=False, HAS_P=True,
                             P_T=False, JOINT=0, SEED_T=False, OFF_T=False, BLOCK=4 * q, G=groups,
-                            CAP=cap, COL=64, NPIV=npiv, PHILOX_ROUNDS=7, num_warps=warps)
+                            CAP=cap, COL=64, PHILOX_ROUNDS=7, num_warps=warps, **extra)
                     row[name] = 1e3 * graph_ms([None], lambda a, b: call(), "", 20)
                 print({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()},
                       flush=True)

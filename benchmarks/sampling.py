@@ -345,6 +345,8 @@ def points(args) -> list[tuple]:
         name = f[0]
         if args.only and args.only not in name:
             continue
+        if args.skip and args.skip in name:
+            continue
         if args.smoke:
             if name in SMOKE["functions"] and f[1] != "joint":
                 rows.append((f, SMOKE["batch"], SMOKE["vocab"]))
@@ -385,6 +387,7 @@ def main() -> None:
     ap.add_argument("--reference", action="store_true", help="time the reference backend at every point")
     ap.add_argument("--backends", default="", help="comma list overriding the backends timed")
     ap.add_argument("--only", default="", help="substring filter on function names")
+    ap.add_argument("--skip", default="", help="leave out functions whose name contains this")
     ap.add_argument("--scale", type=float, default=4.0, help="logits = randn * scale")
     ap.add_argument("--flat", action="store_true", help="flatter distributions (scale 1)")
     ap.add_argument("--case-timeout", type=float, default=120.0)

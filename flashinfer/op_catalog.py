@@ -46,6 +46,7 @@ BATCH_ATTENTION_FEATURES = (
 
 SAMPLING_FEATURES = (
     "top_k",           # keep the k most probable tokens (count of strictly larger < k)
+    "top_k_per_row",   # top_k given as a tensor, one k per row (else a scalar, shape fact top_k)
     "top_p",           # keep the nucleus (mass of strictly larger < top_p)
     "min_p",           # keep p >= min_p * max(p)
     "joint",           # top-k and top-p applied together (filter_apply_order="joint")
@@ -94,6 +95,8 @@ class OpSpec:
 
 
 _SAMPLING_SHAPE = ("batch_size", "vocab_size")  # both bucketed to powers of two
+# sampling_from_probs also has a scalar top_k's power-of-two bucket (absent for none or per row)
+_SAMPLING_PROBS_SHAPE = _SAMPLING_SHAPE + ("top_k",)
 _ATTN_SHAPE = ("head_dim_qk", "head_dim_vo", "num_qo_heads", "num_kv_heads", "qo_len", "kv_len")
 # batch_size, max_qo_len, max_kv_len and total_qo_len are bucketed to powers of two
 _BATCH_SHAPE = ("head_dim_qk", "head_dim_vo", "num_qo_heads", "num_kv_heads", "batch_size",
@@ -125,7 +128,7 @@ OPS: dict[str, OpSpec] = {
                "rotary embedding of q and k at given positions"),
         OpSpec("act_and_mul", "activation", ("input",), ("hidden_size", "num_rows"),
                ("silu", "gelu", "gelu_tanh"), (), "act(x[..., :d]) * x[..., d:]"),
-        OpSpec("sampling_from_probs", "sampling", ("probs",), _SAMPLING_SHAPE, SAMPLING_FEATURES,
+        OpSpec("sampling_from_probs", "sampling", ("probs",), _SAMPLING_PROBS_SHAPE, SAMPLING_FEATURES,
                (), "draw one token per row from probabilities, optionally top-k/top-p/min-p"),
         OpSpec("sampling_from_logits", "sampling", ("logits",), _SAMPLING_SHAPE,
                ("indices", "seed_tensor"), (), "draw one token per row from softmax(logits)"),

@@ -126,8 +126,13 @@ def _sampling_from_probs_op(
                                ("indices", indices), ("seed_tensor", seed_arr)) if v is not None]
     if joint and top_k is not None and top_p is not None:
         features.append("joint")
+    shape = _shape(count, probs.shape[1])
+    if top_k_arr is not None:
+        features.append("top_k_per_row")
+    elif top_k_val is not None:
+        shape["top_k"] = dispatch.length_bucket(top_k_val)
     problem = Problem.make("sampling_from_probs", probs.device, dtypes={"probs": probs.dtype},
-                           shape=_shape(count, probs.shape[1]), features=features)
+                           shape=shape, features=features)
     seed, offset = _seed_args(seed_arr, offset_arr, seed_val, offset_val, use_default, increment,
                               probs.device)
     dispatch.decide(problem, backend).kernel(probs, out, valid, indices, top_k, top_p, min_p,

@@ -19,11 +19,13 @@ PROBLEMS = {
 }
 
 
-def _problem(op, sm, features=None):
+def _problem(op, sm, features=None, top_k=64):
     dtypes, default_features = PROBLEMS[op]
     shape = {"batch_size": 64, "vocab_size": 131072}
     if op == "chain_speculative_sampling":
         shape["num_draft"] = 4
+    if op == "sampling_from_probs" and top_k is not None:
+        shape["top_k"] = top_k
     return Problem.make(op, simulated(None if sm == "cpu" else sm), dtypes=dtypes, shape=shape,
                         features=default_features if features is None else features)
 
@@ -44,8 +46,9 @@ def test_default_order(op, sm):
         assert list(dict.fromkeys(n.split(":")[0] for n in decision.order)) == expected
         assert decision.backend == expected[0]
         if op == "sampling_from_probs" and "triton" in usable:
-            # the two-pass variant waits behind the general kernel until it is measured
-            assert decision.name == "triton" and "triton:two_pass" in decision.order
+            # a scalar top-k of at most 512 takes the two-pass sampler, ahead of the general one
+            assert decision.name == "triton:two_pass"
+            assert decision.order[:2] == ("triton:two_pass", "triton")
     # the rule says where its order comes from: an H200 measurement or "not yet measured"
     assert "measured on the H200" in decision.basis or "not yet measured" in decision.basis
 
@@ -61,6 +64,21 @@ def test_tensor_seeds_reject_the_torch_backend(op, sm):
     assert decision.backend != "torch"
     if sm == "cpu":
         assert decision.backend == "reference"
+
+
+@pytest.mark.parametrize("sm", SMS[:-1])
+@pytest.mark.parametrize("features,top_k,field", [
+    (["top_k", "top_p"], 1024, "shape.top_k"),
+    (["top_k", "top_k_per_row", "top_p"], None, "feature"),
+    (["top_k", "min_p"], 64, "feature"),
+    (["top_p"], None, "feature"),
+], ids=["large_top_k", "top_k_per_row", "min_p", "no_top_k"])
+def test_calls_the_two_pass_sampler_does_not_serve_take_the_general_kernel(sm, features, top_k,
+                                                                          field):
+    decision = select(_problem("sampling_from_probs", sm, features, top_k), assume_installed=True)
+    two_pass = next(c for c in decision.candidates if c.variant == "two_pass")
+    assert not two_pass.usable and [r.field for r in two_pass.reasons] == [field]
+    assert decision.name == "triton"
 
 
 def test_gpu_records_are_verified_only_where_they_ran():
@@ -80,7 +98,7 @@ def test_calls_record_the_decision():
     assert [(d.problem.op, d.backend) for d in log] == [("sampling_from_probs", "reference"),
                                                         ("renorm_probs", "torch")]
     assert log[0].problem.features == frozenset({"top_k", "top_p"})
-    assert dict(log[0].problem.shape) == {"batch_size": 4, "vocab_size": 16}
+    assert dict(log[0].problem.shape) == {"batch_size": 4, "vocab_size": 16, "top_k": 4}
 
 
 def test_environment_override_selects_the_family_backend(monkeypatch):

@@ -94,14 +94,14 @@ def _launch(p, top_k, top_p, joint, block, seed=9, cap=None):
     out = torch.full((n,), -7, dtype=torch.int32, device=p.device)
     valid = torch.zeros(n, dtype=torch.bool, device=p.device)
     pv = 1.0 if top_p is None else top_p
-    groups, default_cap = two_pass_groups(top_k, block)
+    groups, default_cap = two_pass_groups(top_k, block, p.shape[1])
     cap = cap or default_cap
     scratch = torch.full((n, cap), float("nan"), device=p.device)
     K2.two_pass_topk_kernel[(n,)](p, out, valid, out, out, top_k, pv, out, out, seed, 0, 0, 0,
                                   n, p.shape[1], p.stride(0), scratch, HAS_IDX=False,
                                   HAS_P=top_p is not None, P_T=False, JOINT=int(joint),
                                   SEED_T=False, OFF_T=False, BLOCK=block, G=groups, CAP=cap,
-                                  COL=4, NPIV=8, PHILOX_ROUNDS=7)
+                                  COL=4, PHILOX_ROUNDS=7)
     return out.long(), valid
 
 

@@ -216,6 +216,20 @@ def _consume(x, mask, offs, rbits, lo, ta, tb, mass_w, piv, acc_c, acc_m, best_k
 
 
 @triton.jit
+def _insert(top0, top1, top2, top3, x):
+    """``x`` into each lane's four largest (``top0 >= top1 >= top2 >= top3``): max / min
+    exchanges down the sorted four."""
+    down = tl.minimum(top0, x)
+    top0 = tl.maximum(top0, x)
+    nxt = tl.minimum(top1, down)
+    top1 = tl.maximum(top1, down)
+    down = tl.minimum(top2, nxt)
+    top2 = tl.maximum(top2, nxt)
+    top3 = tl.maximum(top3, down)
+    return top0, top1, top2, top3
+
+
+@triton.jit
 def _row_pass(row_ptr, V, lo, ta, tb, mass_w, piv, seed, c1, c2, c3, NEG: tl.constexpr,
               DRAW: tl.constexpr, COUNT: tl.constexpr, MASS: tl.constexpr,
               FILTER: tl.constexpr, TOP4: tl.constexpr, NP: tl.constexpr, Q: tl.constexpr,
@@ -256,14 +270,8 @@ def _row_pass(row_ptr, V, lo, ta, tb, mass_w, piv, seed, c1, c2, c3, NEG: tl.con
                 x, mask, offs, rb, lo, ta, tb, mass_w, piv, acc_c, acc_m, best_k, best_i,
                 pbest_k, pbest_i, samp_k, samp_v, DRAW, COUNT, MASS, FILTER)
             xv = tl.where(mask, x, float("-inf"))
-            if TOP4:  # insertion into the lane's sorted four (max / min exchanges)
-                down = tl.minimum(mx, xv)
-                mx = tl.maximum(mx, xv)
-                nxt = tl.minimum(top1, down)
-                top1 = tl.maximum(top1, down)
-                down = tl.minimum(top2, nxt)
-                top2 = tl.maximum(top2, nxt)
-                top3 = tl.maximum(top3, down)
+            if TOP4:
+                mx, top1, top2, top3 = _insert(mx, top1, top2, top3, xv)
             else:
                 mx = tl.maximum(mx, xv)
             sm += tl.where(mask & (x > NEG), x, 0.0)

@@ -14,11 +14,12 @@ chosen on the host), with or without top-p (top-k first or joint), one program p
 2. **Between the passes**: the ``G >= k`` group maxima of the lanes' largest values are distinct
    tokens, so ``tau`` (the k-th largest) is at least their minimum; the candidates at or above
    it (about ``G ln G``, 266 for ``G = 64``) are compacted into ``CAP`` slots through a scratch
-   row. Among those: ``tau`` and, when top-p is on, the smallest candidate top-p keeps (mass
-   strictly above it below ``top_p`` times the top-k mass, or the row's sum when joint; the row's
-   maximum is always kept): the keep boundary ``b``, and ``M``, the candidates' mass at or above
-   ``b``. Both are searches over the fp32 order with ``NPIV`` pivots a step (11 steps of one
-   block-wide reduction each, where a bisection takes 31). More candidates than slots: step 4.
+   row and sorted there (a bitonic network, ``tl.sort``: on the H200 much cheaper than pivot
+   searches over the fp32 order, 11 block-wide reductions each). From the sorted slots: ``tau``,
+   and when top-p is on the smallest candidate top-p keeps (mass strictly above it below
+   ``top_p`` times the top-k mass, or the row's sum when joint; the row's maximum is always
+   kept): the keep boundary ``b``; and ``M``, the candidates' mass at or above ``b``. More
+   candidates than slots: step 4.
 3. **Pass 2**: per block position, the mass of ``{p >= b}`` and the count of ``{p >= tau}``;
    then one uniform ``u`` and the inverse CDF at ``u * M`` in position-major order (position 0's
    tokens ``0, BLOCK, 2 BLOCK, ...``, then position 1's, ...: any fixed order gives the same
@@ -46,41 +47,7 @@ import triton
 import triton.language as tl
 from triton.language.random import philox, uint_to_uniform_float
 
-from ._sampling_kernels import _ord, _rng_words, _unord
-
-
-@triton.jit
-def _insert(top0, top1, top2, top3, x):
-    """``x`` into each lane's four largest (``top0 >= top1 >= top2 >= top3``)."""
-    down = tl.minimum(top0, x)
-    top0 = tl.maximum(top0, x)
-    nxt = tl.minimum(top1, down)
-    top1 = tl.maximum(top1, down)
-    down = tl.minimum(top2, nxt)
-    top2 = tl.maximum(top2, nxt)
-    top3 = tl.maximum(top3, down)
-    return top0, top1, top2, top3
-
-
-@triton.jit
-def _at_least_each(oc, piv):
-    """How many candidates (ordered ints ``oc``) are ``>= t``, for each of the ``[NPIV]`` int32
-    pivots ``t`` at once."""
-    return tl.sum((oc[None, :] >= piv[:, None]).to(tl.int32), axis=1)
-
-
-@triton.jit
-def _mass_ge_each(cand, oc, piv):
-    """The candidates' mass at or above each of the ``[NPIV]`` ordered-int pivots at once."""
-    return tl.sum(tl.where(oc[None, :] >= piv[:, None], cand[None, :], 0.0), axis=1)
-
-
-@triton.jit
-def _spread(lo, hi, NPIV: tl.constexpr):
-    """``NPIV`` ordered-int pivots splitting ``(lo, hi)`` into ``NPIV + 1`` near-equal parts
-    (every integer in between once ``hi - lo <= NPIV + 1``)."""
-    j = tl.arange(0, NPIV).to(tl.int64)
-    return (lo + (hi - lo) * (j + 1) // (NPIV + 1)).to(tl.int32)
+from ._sampling_kernels import _insert, _ord, _rng_words, _unord
 
 
 @triton.jit
@@ -146,7 +113,7 @@ def two_pass_topk_kernel(probs, out, valid, idx_ptr, p_ptr, k_val, p_val, seed_p
                          HAS_IDX: tl.constexpr, HAS_P: tl.constexpr, P_T: tl.constexpr,
                          JOINT: tl.constexpr, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
                          BLOCK: tl.constexpr, G: tl.constexpr, CAP: tl.constexpr,
-                         COL: tl.constexpr, NPIV: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
+                         COL: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
     """``probs [R, V]`` fp32 -> ``out[i]`` int32, ``valid[i]``, for output row ``i`` (row
     ``idx[i]`` with HAS_IDX). ``1 <= k_val < V``, ``k_val <= G <= BLOCK`` and ``4 k_val <= BLOCK``
     (the host checks); ``top_p`` scalar ``p_val`` or per row (P_T); ``scratch`` fp32, ``CAP`` per
@@ -192,7 +159,7 @@ def two_pass_topk_kernel(probs, out, valid, idx_ptr, p_ptr, k_val, p_val, seed_p
     # between the passes. The G group maxima of the lanes' largest values are G >= k distinct
     # tokens, so tau >= `low`, the smallest of them; the candidates at or above it (a few hundred
     # for G = 64) are compacted into CAP slots (through `scratch`), and tau, the top-k mass, the
-    # boundary b and its mass are searched among those, NPIV pivots a step
+    # boundary b and its mass are read from those, sorted
     low = tl.min(tl.max(tl.reshape(top0, [G, BLOCK // G]), axis=1), axis=0)
     low_o = tl.where(low > 0.0, _ord(low), 1)  # a group without positives: every positive
     n_lane = ((_ord(top0) >= low_o).to(tl.int32) + (_ord(top1) >= low_o).to(tl.int32)
@@ -210,31 +177,27 @@ def two_pass_topk_kernel(probs, out, valid, idx_ptr, p_ptr, k_val, p_val, seed_p
     cand = tl.load(scratch + i.to(tl.int64) * CAP + c_idx, mask=c_idx < tl.where(fits, n_c, 0),
                    other=float("-inf"))
     oc = _ord(cand)
-    lo = tl.full([], 1, tl.int64)  # ordered int of the smallest positive float: all positives
-    hi = tl.full([], 2139095040, tl.int64)  # ordered int of +inf: none
-    for _ in range(11):
-        piv = _spread(lo, hi, NPIV)
-        enough = _at_least_each(oc, piv) >= k
-        lo = tl.maximum(lo, tl.max(tl.where(enough, piv, lo), axis=0))
-        hi = tl.minimum(hi, tl.min(tl.where(enough, hi, piv), axis=0))
-    tau_o = lo  # fewer than k positive candidates: lo stays 1 (every positive token is in the top k)
+    # sorted (bitonic network over CAP slots, no loop over steps): tau is the k-th, or the
+    # smallest positive float when fewer than k candidates are positive
+    srt = tl.sort(cand, descending=True)
+    tau_o = tl.maximum(_ord(tl.max(tl.where(c_idx == k - 1, srt, float("-inf")), axis=0)), 1)
+    tau_o = tau_o.to(tl.int64)
     # the proof's count; -1 (never a row's count) when the candidates did not fit: exact path
     n_tau = tl.where(fits, tl.sum((oc >= tau_o).to(tl.int32), axis=0), -1)
     s_k = tl.sum(tl.where(oc >= tau_o, cand, 0.0), axis=0)
     b_o = tau_o
     if p_on:
         bound = top_p * tl.where(JOINT == 0, s_k, s_all)
-        # the smallest t >= tau whose mass strictly above falls below the bound: mass above t
-        # is the mass at or above t + 1 in the fp32 order
-        lo2 = tau_o - 1  # mass above lo2 >= bound (or lo2 below tau)
-        hi2 = tl.full([], 2139095040, tl.int64)
-        for _ in range(11):
-            piv = _spread(lo2, hi2, NPIV)
-            heavy = _mass_ge_each(cand, oc, piv + 1) >= bound
-            lo2 = tl.maximum(lo2, tl.max(tl.where(heavy, piv, lo2), axis=0))
-            hi2 = tl.minimum(hi2, tl.min(tl.where(heavy, hi2, piv), axis=0))
-        b_o = tl.minimum(tl.maximum(hi2, tau_o), _ord(rmax).to(tl.int64))  # the max is kept
+        # b: the smallest candidate >= tau whose mass strictly above is below the bound. The
+        # sorted order's exclusive prefix sum is that mass at the first of a run of ties and
+        # only grows along the run, so the last slot under the bound holds b
+        pos = tl.where(srt > 0.0, srt, 0.0)
+        under = (tl.cumsum(pos, axis=0) - pos < bound) & (_ord(srt) >= tau_o)
+        b = tl.min(tl.where(c_idx == tl.max(tl.where(under, c_idx, -1), axis=0), srt,
+                            float("inf")), axis=0)  # none under it (top_p = 0): the max only
+        b_o = tl.minimum(tl.maximum(_ord(b).to(tl.int64), tau_o), _ord(rmax).to(tl.int64))
     m_b = tl.sum(tl.where(oc >= b_o, cand, 0.0), axis=0)
+
     # pass 2: the draw and the proof that the candidates held every token >= tau
     seed, off_lo, off_hi = _rng_words(seed_ptr, off_ptr, seed_val, off_val, seed_stride,
                                       off_stride, i, SEED_T, OFF_T)

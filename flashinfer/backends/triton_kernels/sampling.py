@@ -18,6 +18,7 @@ import contextlib
 import torch
 
 from ...kernel_pack import seed_for_device
+from ...reasons import Reason
 from . import KERNELS
 
 #: (lanes per chunk quarter, warps): a chunk is 4 * Q elements (Q shrinks for small
@@ -40,9 +41,6 @@ PHILOX_ROUNDS = 7
 #: tokens of one block position read at a time by the two-pass sampler's draw (a 128k row in
 #: blocks of 2,048 gives 63 per position)
 TWO_PASS_COLUMN = 64
-#: pivots a step of the two-pass sampler's searches among its candidates (11 steps of one
-#: block-wide reduction each, instead of 31 binary ones)
-TWO_PASS_PIVOTS = 8
 #: the two-pass sampler's candidate groups for top-k <= 64: tau is at least the smallest of 64
 #: group maxima, and about 64 ln 64 = 266 candidates lie at or above it in a shuffled row
 TWO_PASS_GROUPS = 64
@@ -50,11 +48,12 @@ TWO_PASS_GROUPS = 64
 TWO_PASS_SLOTS_PER_GROUP = 16
 
 
-def two_pass_groups(k: int, block: int) -> tuple[int, int]:
+def two_pass_groups(k: int, block: int, vocab: int) -> tuple[int, int]:
     """``(G, CAP)`` of the two-pass sampler for top-k ``k`` and a block of ``block`` (``4 k <=
-    block``): ``k <= G <= block`` groups, ``CAP`` compacted candidate slots per row."""
+    block``, ``k < vocab``): ``k <= G <= block`` groups, ``CAP`` compacted candidate slots per row
+    (no more than the block's candidates or the row's tokens)."""
     g = min(max(TWO_PASS_GROUPS, _pow2(k)), block)
-    return g, min(TWO_PASS_SLOTS_PER_GROUP * g, 4 * block)
+    return g, min(TWO_PASS_SLOTS_PER_GROUP * g, 4 * block, _pow2(vocab))
 
 
 def _pow2(n: int) -> int:
@@ -158,7 +157,7 @@ def sampling_from_probs_two_pass(probs, out, valid, indices, top_k, top_p, min_p
     p_ptr, p_val, has_p, p_t = _threshold(top_p, out, float)
     s_ptr, s_val, s_stride, s_t = _rng(seed, out)
     o_ptr, o_val, o_stride, o_t = _rng(offset, out)
-    groups, cap = two_pass_groups(int(top_k), 4 * q)
+    groups, cap = two_pass_groups(int(top_k), 4 * q, vocab)
     scratch = torch.empty(n_out, cap, dtype=torch.float32, device=probs.device)
     with _device_of(probs):
         K2.two_pass_topk_kernel[(n_out,)](
@@ -166,9 +165,24 @@ def sampling_from_probs_two_pass(probs, out, valid, indices, top_k, top_p, min_p
             s_ptr, o_ptr, s_val, o_val, s_stride, o_stride, probs.shape[0], vocab,
             probs.stride(0), scratch, HAS_IDX=indices is not None, HAS_P=has_p, P_T=p_t,
             JOINT=int(bool(joint)), SEED_T=s_t, OFF_T=o_t, BLOCK=4 * q, G=groups, CAP=cap,
-            COL=TWO_PASS_COLUMN, NPIV=TWO_PASS_PIVOTS, PHILOX_ROUNDS=PHILOX_ROUNDS,
-            num_warps=warps,
+            COL=TWO_PASS_COLUMN, PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
         )
+
+
+@KERNELS.check("sampling_from_probs", "two_pass")
+def _two_pass_reasons(problem) -> list[Reason]:
+    """The two-pass sampler needs a scalar top-k of at most Q (and below the vocabulary); the
+    record's features rule out min-p and a per-row top-k."""
+    shape = dict(problem.shape)
+    if "top_k" not in problem.features:
+        return [Reason("feature", "no top_k", "top_k", "the two-pass sampler serves top-k only")]
+    k, vocab = shape.get("top_k"), shape["vocab_size"]
+    q = _launch_shape(vocab, 1)[0]
+    if k is not None and (k > q or k >= vocab):
+        return [Reason("shape.top_k", k, f"<= {q} and < vocab_size {vocab}",
+                       f"top_k {k} (bucketed) exceeds the {q} lanes of the two-pass sampler "
+                       f"(each holds four candidates) or the vocabulary")]
+    return []
 
 
 @KERNELS.kernel("sampling_from_logits", "default")
