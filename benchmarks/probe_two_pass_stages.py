@@ -1,6 +1,7 @@
-"""Where the two-pass sampler's time goes: the kernel cut after pass 1, after the searches
-between the passes, and whole, GPU time of a captured call at batch 1 and 256, vocabulary 128256,
-top-k 50 then top-p 0.9 (a diagnostic; cut copies are written to a temporary directory).
+"""Where the two-pass sampler's time goes: the kernel cut after pass 1, after the work between
+the passes (candidates compacted and sorted), and whole, GPU time of a captured call at batch 1
+and 256, vocabulary 128256, top-k 50 then top-p 0.9 (a diagnostic; cut copies are written to a
+temporary directory).
 
     python benchmarks/probe_two_pass_stages.py --out probe_two_pass_stages.json
 """
@@ -11,7 +12,6 @@ import argparse
 import datetime
 import importlib
 import inspect
-import itertools
 import json
 import os
 import subprocess
@@ -28,14 +28,8 @@ from flashinfer.backends.triton_kernels.sampling import two_pass_groups
 CUTS = {
     "pass1": ("    # between the passes",
               "    tl.store(out + i, (rmax + s_all).to(tl.int32))\n    tl.store(valid + i, ok)\n"),
-    "compacted": ("    lo = tl.full([], 1, tl.int64)  # ordered",
-                  "    tl.store(out + i, (rmax + tl.sum(cand, axis=0)).to(tl.int32))\n"
-                  "    tl.store(valid + i, ok)\n"),
-    "tau": ("    b_o = tau_o\n",
-            "    tl.store(out + i, (n_tau + s_k).to(tl.int32))\n    tl.store(valid + i, ok)\n"),
-    "searches": ("    # pass 2:",
-                 "    tl.store(out + i, (b_o + m_b.to(tl.int64)).to(tl.int32))\n"
-                 "    tl.store(valid + i, ok)\n"),
+    "between": ("    # pass 2:",
+                "    tl.store(out + i, (b_o + n_tau).to(tl.int32))\n    tl.store(valid + i, ok)\n"),
 }
 
 
@@ -72,8 +66,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default="256x8,512x16")
-    ap.add_argument("--pivots", default="8", help="NPIV of revisions before the sort (--against), e.g. '8,16'")
-    ap.add_argument("--against", default="", help="also time the kernel at this git revision (or in this file)")
+    ap.add_argument("--against", default="",
+                    help="also time the kernel at this git revision (or in this file; the same "
+                         "signature)")
     args = ap.parse_args()
     doc = {"command": "python " + " ".join(sys.argv),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -85,21 +80,19 @@ def main() -> None:
             probs = torch.softmax(torch.randn(batch, 128256, device="cuda", generator=g) * 4, -1)
             out = torch.empty(batch, dtype=torch.int32, device="cuda")
             valid = torch.empty(batch, dtype=torch.bool, device="cuda")
-            for shape, npiv in itertools.product(args.shapes.split(","),
-                                                 map(int, args.pivots.split(","))):
+            for shape in args.shapes.split(","):
                 q, warps = map(int, shape.split("x"))
                 groups, cap = two_pass_groups(50, 4 * q, probs.shape[1])
                 scratch = torch.empty(batch, cap, device="cuda")
-                row = {"batch": batch, "shape": shape, "npiv": npiv}
+                row = {"batch": batch, "shape": shape}
                 for name, m in mods.items():
                     def call(m=m):
-                        kernel = m.two_pass_topk_kernel
-                        extra = {"NPIV": npiv} if "NPIV" in kernel.arg_names else {}
-                        kernel[(batch,)](
-                            probs, out, valid, out, out, 50, 0.9, out, out, 7, 0, 0, 0, batch,
-                            probs.shape[1], probs.stride(0), scratch, HAS_IDX=False, HAS_P=True,
-                            P_T=False, JOINT=0, SEED_T=False, OFF_T=False, BLOCK=4 * q, G=groups,
-                            CAP=cap, COL=64, PHILOX_ROUNDS=7, num_warps=warps, **extra)
+                        m.two_pass_sample_kernel[(batch,)](
+                            probs, out, valid, out, out, out, 50, 0.9, 0.0, out, out, 7, 0, 0, 0,
+                            batch, probs.shape[1], probs.stride(0), scratch, MODE=2,
+                            HAS_IDX=False, HAS_P=True, P_T=False, MP_T=False, JOINT=0,
+                            SEED_T=False, OFF_T=False, BLOCK=4 * q, G=groups, CAP=cap, COL=64,
+                            PHILOX_ROUNDS=7, num_warps=warps)
                     row[name] = 1e3 * graph_ms([None], lambda a, b: call(), "", 20)
                 print({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()},
                       flush=True)

@@ -27,6 +27,7 @@ compiles).
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import json
@@ -69,11 +70,23 @@ def pack_name(triton_version: str, arch: int) -> str:
     return f"triton-{triton_version}-sm{arch}.tar.xz"
 
 
+def _code_of(source: bytes) -> bytes:
+    """A module's source without its module docstring, which no @triton.jit function's key
+    reads: editing the prose does not make a pack stale."""
+    tree = ast.parse(source)
+    first = tree.body[0] if tree.body else None
+    if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)):
+        lines = source.splitlines(keepends=True)
+        return b"".join(lines[:first.lineno - 1] + lines[first.end_lineno:])
+    return source
+
+
 def module_digest(module: str) -> str:
-    """sha256 of a kernel module's source (``_sampling_kernels`` -> its file), chained with the
-    digests of the kernel modules it imports @triton.jit helpers from (Triton's key covers them
-    too); a module that imports none: the hash of its file alone."""
-    source = (KERNEL_MODULE_DIR / f"{module}.py").read_bytes()
+    """sha256 of a kernel module's code (``_sampling_kernels`` -> its file, without the module
+    docstring), chained with the digests of the kernel modules it imports @triton.jit helpers
+    from (Triton's key covers them too)."""
+    source = _code_of((KERNEL_MODULE_DIR / f"{module}.py").read_bytes())
     used = sorted(set(re.findall(rb"^from \.(_\w+_kernels) import", source, re.MULTILINE)))
     digest = hashlib.sha256(source)
     for dep in used:

@@ -138,3 +138,13 @@ def test_a_module_digest_covers_the_kernel_modules_it_imports_helpers_from(tmp_p
     before = KP.module_digest("_user_kernels")
     (tmp_path / "_base_kernels.py").write_text("import triton  # changed\n")
     assert KP.module_digest("_user_kernels") != before
+
+
+def test_the_module_docstring_does_not_enter_the_digest():
+    from flashinfer.kernel_pack import _code_of
+
+    a = b'"""One prose."""\n\nimport triton\n\nX = 1\n'
+    b = b'"""Other prose,\nover two lines."""\n\nimport triton\n\nX = 1\n'
+    c = b'"""One prose."""\n\nimport triton\n\nX = 2\n'
+    assert _code_of(a) == _code_of(b) != _code_of(c)
+    assert _code_of(b"X = 1\n") == b"X = 1\n"  # no docstring: the source as is

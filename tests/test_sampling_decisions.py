@@ -72,13 +72,21 @@ def test_tensor_seeds_reject_the_torch_backend(op, sm):
     (["top_k", "top_k_per_row", "top_p"], None, "feature"),
     (["top_k", "min_p"], 64, "feature"),
     (["top_p"], None, "feature"),
-], ids=["large_top_k", "top_k_per_row", "min_p", "no_top_k"])
+], ids=["large_top_k", "top_k_per_row", "top_k_and_min_p", "top_p_alone"])
 def test_calls_the_two_pass_sampler_does_not_serve_take_the_general_kernel(sm, features, top_k,
                                                                           field):
     decision = select(_problem("sampling_from_probs", sm, features, top_k), assume_installed=True)
     two_pass = next(c for c in decision.candidates if c.variant == "two_pass")
     assert not two_pass.usable and [r.field for r in two_pass.reasons] == [field]
     assert decision.name == "triton"
+
+
+@pytest.mark.parametrize("sm", SMS[:-1])
+@pytest.mark.parametrize("features", [[], ["min_p"], ["min_p", "indices", "seed_tensor"]],
+                         ids=["plain", "min_p", "min_p_indices_seeds"])
+def test_plain_and_min_p_sampling_take_the_two_pass_sampler(sm, features):
+    decision = select(_problem("sampling_from_probs", sm, features, None), assume_installed=True)
+    assert decision.name == "triton:two_pass"
 
 
 def test_gpu_records_are_verified_only_where_they_ran():

@@ -1,9 +1,11 @@
-"""The two-pass top-k sampler (variant ``triton:two_pass`` of sampling_from_probs,
-``_sampling_two_pass_kernels.py``): support of every draw against the contract's float64 keep
-set, both orders of top-k and top-p, ties, invalid rows, index mapping, determinism, the exact
-full-pass path (forced with a narrow block) agreeing with the candidate path, and the calls the
-adapter hands to the general kernel. CPU: the interpreter, small shapes; the chi-square
-tests of the sampled distributions run in test_triton_sampling.py (``gpu``, both variants)."""
+"""The two-pass sampler (variant ``triton:two_pass`` of sampling_from_probs,
+``_sampling_two_pass_kernels.py``; plain sampling, min-p, a scalar top-k with or without top-p):
+support of every draw against the contract's float64 keep set, both orders of top-k and top-p,
+ties, invalid rows, index mapping, determinism, every draw equal to a float64 inverse CDF at the
+kernel's own uniforms (the exact full-pass path, forced with a narrow block or too few candidate
+slots, included), and the calls the adapter hands to the general kernel. CPU: the interpreter,
+small shapes; the chi-square tests of the sampled distributions run in test_triton_sampling.py
+(``gpu``, both variants)."""
 
 import pytest
 import torch
@@ -35,8 +37,11 @@ def draw(p, n_per_row, top_k, top_p=None, joint=False, seed=7, offset=0, min_p=N
 
 @pytest.mark.parametrize("rules", [dict(top_k=5), dict(top_k=5, top_p=0.6),
                                    dict(top_k=5, top_p=0.6, joint=True), dict(top_k=40, top_p=0.3),
-                                   dict(top_k=3, top_p=0.0), dict(top_k=7, top_p=1.0)],
-                         ids=["k", "k_first", "joint", "k40_p03", "p0", "p1"])
+                                   dict(top_k=3, top_p=0.0), dict(top_k=7, top_p=1.0),
+                                   dict(top_k=None), dict(top_k=None, min_p=0.3),
+                                   dict(top_k=None, min_p=0.0)],
+                         ids=["k", "k_first", "joint", "k40_p03", "p0", "p1", "plain", "min_p",
+                              "min_p0"])
 def test_every_draw_is_in_the_keep_set(rules):
     p = probs_rows(2, 300, seed=1)
     idx, out, valid = draw(p, 6, **rules)
@@ -54,14 +59,17 @@ def test_ties_at_the_top_k_boundary_are_all_kept():
     assert int(keep.sum()) == 4  # the contract keeps every tied value
 
 
-def test_rows_that_are_not_distributions_give_token_0_and_invalid():
-    p = probs_rows(4, 50, seed=3)
+@pytest.mark.parametrize("rules", [dict(top_k=4, top_p=0.8), dict(top_k=None),
+                                   dict(top_k=None, min_p=0.2)], ids=["top_k", "plain", "min_p"])
+def test_rows_that_are_not_distributions_give_token_0_and_invalid(rules):
+    p = probs_rows(5, 50, seed=3)
     p[1, 7] = float("nan")
     p[2, 3] = -0.1
     p[3] = 0.0
-    idx, out, valid = draw(p, 1, top_k=4, top_p=0.8)
-    assert valid.tolist() == [True, False, False, False]
-    assert out[1:].tolist() == [0, 0, 0]
+    p[4, 9] = float("inf")
+    idx, out, valid = draw(p, 1, **rules)
+    assert valid.tolist() == [True, False, False, False, False]
+    assert out[1:].tolist() == [0, 0, 0, 0]
 
 
 def test_index_mapping_and_an_out_of_range_index():
@@ -84,7 +92,7 @@ def test_deterministic_for_a_seed_and_offset_and_different_for_another():
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
-def _launch(p, top_k, top_p, joint, block, seed=9, cap=None):
+def _launch(p, top_k, top_p, joint, block, seed=9, cap=None, min_p=None):
     """The kernel itself with a chosen block (a narrow one forces the exact full-pass path) and
     compacted candidate slots (too few for the candidates force it too)."""
     from flashinfer.backends.triton_kernels import _sampling_two_pass_kernels as K2
@@ -94,14 +102,15 @@ def _launch(p, top_k, top_p, joint, block, seed=9, cap=None):
     out = torch.full((n,), -7, dtype=torch.int32, device=p.device)
     valid = torch.zeros(n, dtype=torch.bool, device=p.device)
     pv = 1.0 if top_p is None else top_p
-    groups, default_cap = two_pass_groups(top_k, block, p.shape[1])
+    mode = 2 if top_k is not None else (1 if min_p is not None else 0)
+    groups, default_cap = two_pass_groups(top_k or 1, block, p.shape[1])
     cap = cap or default_cap
     scratch = torch.full((n, cap), float("nan"), device=p.device)
-    K2.two_pass_topk_kernel[(n,)](p, out, valid, out, out, top_k, pv, out, out, seed, 0, 0, 0,
-                                  n, p.shape[1], p.stride(0), scratch, HAS_IDX=False,
-                                  HAS_P=top_p is not None, P_T=False, JOINT=int(joint),
-                                  SEED_T=False, OFF_T=False, BLOCK=block, G=groups, CAP=cap,
-                                  COL=4, PHILOX_ROUNDS=7)
+    K2.two_pass_sample_kernel[(n,)](p, out, valid, out, out, out, top_k or 1, pv, min_p or 0.0,
+                                    out, out, seed, 0, 0, 0, n, p.shape[1], p.stride(0), scratch,
+                                    MODE=mode, HAS_IDX=False, HAS_P=top_p is not None, P_T=False,
+                                    MP_T=False, JOINT=int(joint), SEED_T=False, OFF_T=False,
+                                    BLOCK=block, G=groups, CAP=cap, COL=4, PHILOX_ROUNDS=7)
     return out.long(), valid
 
 
@@ -115,12 +124,12 @@ def _uniform_kernel(out, seed):
     tl.store(out + i, uint_to_uniform_float(r0))
 
 
-def _expected(p, top_k, top_p, joint, block, seed):
+def _expected(p, top_k, top_p, joint, block, seed, min_p=None):
     """float64 inverse CDF over the keep set in position-major order, at the kernel's uniforms."""
     rows, vocab = p.shape
     u = torch.empty(rows, dtype=torch.float32, device=p.device)
     _uniform_kernel[(rows,)](u, seed)
-    w = p.cpu().double() * keep_set(p, top_k=top_k, top_p=top_p, joint=joint).cpu()
+    w = p.cpu().double() * keep_set(p, top_k=top_k, top_p=top_p, joint=joint, min_p=min_p).cpu()
     order = torch.tensor([t for j in range(block) for t in range(j, vocab, block)], device="cpu")
     cdf = w[:, order].cumsum(-1)
     target = u.cpu().double() * cdf[:, -1]
@@ -148,6 +157,22 @@ def test_draw_is_the_inverse_cdf_in_position_major_order(block, joint, cap):
     got, ok = _launch(p, 8, 0.5, joint, block=block, seed=9, cap=cap)
     assert ok.all()
     assert torch.equal(got.cpu(), _expected(p, 8, 0.5, joint, block, seed=9))
+
+
+@pytest.mark.parametrize("min_p", [None, 0.25], ids=["plain", "min_p"])
+@pytest.mark.parametrize("block", [64, 256])
+def test_plain_and_min_p_draws_are_the_inverse_cdf_in_position_major_order(min_p, block):
+    p = probs_rows(4, 300, seed=19)
+    got, ok = _launch(p, None, None, False, block=block, seed=12, min_p=min_p)
+    assert ok.all()
+    assert torch.equal(got.cpu(), _expected(p, None, None, False, block, seed=12, min_p=min_p))
+
+
+def test_min_p_per_row():
+    p = probs_rows(3, 200, seed=20)
+    mp = torch.tensor([0.0, 0.3, 0.9], device=p.device)
+    idx, out, valid = draw(p, 8, None, min_p=mp)
+    assert valid.all() and keep_set(p, min_p=mp)[idx, out].all()
 
 
 def test_calls_it_does_not_serve_go_to_the_general_kernel():

@@ -134,19 +134,31 @@ def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, 
         )
 
 
+def _two_pass_mode(top_k, top_p, min_p, q: int, vocab: int) -> int | None:
+    """The two-pass sampler's MODE for these thresholds (0 plain, 1 min-p, 2 a scalar top-k of at
+    most ``q`` with or without top-p), or None when it does not serve them."""
+    if top_k is None:
+        if top_p is not None:
+            return None
+        return 0 if min_p is None else 1
+    if isinstance(top_k, torch.Tensor) or min_p is not None:
+        return None
+    return 2 if 1 <= int(top_k) <= q and int(top_k) < vocab else None
+
+
 @KERNELS.kernel("sampling_from_probs", "two_pass")
 def sampling_from_probs_two_pass(probs, out, valid, indices, top_k, top_p, min_p, joint,
                                  deterministic, seed, offset) -> None:
-    """A scalar top-k with ``1 <= k <= Q`` (and any top-p, no min-p): two light passes per row
-    (``_sampling_two_pass_kernels``); anything else goes to the general kernel above."""
+    """Plain sampling (one pass per row), min-p, or a scalar top-k with ``1 <= k <= Q`` and any
+    top-p (two light passes per row; ``_sampling_two_pass_kernels``); anything else goes to the
+    general kernel above."""
     n_out = out.numel()
     if n_out == 0:
         return
     vocab = probs.shape[1]
     q, warps = _launch_shape(vocab, n_out)
-    small_k = (top_k is not None and not isinstance(top_k, torch.Tensor)
-               and 1 <= int(top_k) <= q and int(top_k) < vocab)
-    if not small_k or min_p is not None:
+    mode = _two_pass_mode(top_k, top_p, min_p, q, vocab)
+    if mode is None:
         sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, deterministic,
                             seed, offset)
         return
@@ -155,27 +167,38 @@ def sampling_from_probs_two_pass(probs, out, valid, indices, top_k, top_p, min_p
 
     probs = probs.contiguous()
     p_ptr, p_val, has_p, p_t = _threshold(top_p, out, float)
+    mp_ptr, mp_val, _, mp_t = _threshold(min_p, out, float)
     s_ptr, s_val, s_stride, s_t = _rng(seed, out)
     o_ptr, o_val, o_stride, o_t = _rng(offset, out)
-    groups, cap = two_pass_groups(int(top_k), 4 * q, vocab)
-    scratch = torch.empty(n_out, cap, dtype=torch.float32, device=probs.device)
+    k = int(top_k) if mode == 2 else 1
+    groups, cap = two_pass_groups(k, 4 * q, vocab) if mode == 2 else (16, 16)
+    scratch = torch.empty(n_out if mode == 2 else 1, cap, dtype=torch.float32,
+                          device=probs.device)
     with _device_of(probs):
-        K2.two_pass_topk_kernel[(n_out,)](
-            probs, out, valid, indices if indices is not None else out, p_ptr, int(top_k), p_val,
-            s_ptr, o_ptr, s_val, o_val, s_stride, o_stride, probs.shape[0], vocab,
-            probs.stride(0), scratch, HAS_IDX=indices is not None, HAS_P=has_p, P_T=p_t,
-            JOINT=int(bool(joint)), SEED_T=s_t, OFF_T=o_t, BLOCK=4 * q, G=groups, CAP=cap,
-            COL=TWO_PASS_COLUMN, PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
+        K2.two_pass_sample_kernel[(n_out,)](
+            probs, out, valid, indices if indices is not None else out, p_ptr, mp_ptr, k, p_val,
+            mp_val, s_ptr, o_ptr, s_val, o_val, s_stride, o_stride, probs.shape[0], vocab,
+            probs.stride(0), scratch, MODE=mode, HAS_IDX=indices is not None, HAS_P=has_p,
+            P_T=p_t, MP_T=mp_t, JOINT=int(bool(joint)), SEED_T=s_t, OFF_T=o_t, BLOCK=4 * q,
+            G=groups, CAP=cap, COL=TWO_PASS_COLUMN, PHILOX_ROUNDS=PHILOX_ROUNDS,
+            num_warps=warps,
         )
 
 
 @KERNELS.check("sampling_from_probs", "two_pass")
 def _two_pass_reasons(problem) -> list[Reason]:
-    """The two-pass sampler needs a scalar top-k of at most Q (and below the vocabulary); the
-    record's features rule out min-p and a per-row top-k."""
-    shape = dict(problem.shape)
-    if "top_k" not in problem.features:
-        return [Reason("feature", "no top_k", "top_k", "the two-pass sampler serves top-k only")]
+    """The two-pass sampler serves plain sampling, min-p alone, and a scalar top-k of at most Q
+    (below the vocabulary) with or without top-p; the record's features rule out a per-row
+    top-k."""
+    shape, feats = dict(problem.shape), problem.features
+    if "top_k" not in feats:
+        if "top_p" in feats:
+            return [Reason("feature", "top_p", "top_p only with a top_k",
+                           "the two-pass sampler serves top-p only after a top-k")]
+        return []
+    if "min_p" in feats:
+        return [Reason("feature", "min_p", "min_p only alone",
+                       "the two-pass sampler serves min-p only without top-k and top-p")]
     k, vocab = shape.get("top_k"), shape["vocab_size"]
     q = _launch_shape(vocab, 1)[0]
     if k is not None and (k > q or k >= vocab):
