@@ -174,6 +174,8 @@ def backends_for(impl: str, sort_cfg, batch: int, vocab: int, args, name: str = 
         names = list(OURS_BACKENDS)
         if sort_cfg is not None and name.endswith("_from_probs"):
             names.append("triton:two_pass")  # the two-pass top-k variant (op sampling_from_probs)
+        if name == "softmax":
+            names.append("triton:streaming")  # one exp per element, split rows at small batch
         if args.reference or (batch <= REFERENCE_MAX[0] and vocab <= REFERENCE_MAX[1]):
             names.append("reference")
     if sort_cfg is not None and "torch_sort_inline" not in names:

@@ -12,6 +12,6 @@ from .. import KernelTable
 KERNELS = KernelTable("triton")
 
 from . import activation, norm, rope  # noqa: E402,F401  (fill KERNELS)
-from . import batch_decode, page, sampling  # noqa: E402,F401
+from . import batch_decode, page, sampling, softmax  # noqa: E402,F401
 from . import gemm, gemm_grouped  # noqa: E402,F401
 from . import moe  # noqa: E402,F401

@@ -270,7 +270,7 @@ def softmax(logits, out, temperature) -> None:
     n_rows, vocab = logits.shape
     if n_rows == 0:
         return
-    dst = out if out.is_contiguous() else torch.empty_like(out)
+    dst = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
     t_t = isinstance(temperature, torch.Tensor)
     t_ptr = temperature if t_t else dst
     t_val = 1.0 if temperature is None or t_t else float(temperature)

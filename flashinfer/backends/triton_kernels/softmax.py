@@ -1,0 +1,65 @@
+"""Triton softmax, variant ``streaming`` (``_softmax_kernels.py``): one program per row for many
+rows, split rows (two launches over ``rows x chunks``) for few. The general kernel (variant
+``default``) lives in ``sampling.py``.
+
+Split when one program per row would occupy fewer than half the SMs: chunks of whole blocks,
+about ``2 x SMs / rows`` of them per row (a 128k row at batch 1 on 132 SMs: 126 chunks of 1,024).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import KERNELS
+from .batch_decode import sm_count
+from .sampling import _device_of, _pow2
+
+#: elements per loop step and warps of a program, one program per row
+ROW_BLOCK, ROW_WARPS = 4096, 8
+#: the same for a chunk of a split row
+CHUNK_BLOCK, CHUNK_WARPS = 1024, 4
+
+
+def split_chunks(rows: int, vocab: int, sms: int) -> int:
+    """Chunks per row: 1 (one program per row) unless ``rows`` programs would fill fewer than
+    half of ``sms``; then about ``2 sms / rows``, each at least one block."""
+    if 2 * rows >= sms:
+        return 1
+    return max(1, min(-(-2 * sms // rows), -(-vocab // CHUNK_BLOCK)))
+
+
+@KERNELS.kernel("softmax", "streaming")
+def softmax_streaming(logits, out, temperature, chunks: int | None = None) -> None:
+    """``chunks`` (tests, tuning): force the chunk count per row (1: one program per row)."""
+    from . import _softmax_kernels as K
+
+    logits = logits.contiguous()
+    n_rows, vocab = logits.shape
+    if n_rows == 0:
+        return
+    dst = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
+    t_t = isinstance(temperature, torch.Tensor)
+    t_ptr = temperature if t_t else dst
+    t_val = 1.0 if temperature is None or t_t else float(temperature)
+    if chunks is None:
+        chunks = split_chunks(n_rows, vocab, sm_count(logits.device))
+    with _device_of(logits):
+        if chunks <= 1:
+            block = max(16, min(ROW_BLOCK, _pow2(vocab)))
+            K.softmax_rows_kernel[(n_rows,)](
+                logits, dst, t_ptr, t_val, vocab, logits.stride(0), dst.stride(0), T_T=t_t,
+                BLOCK=block, num_warps=ROW_WARPS if block >= 2048 else 4)
+        else:
+            block = max(16, min(CHUNK_BLOCK, _pow2(-(-vocab // chunks))))
+            chunk = -(-vocab // (chunks * block)) * block  # whole blocks
+            n_chunks = -(-vocab // chunk)
+            part = torch.empty(n_rows, n_chunks, 2, dtype=torch.float32, device=logits.device)
+            grid = (n_rows, n_chunks)
+            K.softmax_chunk_stats_kernel[grid](
+                logits, part, t_ptr, t_val, vocab, logits.stride(0), chunk, n_chunks, T_T=t_t,
+                BLOCK=block, num_warps=CHUNK_WARPS)
+            K.softmax_chunk_write_kernel[grid](
+                logits, dst, part, t_ptr, t_val, vocab, logits.stride(0), dst.stride(0), chunk,
+                n_chunks, T_T=t_t, S=_pow2(n_chunks), BLOCK=block, num_warps=CHUNK_WARPS)
+    if dst is not out:
+        out.copy_(dst)
