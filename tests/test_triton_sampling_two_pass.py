@@ -43,8 +43,8 @@ def draw(p, n_per_row, top_k, top_p=None, joint=False, seed=7, offset=0, min_p=N
                          ids=["k", "k_first", "joint", "k40_p03", "p0", "p1", "plain", "min_p",
                               "min_p0"])
 def test_every_draw_is_in_the_keep_set(rules):
-    p = probs_rows(2, 300, seed=1)
-    idx, out, valid = draw(p, 6, **rules)
+    p = probs_rows(2, 250, seed=1)  # 250 tokens: 256 candidate slots to sort
+    idx, out, valid = draw(p, 4, **rules)
     assert valid.all()
     assert keep_set(p, **rules)[idx, out].all(), out.tolist()
 
@@ -86,9 +86,9 @@ def test_index_mapping_and_an_out_of_range_index():
 
 def test_deterministic_for_a_seed_and_offset_and_different_for_another():
     p = probs_rows(1, 200, seed=5, power=1.0)
-    a = draw(p, 12, top_k=20, seed=11)[1]
-    b = draw(p, 12, top_k=20, seed=11)[1]
-    c = draw(p, 12, top_k=20, seed=11, offset=1)[1]
+    a = draw(p, 6, top_k=20, seed=11)[1]
+    b = draw(p, 6, top_k=20, seed=11)[1]
+    c = draw(p, 6, top_k=20, seed=11, offset=1)[1]
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
