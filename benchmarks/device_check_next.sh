@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
-# Next session's device calls (no carry), two of them:
-#   bash benchmarks/device_check_next.sh a   GPU tests of the streaming softmax (triton:streaming,
-#                                            written without a GPU on 2026-11-30), the softmax grid
-#                                            with every backend, the probs functions' grid
-#   bash benchmarks/device_check_next.sh b   the rest of the grid with every backend (deliverable
-#                                            5 of issue 4: each function and backend)
-# Upstream's grid for the same points: sampling_*_grid_upstream_0.7.2_h200_2026-11-30_120[45]utc.json.
+# Next session's device calls (no carry), three of them:
+#   bash benchmarks/device_check_next.sh a   GPU tests of the two variants written without a GPU
+#                                            on 2026-11-30 (softmax triton:streaming, renorm_probs
+#                                            triton:two_pass) and their grids with every backend
+#   bash benchmarks/device_check_next.sh b   the probability-sampling functions' grid, every backend
+#   bash benchmarks/device_check_next.sh c   the rest of the grid, every backend
+# (b and c: deliverable 5 of issue 4, each function and backend.) Upstream's grid for the same
+# points: benchmarks/results/sampling_*_grid_upstream_0.7.2_h200_2026-11-30_120[45]utc.json.
 source benchmarks/device_env.sh
-if [ "${1:-a}" = a ]; then
+case "${1:-a}" in
+a)
   echo "== gpu tests"
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_triton_softmax_streaming.py \
-    tests/test_sampling_gpu.py > "$OUT/gpu_tests_softmax.log" 2>&1
-  echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)| passed| failed" "$OUT/gpu_tests_softmax.log" | cut -c1-200 | tail -8
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_triton_softmax_streaming.py \
+    tests/test_triton_renorm_two_pass.py tests/test_sampling_gpu.py > "$OUT/gpu_tests.log" 2>&1
+  echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)| passed| failed" "$OUT/gpu_tests.log" | cut -c1-200 | tail -8
   cd benchmarks
-  echo "== softmax"; timeout 120 python3 sampling.py --only softmax --budget-s 100 \
-    --out $OUT/sampling_softmax_grid.json 2>&1 | grep -v "^\[" | tail -20
-  echo "== probs"; timeout 280 python3 sampling.py --only _from_probs --budget-s 250 \
-    --out $OUT/sampling_probs_grid_all_backends.json 2>&1 | grep -v "^\[" | tail -5
-else
-  cd benchmarks
-  echo "== rest"; timeout 560 python3 sampling.py --skip _from_probs --budget-s 520 \
-    --out $OUT/sampling_rest_grid_all_backends.json 2>&1 | grep -v "^\[" | tail -5
-fi
+  for f in softmax top_k_renorm; do
+    echo "== $f"; timeout 150 python3 sampling.py --only $f --budget-s 130 \
+      --out $OUT/sampling_${f}_grid.json 2>&1 | grep -v "^\[" | tail -20
+  done ;;
+b)
+  cd benchmarks && timeout 560 python3 sampling.py --only _from_probs --budget-s 520 \
+    --out $OUT/sampling_probs_grid_all_backends.json 2>&1 | grep -v "^\[" | tail -5 ;;
+c)
+  cd benchmarks && timeout 560 python3 sampling.py --skip _from_probs --budget-s 520 \
+    --out $OUT/sampling_rest_grid_all_backends.json 2>&1 | grep -v "^\[" | tail -5 ;;
+esac

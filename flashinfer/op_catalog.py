@@ -95,7 +95,8 @@ class OpSpec:
 
 
 _SAMPLING_SHAPE = ("batch_size", "vocab_size")  # both bucketed to powers of two
-# sampling_from_probs also has a scalar top_k's power-of-two bucket (absent for none or per row)
+# sampling_from_probs and renorm_probs also have a scalar top_k's power-of-two bucket (absent for
+# none or per row)
 _SAMPLING_PROBS_SHAPE = _SAMPLING_SHAPE + ("top_k",)
 _ATTN_SHAPE = ("head_dim_qk", "head_dim_vo", "num_qo_heads", "num_kv_heads", "qo_len", "kv_len")
 # batch_size, max_qo_len, max_kv_len and total_qo_len are bucketed to powers of two
@@ -132,7 +133,8 @@ OPS: dict[str, OpSpec] = {
                (), "draw one token per row from probabilities, optionally top-k/top-p/min-p"),
         OpSpec("sampling_from_logits", "sampling", ("logits",), _SAMPLING_SHAPE,
                ("indices", "seed_tensor"), (), "draw one token per row from softmax(logits)"),
-        OpSpec("renorm_probs", "sampling", ("probs",), _SAMPLING_SHAPE, ("top_k", "top_p"), (),
+        OpSpec("renorm_probs", "sampling", ("probs",), _SAMPLING_PROBS_SHAPE,
+               ("top_k", "top_k_per_row", "top_p"), (),
                "zero the probabilities outside top-k / top-p and renormalise"),
         OpSpec("top_k_mask_logits", "sampling", ("logits",), _SAMPLING_SHAPE, (), (),
                "set logits outside the top-k to -inf"),

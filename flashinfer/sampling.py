@@ -178,9 +178,13 @@ def _renorm_op(probs: torch.Tensor, top_k_arr: Optional[torch.Tensor], top_k_val
         return out
     top_k = top_k_arr if top_k_arr is not None else top_k_val
     top_p = top_p_arr if top_p_arr is not None else top_p_val
+    shape, features = _shape(*probs.shape), ["top_k"] if top_k is not None else ["top_p"]
+    if top_k_arr is not None:
+        features.append("top_k_per_row")
+    elif top_k_val is not None:
+        shape["top_k"] = dispatch.length_bucket(top_k_val)
     problem = Problem.make("renorm_probs", probs.device, dtypes={"probs": probs.dtype},
-                           shape=_shape(*probs.shape),
-                           features=["top_k"] if top_k is not None else ["top_p"])
+                           shape=shape, features=features)
     dispatch.decide(problem, backend).kernel(probs, out, top_k, top_p)
     return out
 

@@ -185,12 +185,25 @@ def sampling_from_probs_two_pass(probs, out, valid, indices, top_k, top_p, min_p
         )
 
 
+def _small_top_k_reasons(problem) -> list[Reason]:
+    """Why a scalar top-k (shape fact ``top_k``, bucketed) is too large for the candidates of
+    the two-pass kernels: above the lanes Q, or not below the vocabulary."""
+    shape = dict(problem.shape)
+    k, vocab = shape.get("top_k"), shape["vocab_size"]
+    q = _launch_shape(vocab, 1)[0]
+    if k is not None and (k > q or k >= vocab):
+        return [Reason("shape.top_k", k, f"<= {q} and < vocab_size {vocab}",
+                       f"top_k {k} (bucketed) exceeds the {q} lanes of the two-pass kernels "
+                       f"(each holds four candidates) or the vocabulary")]
+    return []
+
+
 @KERNELS.check("sampling_from_probs", "two_pass")
 def _two_pass_reasons(problem) -> list[Reason]:
     """The two-pass sampler serves plain sampling, min-p alone, and a scalar top-k of at most Q
     (below the vocabulary) with or without top-p; the record's features rule out a per-row
     top-k."""
-    shape, feats = dict(problem.shape), problem.features
+    feats = problem.features
     if "top_k" not in feats:
         if "top_p" in feats:
             return [Reason("feature", "top_p", "top_p only with a top_k",
@@ -199,13 +212,7 @@ def _two_pass_reasons(problem) -> list[Reason]:
     if "min_p" in feats:
         return [Reason("feature", "min_p", "min_p only alone",
                        "the two-pass sampler serves min-p only without top-k and top-p")]
-    k, vocab = shape.get("top_k"), shape["vocab_size"]
-    q = _launch_shape(vocab, 1)[0]
-    if k is not None and (k > q or k >= vocab):
-        return [Reason("shape.top_k", k, f"<= {q} and < vocab_size {vocab}",
-                       f"top_k {k} (bucketed) exceeds the {q} lanes of the two-pass sampler "
-                       f"(each holds four candidates) or the vocabulary")]
-    return []
+    return _small_top_k_reasons(problem)
 
 
 @KERNELS.kernel("sampling_from_logits", "default")
@@ -255,6 +262,39 @@ def _threshold_launch(src, out, top_k, top_p, is_logits: bool) -> None:
 @KERNELS.kernel("renorm_probs", "default")
 def renorm_probs(probs, out, top_k, top_p) -> None:
     _threshold_launch(probs, out, top_k, None if top_k is not None else top_p, False)
+
+
+@KERNELS.kernel("renorm_probs", "two_pass")
+def renorm_probs_two_pass(probs, out, top_k, top_p) -> None:
+    """A scalar top-k with ``1 <= k <= Q`` (below the vocabulary): the two-pass sampler's
+    candidates, three reads and a write of each row (``_renorm_two_pass_kernels``); anything
+    else goes to the general threshold kernel."""
+    n_rows, vocab = probs.shape
+    if n_rows == 0:
+        return
+    q, warps = _launch_shape(vocab, n_rows)
+    if top_p is not None or _two_pass_mode(top_k, None, None, q, vocab) != 2:
+        renorm_probs(probs, out, top_k, top_p)
+        return
+    _kernels(probs)  # seeds Triton's cache (the helpers live in the sampling kernels' modules)
+    from . import _renorm_two_pass_kernels as KR
+
+    probs = probs.contiguous()
+    dst = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
+    groups, cap = two_pass_groups(int(top_k), 4 * q, vocab)
+    scratch = torch.empty(n_rows, cap, dtype=torch.float32, device=probs.device)
+    with _device_of(probs):
+        KR.top_k_renorm_kernel[(n_rows,)](
+            probs, dst, scratch, int(top_k), vocab, probs.stride(0), dst.stride(0),
+            BLOCK=4 * q, G=groups, CAP=cap, num_warps=warps)
+    if dst is not out:
+        out.copy_(dst)
+
+
+@KERNELS.check("renorm_probs", "two_pass")
+def _renorm_two_pass_reasons(problem) -> list[Reason]:
+    """A scalar top-k of at most Q; the record's features rule out top-p and a per-row top-k."""
+    return _small_top_k_reasons(problem)
 
 
 @KERNELS.kernel("top_k_mask_logits", "default")
