@@ -176,6 +176,8 @@ def backends_for(impl: str, sort_cfg, batch: int, vocab: int, args, name: str = 
             names.append("triton:two_pass")  # the two-pass top-k variant (op sampling_from_probs)
         if name == "top_k_renorm_probs":
             names.append("triton:two_pass")  # tau from the two-pass sampler's candidates
+        if name == "sampling_from_logits":
+            names.append("triton:one_pass")  # one read, one exponential per element
         if name == "softmax":
             names.append("triton:streaming")  # one exp per element, split rows at small batch
         if args.reference or (batch <= REFERENCE_MAX[0] and vocab <= REFERENCE_MAX[1]):

@@ -237,6 +237,28 @@ def sampling_from_logits(logits, out, indices, deterministic, seed, offset) -> N
         )
 
 
+@KERNELS.kernel("sampling_from_logits", "one_pass")
+def sampling_from_logits_one_pass(logits, out, indices, deterministic, seed, offset) -> None:
+    """One read of each row, one exponential per element (``_logits_draw_kernels``)."""
+    n_out = out.numel()
+    if n_out == 0:
+        return
+    _kernels(logits)  # seeds Triton's cache (the helpers live in the sampling kernels' modules)
+    from . import _logits_draw_kernels as KL
+
+    logits = logits.contiguous()
+    n_rows, vocab = logits.shape
+    s_ptr, s_val, s_stride, s_t = _rng(seed, out)
+    o_ptr, o_val, o_stride, o_t = _rng(offset, out)
+    q, warps = _launch_shape(vocab, n_out)
+    with _device_of(logits):
+        KL.logits_draw_kernel[(n_out,)](
+            logits, out, indices if indices is not None else out, s_ptr, o_ptr, s_val, o_val,
+            s_stride, o_stride, n_rows, vocab, logits.stride(0), HAS_IDX=indices is not None,
+            SEED_T=s_t, OFF_T=o_t, BLOCK=4 * q, COL=TWO_PASS_COLUMN,
+            PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps)
+
+
 def _threshold_launch(src, out, top_k, top_p, is_logits: bool) -> None:
     K = _kernels(src)
 

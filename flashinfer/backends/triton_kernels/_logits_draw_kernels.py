@@ -1,0 +1,89 @@
+"""@triton.jit kernel of sampling from logits in one pass (variant ``one_pass`` of
+sampling_from_logits).
+
+The general kernel (``_sampling_kernels.logits_sample_kernel``) draws by Gumbel-max: a Philox
+word and two logarithms per element. This one reads the row once and needs one exponential per
+element: each block position keeps a running maximum and the sum of ``exp(x - max)`` over its
+tokens (``_softmax_kernels._online``); rescaled to the row's maximum those sums are the
+positions' probability masses. One uniform ``u`` then picks, by the inverse CDF in
+*position-major* order (position 0's tokens ``0, BLOCK, 2 BLOCK, ...``, then position 1's, ...),
+the position from a cumulative sum over the block and the token within its column (``COL`` at a
+time, re-read, exponentials recomputed). Any fixed order gives the same distribution.
+
+A row holding a NaN or +inf, or only ``-inf``, gives token 0 (the reference's contract). When
+rounding keeps a column's running sum below the target, the column's last token with weight is
+drawn.
+
+RNG: Philox4x32 keyed on the seed, counter ``(0, output row, 0xFFFF | offset_hi << 16,
+offset_lo)``: one uniform per output row.
+"""
+
+import triton
+import triton.language as tl
+from triton.language.random import philox, uint_to_uniform_float
+
+from ._sampling_kernels import _rng_words
+from ._softmax_kernels import _online
+
+
+@triton.jit(do_not_specialize=["seed_val", "off_val", "R"])
+def logits_draw_kernel(logits, out, idx_ptr, seed_ptr, off_ptr, seed_val, off_val, seed_stride,
+                       off_stride, R, V, stride_row, HAS_IDX: tl.constexpr, SEED_T: tl.constexpr,
+                       OFF_T: tl.constexpr, BLOCK: tl.constexpr, COL: tl.constexpr,
+                       PHILOX_ROUNDS: tl.constexpr):
+    """``logits [R, V]`` (fp32/fp16/bf16) -> ``out[i]`` (int32 / int64) for output row ``i``
+    (row ``idx[i]`` with HAS_IDX; an index outside ``[0, R)`` gives 0)."""
+    i = tl.program_id(0)
+    if HAS_IDX:
+        row = tl.load(idx_ptr + i).to(tl.int64)
+    else:
+        row = i.to(tl.int64)
+    row_ok = (row >= 0) & (row < R)
+    row_ptr = logits + tl.where(row_ok, row, 0) * stride_row
+
+    # the pass: per position the running maximum and sum of exp(x - max), and the bad flag
+    lane = tl.arange(0, BLOCK)
+    mx = tl.full([BLOCK], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK], tl.float32)
+    bad = tl.zeros([BLOCK], tl.int32)
+    nxt = tl.load(row_ptr + lane, mask=lane < V, other=float("-inf"))
+    for start in range(0, V, BLOCK):
+        x = nxt.to(tl.float32)
+        nxt = tl.load(row_ptr + start + BLOCK + lane, mask=start + BLOCK + lane < V,
+                      other=float("-inf"))
+        bad |= ((x != x) | (x == float("inf"))).to(tl.int32)
+        mx, s = _online(mx, s, x)
+    top = tl.max(mx, axis=0)
+    ok = row_ok & (tl.max(bad, axis=0) == 0) & (top > float("-inf"))
+    acc = tl.where(mx > float("-inf"), s * tl.exp(mx - top), 0.0)
+
+    # the draw: the crossing position, then the token in its column
+    seed, off_lo, off_hi = _rng_words(seed_ptr, off_ptr, seed_val, off_val, seed_stride,
+                                      off_stride, i, SEED_T, OFF_T)
+    zero = tl.zeros([], tl.uint32)
+    r0, _r1, _r2, _r3 = philox(seed, zero, i.to(tl.uint32), 0xFFFF | (off_hi << 16), off_lo,
+                               PHILOX_ROUNDS)
+    target = uint_to_uniform_float(r0) * tl.sum(acc, axis=0)
+    ends = tl.cumsum(acc, axis=0)
+    first = tl.min(tl.where((ends > target) & (acc > 0.0), lane, BLOCK), axis=0)
+    found = first < BLOCK
+    pos = tl.where(found, first, tl.max(tl.where(acc > 0.0, lane, -1), axis=0))
+    rest = tl.where(found, target - tl.sum(tl.where(lane < pos, acc, 0.0), axis=0),
+                    float("inf"))
+    col = tl.arange(0, COL)
+    n_col = tl.where(ok & (pos >= 0), (V - pos + BLOCK - 1) // BLOCK, 0)
+    run = tl.zeros([], tl.float32)
+    pick = tl.full([], -1, tl.int32)
+    last = tl.full([], -1, tl.int32)
+    for s0 in range(0, n_col, COL):
+        j = s0 + col
+        offs = pos + j * BLOCK
+        xc = tl.load(row_ptr + offs, mask=j < n_col, other=float("-inf")).to(tl.float32)
+        w = tl.exp(xc - top)
+        hit = (run + tl.cumsum(w, axis=0) > rest) & (w > 0.0)
+        first_hit = tl.min(tl.where(hit, offs, 2147483647), axis=0)
+        pick = tl.where((pick < 0) & (first_hit < 2147483647), first_hit, pick)
+        last = tl.maximum(last, tl.max(tl.where(w > 0.0, offs, -1), axis=0))
+        run += tl.sum(w, axis=0)
+    res = tl.where(pick >= 0, pick, last)
+    tl.store(out + i, tl.where(ok, tl.maximum(res, 0), 0).to(out.dtype.element_ty))
