@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Next session's device calls (no carry), three of them:
-#   bash benchmarks/device_check_next.sh a   GPU tests of the three variants written without a
+#   bash benchmarks/device_check_next.sh a   GPU tests of the four variants written without a
 #                                            GPU on 2026-11-30 (softmax triton:streaming,
 #                                            renorm_probs triton:two_pass, sampling_from_logits
-#                                            triton:one_pass) and their grids with every backend
+#                                            triton:one_pass, sampling_from_probs triton:nucleus
+#                                            for top-p alone) and their grids with every backend
 #   bash benchmarks/device_check_next.sh b   the probability-sampling functions' grid, every backend
 #   bash benchmarks/device_check_next.sh c   the rest of the grid, every backend
 # (b and c: deliverable 5 of issue 4, each function and backend.) Upstream's grid for the same
@@ -13,12 +14,12 @@ case "${1:-a}" in
 a)
   echo "== gpu tests"
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_triton_softmax_streaming.py \
-    tests/test_triton_renorm_two_pass.py tests/test_triton_logits_one_pass.py \
+    tests/test_triton_renorm_two_pass.py tests/test_triton_logits_one_pass.py tests/test_triton_nucleus.py \
     tests/test_sampling_gpu.py > "$OUT/gpu_tests.log" 2>&1
   echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)| passed| failed" "$OUT/gpu_tests.log" | cut -c1-200 | tail -8
   cd benchmarks
-  for f in softmax top_k_renorm sampling_from_logits; do
-    echo "== $f"; timeout 110 python3 sampling.py --only $f --budget-s 90 \
+  for f in softmax top_k_renorm sampling_from_logits top_p_sampling; do
+    echo "== $f"; timeout 90 python3 sampling.py --only $f --budget-s 70 \
       --out $OUT/sampling_${f}_grid.json 2>&1 | grep -v "^\[" | tail -20
   done ;;
 b)

@@ -174,6 +174,8 @@ def backends_for(impl: str, sort_cfg, batch: int, vocab: int, args, name: str = 
         names = list(OURS_BACKENDS)
         if sort_cfg is not None and name.endswith("_from_probs"):
             names.append("triton:two_pass")  # the two-pass top-k variant (op sampling_from_probs)
+        if name == "top_p_sampling_from_probs":
+            names.append("triton:nucleus")  # top-p alone by lean rejection rounds
         if name == "top_k_renorm_probs":
             names.append("triton:two_pass")  # tau from the two-pass sampler's candidates
         if name == "sampling_from_logits":

@@ -8,7 +8,8 @@ tokens (``_softmax_kernels._online``); rescaled to the row's maximum those sums 
 positions' probability masses. One uniform ``u`` then picks, by the inverse CDF in
 *position-major* order (position 0's tokens ``0, BLOCK, 2 BLOCK, ...``, then position 1's, ...),
 the position from a cumulative sum over the block and the token within its column (``COL`` at a
-time, re-read, exponentials recomputed). Any fixed order gives the same distribution.
+time, re-read, exponentials recomputed: ``_nucleus_kernels.pick_in_position_major_order``). Any
+fixed order gives the same distribution.
 
 A row holding a NaN or +inf, or only ``-inf``, gives token 0 (the reference's contract). When
 rounding keeps a column's running sum below the target, the column's last token with weight is
@@ -22,6 +23,7 @@ import triton
 import triton.language as tl
 from triton.language.random import philox, uint_to_uniform_float
 
+from ._nucleus_kernels import pick_in_position_major_order
 from ._sampling_kernels import _rng_words
 from ._softmax_kernels import _online
 
@@ -64,26 +66,5 @@ def logits_draw_kernel(logits, out, idx_ptr, seed_ptr, off_ptr, seed_val, off_va
     r0, _r1, _r2, _r3 = philox(seed, zero, i.to(tl.uint32), 0xFFFF | (off_hi << 16), off_lo,
                                PHILOX_ROUNDS)
     target = uint_to_uniform_float(r0) * tl.sum(acc, axis=0)
-    ends = tl.cumsum(acc, axis=0)
-    first = tl.min(tl.where((ends > target) & (acc > 0.0), lane, BLOCK), axis=0)
-    found = first < BLOCK
-    pos = tl.where(found, first, tl.max(tl.where(acc > 0.0, lane, -1), axis=0))
-    rest = tl.where(found, target - tl.sum(tl.where(lane < pos, acc, 0.0), axis=0),
-                    float("inf"))
-    col = tl.arange(0, COL)
-    n_col = tl.where(ok & (pos >= 0), (V - pos + BLOCK - 1) // BLOCK, 0)
-    run = tl.zeros([], tl.float32)
-    pick = tl.full([], -1, tl.int32)
-    last = tl.full([], -1, tl.int32)
-    for s0 in range(0, n_col, COL):
-        j = s0 + col
-        offs = pos + j * BLOCK
-        xc = tl.load(row_ptr + offs, mask=j < n_col, other=float("-inf")).to(tl.float32)
-        w = tl.exp(xc - top)
-        hit = (run + tl.cumsum(w, axis=0) > rest) & (w > 0.0)
-        first_hit = tl.min(tl.where(hit, offs, 2147483647), axis=0)
-        pick = tl.where((pick < 0) & (first_hit < 2147483647), first_hit, pick)
-        last = tl.maximum(last, tl.max(tl.where(w > 0.0, offs, -1), axis=0))
-        run += tl.sum(w, axis=0)
-    res = tl.where(pick >= 0, pick, last)
+    res = pick_in_position_major_order(row_ptr, V, acc, target, 0.0, top, BLOCK, COL, True)
     tl.store(out + i, tl.where(ok, tl.maximum(res, 0), 0).to(out.dtype.element_ty))

@@ -48,6 +48,10 @@ TWO_PASS_GROUPS = 64
 TWO_PASS_SLOTS_PER_GROUP = 16
 
 
+#: rounds of the nucleus sampler (its bracket halves each rejected round: at most ~34 needed)
+NUCLEUS_MAX_ROUNDS = 40
+
+
 def two_pass_groups(k: int, block: int, vocab: int) -> tuple[int, int]:
     """``(G, CAP)`` of the two-pass sampler for top-k ``k`` and a block of ``block`` (``4 k <=
     block``, ``k < vocab``): ``k <= G <= block`` groups, ``CAP`` compacted candidate slots per row
@@ -183,6 +187,44 @@ def sampling_from_probs_two_pass(probs, out, valid, indices, top_k, top_p, min_p
             G=groups, CAP=cap, COL=TWO_PASS_COLUMN, PHILOX_ROUNDS=PHILOX_ROUNDS,
             num_warps=warps,
         )
+
+
+@KERNELS.kernel("sampling_from_probs", "nucleus")
+def sampling_from_probs_nucleus(probs, out, valid, indices, top_k, top_p, min_p, joint,
+                                deterministic, seed, offset) -> None:
+    """Top-p alone (scalar or per row): rejection rounds of one lean pass each
+    (``_nucleus_kernels``); anything else goes to the general kernel above."""
+    n_out = out.numel()
+    if n_out == 0:
+        return
+    if top_p is None or top_k is not None or min_p is not None:
+        sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, deterministic,
+                            seed, offset)
+        return
+    _kernels(probs)  # seeds Triton's cache (the helpers live in the sampling kernels' modules)
+    from . import _nucleus_kernels as KN
+
+    probs = probs.contiguous()
+    vocab = probs.shape[1]
+    q, warps = _launch_shape(vocab, n_out)
+    p_ptr, p_val, _, p_t = _threshold(top_p, out, float)
+    s_ptr, s_val, s_stride, s_t = _rng(seed, out)
+    o_ptr, o_val, o_stride, o_t = _rng(offset, out)
+    with _device_of(probs):
+        KN.nucleus_sample_kernel[(n_out,)](
+            probs, out, valid, indices if indices is not None else out, p_ptr, p_val, s_ptr,
+            o_ptr, s_val, o_val, s_stride, o_stride, probs.shape[0], vocab, probs.stride(0),
+            HAS_IDX=indices is not None, P_T=p_t, SEED_T=s_t, OFF_T=o_t, BLOCK=4 * q,
+            COL=TWO_PASS_COLUMN, MAX_ROUNDS=NUCLEUS_MAX_ROUNDS, PHILOX_ROUNDS=PHILOX_ROUNDS,
+            num_warps=warps)
+
+
+@KERNELS.check("sampling_from_probs", "nucleus")
+def _nucleus_reasons(problem) -> list[Reason]:
+    """Top-p alone; the record's features rule out top-k and min-p."""
+    if "top_p" not in problem.features:
+        return [Reason("feature", "no top_p", "top_p", "the nucleus sampler serves top-p only")]
+    return []
 
 
 def _small_top_k_reasons(problem) -> list[Reason]:
