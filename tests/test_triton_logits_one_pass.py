@@ -11,10 +11,9 @@ from test_triton_sampling import chi_square_p_value
 
 triton = pytest.importorskip("triton")
 
-import triton.language as tl  # noqa: E402
-from triton.language.random import philox, uint_to_uniform_float  # noqa: E402
-
 from flashinfer.backends import adapter_table  # noqa: E402
+from test_triton_sampling_two_pass import _uniform_kernel  # noqa: E402  (the same counter)
+from test_triton_softmax_streaming import logits  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("kernel_device"),
               # the interpreter's numpy evaluates exp(-inf - -inf) before the kernel masks it
@@ -23,12 +22,6 @@ pytestmark = [pytest.mark.usefixtures("kernel_device"),
 
 def one_pass():
     return adapter_table("triton").kernels[("sampling_from_logits", "one_pass")]
-
-
-def logits(rows, vocab, seed, dtype=torch.float32):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    x = torch.randn(rows, vocab, generator=g, device="cpu") * 3
-    return x.to(dtype).to(torch.get_default_device())
 
 
 def _launch(x, block, seed=9, indices=None, out_dtype=torch.int32):
@@ -41,16 +34,6 @@ def _launch(x, block, seed=9, indices=None, out_dtype=torch.int32):
                                 HAS_IDX=indices is not None, SEED_T=False, OFF_T=False,
                                 BLOCK=block, COL=4, PHILOX_ROUNDS=7)
     return out.long()
-
-
-@triton.jit
-def _uniform_kernel(out, seed):
-    """The kernel's uniform for output row i (offset 0): the same Philox counter."""
-    i = tl.program_id(0)
-    zero = tl.zeros([], tl.uint32)
-    r0, _r1, _r2, _r3 = philox(tl.zeros([], tl.int64) + seed, zero, i.to(tl.uint32),
-                               zero + 0xFFFF, zero, 7)
-    tl.store(out + i, uint_to_uniform_float(r0))
 
 
 def _expected(x, block, seed):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_triton_sampling import chi_square_p_value, keep_set, probs_rows
+from test_triton_sampling import chi_square_p_value, keep_set, probs_rows, with_bad_rows
 
 triton = pytest.importorskip("triton")
 
@@ -118,11 +118,7 @@ def test_per_row_top_p_and_ties():
 
 
 def test_rows_that_are_not_distributions_give_token_0_and_invalid():
-    p = probs_rows(5, 50, seed=5)
-    p[1, 7] = float("nan")
-    p[2, 3] = -0.1
-    p[3] = 0.0
-    p[4, 9] = float("inf")
+    p = with_bad_rows(probs_rows(5, 50, seed=5))
     idx, out, valid = draw(p, 1, 0.7)
     assert valid.tolist() == [True, False, False, False, False]
     assert out[1:].tolist() == [0, 0, 0, 0]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import poison, rel_error
-from test_triton_sampling import keep_set, probs_rows
+from test_triton_sampling import keep_set, probs_rows, with_bad_rows
 
 triton = pytest.importorskip("triton")
 
@@ -53,11 +53,7 @@ def test_ties_at_the_boundary_are_all_kept():
 
 
 def test_rows_that_are_not_distributions_give_zeros():
-    p = probs_rows(5, 50, seed=3)
-    p[1, 7] = float("nan")
-    p[2, 3] = -0.1
-    p[3] = 0.0
-    p[4, 9] = float("inf")
+    p = with_bad_rows(probs_rows(5, 50, seed=3))
     out = poison(torch.empty_like(p))
     renorm()(p, out, 4, None)
     assert (out[1:] == 0).all()

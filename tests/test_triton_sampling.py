@@ -30,6 +30,16 @@ def probs_rows(rows, vocab, seed, power=3.0):
     return (p / p.sum(-1, keepdim=True)).float().to(torch.get_default_device())
 
 
+def with_bad_rows(p):
+    """``p [5, V]`` with rows 1-4 made not distributions: a NaN, a negative value, all zeros,
+    +inf (row 0 stays valid)."""
+    p[1, 7] = float("nan")
+    p[2, 3] = -0.1
+    p[3] = 0.0
+    p[4, 9] = float("inf")
+    return p
+
+
 def as_rows(value, rows):
     if value is None or isinstance(value, torch.Tensor):
         return value

@@ -10,7 +10,7 @@ small shapes; the chi-square tests of the sampled distributions run in test_trit
 import pytest
 import torch
 
-from test_triton_sampling import keep_set, probs_rows
+from test_triton_sampling import keep_set, probs_rows, with_bad_rows
 
 triton = pytest.importorskip("triton")
 
@@ -62,11 +62,7 @@ def test_ties_at_the_top_k_boundary_are_all_kept():
 @pytest.mark.parametrize("rules", [dict(top_k=4, top_p=0.8), dict(top_k=None),
                                    dict(top_k=None, min_p=0.2)], ids=["top_k", "plain", "min_p"])
 def test_rows_that_are_not_distributions_give_token_0_and_invalid(rules):
-    p = probs_rows(5, 50, seed=3)
-    p[1, 7] = float("nan")
-    p[2, 3] = -0.1
-    p[3] = 0.0
-    p[4, 9] = float("inf")
+    p = with_bad_rows(probs_rows(5, 50, seed=3))
     idx, out, valid = draw(p, 1, **rules)
     assert valid.tolist() == [True, False, False, False, False]
     assert out[1:].tolist() == [0, 0, 0, 0]

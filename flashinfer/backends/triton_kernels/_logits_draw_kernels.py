@@ -8,7 +8,7 @@ tokens (``_softmax_kernels._online``); rescaled to the row's maximum those sums 
 positions' probability masses. One uniform ``u`` then picks, by the inverse CDF in
 *position-major* order (position 0's tokens ``0, BLOCK, 2 BLOCK, ...``, then position 1's, ...),
 the position from a cumulative sum over the block and the token within its column (``COL`` at a
-time, re-read, exponentials recomputed: ``_nucleus_kernels.pick_in_position_major_order``). Any
+time, re-read, exponentials recomputed: ``_stream_kernels.pick_in_position_major_order``). Any
 fixed order gives the same distribution.
 
 A row holding a NaN or +inf, or only ``-inf``, gives token 0 (the reference's contract). When
@@ -23,9 +23,9 @@ import triton
 import triton.language as tl
 from triton.language.random import philox, uint_to_uniform_float
 
-from ._nucleus_kernels import pick_in_position_major_order
 from ._sampling_kernels import _rng_words
 from ._softmax_kernels import _online
+from ._stream_kernels import output_row, pick_in_position_major_order
 
 
 @triton.jit(do_not_specialize=["seed_val", "off_val", "R"])
@@ -36,12 +36,8 @@ def logits_draw_kernel(logits, out, idx_ptr, seed_ptr, off_ptr, seed_val, off_va
     """``logits [R, V]`` (fp32/fp16/bf16) -> ``out[i]`` (int32 / int64) for output row ``i``
     (row ``idx[i]`` with HAS_IDX; an index outside ``[0, R)`` gives 0)."""
     i = tl.program_id(0)
-    if HAS_IDX:
-        row = tl.load(idx_ptr + i).to(tl.int64)
-    else:
-        row = i.to(tl.int64)
-    row_ok = (row >= 0) & (row < R)
-    row_ptr = logits + tl.where(row_ok, row, 0) * stride_row
+    row_ok, safe_row = output_row(idx_ptr, i, R, HAS_IDX)
+    row_ptr = logits + safe_row * stride_row
 
     # the pass: per position the running maximum and sum of exp(x - max), and the bad flag
     lane = tl.arange(0, BLOCK)

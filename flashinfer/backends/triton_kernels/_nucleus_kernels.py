@@ -1,5 +1,5 @@
 """@triton.jit kernel of top-p (nucleus) sampling by rejection rounds of one lean pass each
-(variant ``nucleus`` of sampling_from_probs), and the position-major draw it shares.
+(variant ``nucleus`` of sampling_from_probs).
 
 The nucleus ``N`` is ``{p : mass strictly above p < top_p * total}`` plus the maximum. The
 kernel keeps two ordered-int bounds with ``N ⊂ {p > lo}`` and ``{p > hi} ⊂ N`` and proposes
@@ -30,43 +30,7 @@ import triton.language as tl
 from triton.language.random import philox, uint_to_uniform_float
 
 from ._sampling_kernels import _ord, _rng_words, _unord
-
-
-@triton.jit
-def pick_in_position_major_order(row_ptr, V, acc, target, thr, top, BLOCK: tl.constexpr,
-                                 COL: tl.constexpr, LOGITS: tl.constexpr):
-    """The token where the running weight, in position-major order, first exceeds ``target``:
-    the position from the per-position weights ``acc [BLOCK]``, then the token from its column
-    (``COL`` at a time). A token's weight: ``exp(x - top)`` (LOGITS), else ``x`` where ``x >
-    thr``. When rounding keeps the column below the target: the column's last token with
-    weight; -1 when no position has weight."""
-    lane = tl.arange(0, BLOCK)
-    ends = tl.cumsum(acc, axis=0)
-    first = tl.min(tl.where((ends > target) & (acc > 0.0), lane, BLOCK), axis=0)
-    found = first < BLOCK
-    pos = tl.where(found, first, tl.max(tl.where(acc > 0.0, lane, -1), axis=0))
-    rest = tl.where(found, target - tl.sum(tl.where(lane < pos, acc, 0.0), axis=0),
-                    float("inf"))
-    col = tl.arange(0, COL)
-    n_col = tl.where(pos >= 0, (V - pos + BLOCK - 1) // BLOCK, 0)
-    run = tl.zeros([], tl.float32)
-    pick = tl.full([], -1, tl.int32)
-    last = tl.full([], -1, tl.int32)
-    for s0 in range(0, n_col, COL):
-        j = s0 + col
-        offs = pos + j * BLOCK
-        if LOGITS:
-            x = tl.load(row_ptr + offs, mask=j < n_col, other=float("-inf")).to(tl.float32)
-            w = tl.exp(x - top)
-        else:
-            x = tl.load(row_ptr + offs, mask=j < n_col, other=0.0).to(tl.float32)
-            w = tl.where(x > thr, x, 0.0)
-        hit = (run + tl.cumsum(w, axis=0) > rest) & (w > 0.0)
-        first_hit = tl.min(tl.where(hit, offs, 2147483647), axis=0)
-        pick = tl.where((pick < 0) & (first_hit < 2147483647), first_hit, pick)
-        last = tl.maximum(last, tl.max(tl.where(w > 0.0, offs, -1), axis=0))
-        run += tl.sum(w, axis=0)
-    return tl.where(pick >= 0, pick, last)
+from ._stream_kernels import first_pass, output_row, pick_in_position_major_order
 
 
 @triton.jit
@@ -86,12 +50,7 @@ def nucleus_sample_kernel(probs, out, valid, idx_ptr, p_ptr, p_val, seed_ptr, of
     """``probs [R, V]`` fp32 -> ``out[i]`` int32, ``valid[i]``, for output row ``i`` (row
     ``idx[i]`` with HAS_IDX); ``top_p`` scalar ``p_val`` or per row (P_T)."""
     i = tl.program_id(0)
-    if HAS_IDX:
-        row = tl.load(idx_ptr + i).to(tl.int64)
-    else:
-        row = i.to(tl.int64)
-    row_ok = (row >= 0) & (row < R)
-    safe_row = tl.where(row_ok, row, 0)
+    row_ok, safe_row = output_row(idx_ptr, i, R, HAS_IDX)
     row_ptr = probs + safe_row * stride_row
     if P_T:
         top_p = tl.load(p_ptr + safe_row).to(tl.float32)
@@ -100,20 +59,11 @@ def nucleus_sample_kernel(probs, out, valid, idx_ptr, p_ptr, p_val, seed_ptr, of
     seed, off_lo, off_hi = _rng_words(seed_ptr, off_ptr, seed_val, off_val, seed_stride,
                                       off_stride, i, SEED_T, OFF_T)
 
-    # pass 0: positive mass per position, the maximum, the bad flag; the first proposal
+    # pass 0: mass per position, the maximum, the bad flag; the first proposal
     lane = tl.arange(0, BLOCK)
-    acc = tl.zeros([BLOCK], tl.float32)
-    mx = tl.zeros([BLOCK], tl.float32)
-    bad = tl.zeros([BLOCK], tl.int32)
-    nxt = tl.load(row_ptr + lane, mask=lane < V, other=0.0)
-    for start in range(0, V, BLOCK):
-        x = nxt.to(tl.float32)  # masked-off lanes read 0.0: never bad, never positive
-        nxt = tl.load(row_ptr + start + BLOCK + lane, mask=start + BLOCK + lane < V, other=0.0)
-        bad |= ((x != x) | (x < 0.0) | (x == float("inf"))).to(tl.int32)
-        acc += tl.where(x > 0.0, x, 0.0)
-        mx = tl.maximum(mx, x)
+    mx, _t1, _t2, _t3, acc, bad = first_pass(row_ptr, V, BLOCK, False)
     total = tl.sum(acc, axis=0)
-    ok = row_ok & (tl.max(bad, axis=0) == 0) & (total > 0.0) & (total < float("inf"))
+    ok = row_ok & (bad == 0) & (total > 0.0) & (total < float("inf"))
     rmax = tl.max(mx, axis=0)
     bound = top_p * total
     t = pick_in_position_major_order(row_ptr, V, acc, _uniform(seed, 0, i, off_lo, off_hi,

@@ -21,30 +21,9 @@ zeros. The mass is summed in fp32 (the reference: float64).
 import triton
 import triton.language as tl
 
-from ._sampling_kernels import _insert, _unord
+from ._sampling_kernels import _unord
 from ._sampling_two_pass_kernels import _exact_top_k_bounds, _row_ge, _top_k_bounds
-
-
-@triton.jit
-def _top4_pass(row_ptr, V, BLOCK: tl.constexpr):
-    """Each block position's four largest positive values, the row's sum and whether it holds
-    a NaN, a negative value or +inf; the next block is loaded before this one is worked on."""
-    lane = tl.arange(0, BLOCK)
-    ninf = tl.full([BLOCK], float("-inf"), tl.float32)
-    top0 = ninf
-    top1 = ninf
-    top2 = ninf
-    top3 = ninf
-    total = tl.zeros([BLOCK], tl.float32)
-    bad = tl.zeros([BLOCK], tl.int32)
-    nxt = tl.load(row_ptr + lane, mask=lane < V, other=0.0)
-    for start in range(0, V, BLOCK):
-        x = nxt.to(tl.float32)  # masked-off lanes read 0.0: never bad, never positive
-        nxt = tl.load(row_ptr + start + BLOCK + lane, mask=start + BLOCK + lane < V, other=0.0)
-        bad |= ((x != x) | (x < 0.0) | (x == float("inf"))).to(tl.int32)
-        total += x
-        top0, top1, top2, top3 = _insert(top0, top1, top2, top3, tl.where(x > 0.0, x, ninf))
-    return top0, top1, top2, top3, tl.sum(total, axis=0), tl.max(bad, axis=0) > 0
+from ._stream_kernels import first_pass
 
 
 @triton.jit(do_not_specialize=["k_val"])
@@ -56,7 +35,8 @@ def top_k_renorm_kernel(src, dst, scratch, k_val, V, stride_src, stride_dst,
     row = tl.program_id(0)
     row_ptr = src + row.to(tl.int64) * stride_src
     k = tl.zeros([], tl.int32) + k_val
-    top0, top1, top2, top3, s_all, bad = _top4_pass(row_ptr, V, BLOCK)
+    top0, top1, top2, top3, lane_sums, bad = first_pass(row_ptr, V, BLOCK, True)
+    s_all = tl.sum(lane_sums, axis=0)
     ok = (bad == 0) & (s_all > 0.0) & (s_all < float("inf"))
     rmax = tl.max(top0, axis=0)
     tau_o, _b, n_tau = _top_k_bounds(top0, top1, top2, top3, s_all, rmax, k, 1.0, False,

@@ -366,6 +366,15 @@ def top_k_mask_logits(logits, out, top_k) -> None:
     _threshold_launch(logits, out, top_k, None, True)
 
 
+def softmax_args(out: torch.Tensor, temperature):
+    """``(dst, t_ptr, t_val, T_T)`` of a softmax launch: a contiguous output (``out`` or a
+    buffer to copy back), and the temperature as a per-row tensor or a scalar."""
+    dst = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
+    t_t = isinstance(temperature, torch.Tensor)
+    return (dst, temperature if t_t else dst,
+            1.0 if temperature is None or t_t else float(temperature), t_t)
+
+
 @KERNELS.kernel("softmax", "default")
 def softmax(logits, out, temperature) -> None:
     K = _kernels(logits)
@@ -374,10 +383,7 @@ def softmax(logits, out, temperature) -> None:
     n_rows, vocab = logits.shape
     if n_rows == 0:
         return
-    dst = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
-    t_t = isinstance(temperature, torch.Tensor)
-    t_ptr = temperature if t_t else dst
-    t_val = 1.0 if temperature is None or t_t else float(temperature)
+    dst, t_ptr, t_val, t_t = softmax_args(out, temperature)
     # a streaming kernel: wide chunks keep enough loads in flight (512-element chunks with 4
     # warps read 256 x 128k at 0.46 TB/s on the H200); two fp32 accumulators per element
     block = max(16, min(SOFTMAX_BLOCK, _pow2(vocab)))

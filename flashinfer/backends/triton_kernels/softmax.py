@@ -12,7 +12,7 @@ import torch
 
 from . import KERNELS
 from .batch_decode import sm_count
-from .sampling import _device_of, _pow2
+from .sampling import _device_of, _pow2, softmax_args
 
 #: elements per loop step and warps of a program, one program per row
 ROW_BLOCK, ROW_WARPS = 4096, 8
@@ -37,10 +37,7 @@ def softmax_streaming(logits, out, temperature, chunks: int | None = None) -> No
     n_rows, vocab = logits.shape
     if n_rows == 0:
         return
-    dst = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
-    t_t = isinstance(temperature, torch.Tensor)
-    t_ptr = temperature if t_t else dst
-    t_val = 1.0 if temperature is None or t_t else float(temperature)
+    dst, t_ptr, t_val, t_t = softmax_args(out, temperature)
     if chunks is None:
         chunks = split_chunks(n_rows, vocab, sm_count(logits.device))
     with _device_of(logits):
