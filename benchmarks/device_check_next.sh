@@ -21,7 +21,10 @@ a)
   for f in softmax top_k_renorm sampling_from_logits top_p_sampling; do
     echo "== $f"; timeout 90 python3 sampling.py --only $f --budget-s 70 \
       --out $OUT/sampling_${f}_grid.json 2>&1 | grep -v "^\[" | tail -20
-  done ;;
+  done
+  echo "== launch shapes"; timeout 100 python3 tune_sampling.py --batches 1,16,256 \
+    --cases two_pass_plain,nucleus,renorm_two_pass,logits_one_pass \
+    --shapes 256x8,512x8,512x16,1024x16 --out $OUT/tune_sampling_new_variants.json 2>&1 | tail -12 ;;
 b)
   cd benchmarks && timeout 560 python3 sampling.py --only _from_probs --budget-s 520 \
     --out $OUT/sampling_probs_grid_all_backends.json 2>&1 | grep -v "^\[" | tail -5 ;;

@@ -1,8 +1,10 @@
 """Launch-shape sweep of our Triton sampling kernels: (lanes Q, warps) at batch 1 / 16 / 256,
 vocabulary 128256, for plain sampling, top-k-then-top-p sampling (the general kernel and the
-two-pass variant, whose block is 4 Q) and top-k logit masking (the pivot search), GPU time of a
-captured call. ``stream_floor`` is the floor of a two-pass kernel at a shape: two plain summing
-passes over each row, one program per row, block 4 Q.
+two-pass variant, whose block is 4 Q), the two-pass kernel's plain mode, top-p alone by rounds
+(nucleus), top-k renormalisation by candidates, the one-pass logits sampler and top-k logit
+masking (the pivot search), GPU time of a captured call. ``stream_floor`` is the floor of a
+two-pass kernel at a shape: two plain summing passes over each row, one program per row, block
+4 Q.
 
     python benchmarks/tune_sampling.py --out tune_sampling.json
 
@@ -63,12 +65,22 @@ def _cases(batch: int):
     valid = torch.empty(batch, dtype=torch.bool, device="cuda")
     masked = torch.empty_like(logits)
     sample = _kernel("sampling_from_probs")
-    two_pass = adapter_table("triton").kernels[("sampling_from_probs", "two_pass")]
+    table = adapter_table("triton").kernels
+    two_pass = table[("sampling_from_probs", "two_pass")]
+    nucleus = table[("sampling_from_probs", "nucleus")]
+    renorm_two_pass = table[("renorm_probs", "two_pass")]
+    logits_one_pass = table[("sampling_from_logits", "one_pass")]
+    renormed = torch.empty_like(probs)
     mask = _kernel("top_k_mask_logits")
     return {
         "plain": lambda: sample(probs, out, valid, None, None, None, None, False, True, 7, 0),
         "top_k_top_p": lambda: sample(probs, out, valid, None, 50, 0.9, None, False, True, 7, 0),
         "two_pass": lambda: two_pass(probs, out, valid, None, 50, 0.9, None, False, True, 7, 0),
+        "two_pass_plain": lambda: two_pass(probs, out, valid, None, None, None, None, False, True,
+                                           7, 0),
+        "nucleus": lambda: nucleus(probs, out, valid, None, None, 0.9, None, False, True, 7, 0),
+        "renorm_two_pass": lambda: renorm_two_pass(probs, renormed, 50, None),
+        "logits_one_pass": lambda: logits_one_pass(logits, out, None, True, 7, 0),
         "top_k_mask": lambda: mask(logits, masked, 50),
         "stream_floor": lambda: _stream_floor(probs, masked),
     }
