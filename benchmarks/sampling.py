@@ -176,8 +176,8 @@ def backends_for(impl: str, sort_cfg, batch: int, vocab: int, args, name: str = 
             names.append("triton:two_pass")  # the two-pass top-k variant (op sampling_from_probs)
         if name == "top_p_sampling_from_probs":
             names.append("triton:nucleus")  # top-p alone by lean rejection rounds
-        if name == "top_k_renorm_probs":
-            names.append("triton:two_pass")  # tau from the two-pass sampler's candidates
+        if name in ("top_k_renorm_probs", "top_k_mask_logits"):
+            names.append("triton:two_pass")  # tau from the lanes' candidates
         if name == "sampling_from_logits":
             names.append("triton:one_pass")  # one read, one exponential per element
         if name == "softmax":

@@ -95,8 +95,8 @@ class OpSpec:
 
 
 _SAMPLING_SHAPE = ("batch_size", "vocab_size")  # both bucketed to powers of two
-# sampling_from_probs and renorm_probs also have a scalar top_k's power-of-two bucket (absent for
-# none or per row)
+# sampling_from_probs, renorm_probs and top_k_mask_logits also have a scalar top_k's power-of-two
+# bucket (absent for none or per row)
 _SAMPLING_PROBS_SHAPE = _SAMPLING_SHAPE + ("top_k",)
 _ATTN_SHAPE = ("head_dim_qk", "head_dim_vo", "num_qo_heads", "num_kv_heads", "qo_len", "kv_len")
 # batch_size, max_qo_len, max_kv_len and total_qo_len are bucketed to powers of two
@@ -136,7 +136,8 @@ OPS: dict[str, OpSpec] = {
         OpSpec("renorm_probs", "sampling", ("probs",), _SAMPLING_PROBS_SHAPE,
                ("top_k", "top_k_per_row", "top_p"), (),
                "zero the probabilities outside top-k / top-p and renormalise"),
-        OpSpec("top_k_mask_logits", "sampling", ("logits",), _SAMPLING_SHAPE, (), (),
+        OpSpec("top_k_mask_logits", "sampling", ("logits",), _SAMPLING_PROBS_SHAPE,
+               ("top_k_per_row",), (),
                "set logits outside the top-k to -inf"),
         OpSpec("softmax", "sampling", ("logits",), _SAMPLING_SHAPE, ("temperature",), (),
                "row softmax in fp32, optionally with a per-row temperature"),

@@ -196,8 +196,13 @@ def _mask_op(logits: torch.Tensor, top_k_arr: Optional[torch.Tensor], top_k_val:
     out = torch.empty_like(logits)
     if logits.numel() == 0:
         return out
+    shape, features = _shape(*logits.shape), []
+    if top_k_arr is not None:
+        features.append("top_k_per_row")
+    else:
+        shape["top_k"] = dispatch.length_bucket(top_k_val)
     problem = Problem.make("top_k_mask_logits", logits.device, dtypes={"logits": logits.dtype},
-                           shape=_shape(*logits.shape))
+                           shape=shape, features=features)
     dispatch.decide(problem, backend).kernel(logits, out,
                                              top_k_arr if top_k_arr is not None else top_k_val)
     return out

@@ -61,7 +61,7 @@ def nucleus_sample_kernel(probs, out, valid, idx_ptr, p_ptr, p_val, seed_ptr, of
 
     # pass 0: mass per position, the maximum, the bad flag; the first proposal
     lane = tl.arange(0, BLOCK)
-    mx, _t1, _t2, _t3, acc, bad = first_pass(row_ptr, V, BLOCK, False)
+    mx, _t1, _t2, _t3, acc, bad = first_pass(row_ptr, V, BLOCK, False, False)
     total = tl.sum(acc, axis=0)
     ok = row_ok & (bad == 0) & (total > 0.0) & (total < float("inf"))
     rmax = tl.max(mx, axis=0)

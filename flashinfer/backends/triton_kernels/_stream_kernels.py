@@ -1,20 +1,21 @@
 """@triton.jit helpers shared by the row-streaming sampling kernels (``_nucleus_kernels``,
-``_renorm_two_pass_kernels``, ``_logits_draw_kernels``): the first pass over a row of
-probabilities, the draw by the inverse CDF in position-major order, the output row of a
-program."""
+``_top_k_two_pass_kernels``, ``_logits_draw_kernels``): the first pass over a row, the k-th
+largest value from the lanes' candidates (and exactly, by bisection), the draw by the inverse CDF
+in position-major order, the output row of a program."""
 
 import triton
 import triton.language as tl
 
-from ._sampling_kernels import _insert
+from ._sampling_kernels import _insert, _ord, _unord
 
 
 @triton.jit
-def first_pass(row_ptr, V, BLOCK: tl.constexpr, TOP4: tl.constexpr):
-    """One pass over a row of probabilities: per block position the sum and (TOP4) the four
-    largest positive values ``top0 >= top1 >= top2 >= top3``, else only the largest in
-    ``top0`` (``-inf`` where none); and whether the row holds a NaN, a negative value or +inf.
-    The next block is loaded before this one is worked on."""
+def first_pass(row_ptr, V, BLOCK: tl.constexpr, TOP4: tl.constexpr, LOGITS: tl.constexpr):
+    """One pass over a row: per block position the four largest values ``top0 >= top1 >= top2
+    >= top3`` (TOP4; else only the largest in ``top0``), ``-inf`` where none. Probabilities:
+    positive values only, the per-position sums, and whether the row holds a NaN, a negative
+    value or +inf. Logits (LOGITS): every value but NaN; sums and flag are not kept. The next
+    block is loaded before this one is worked on."""
     lane = tl.arange(0, BLOCK)
     ninf = tl.full([BLOCK], float("-inf"), tl.float32)
     top0 = ninf
@@ -23,18 +24,85 @@ def first_pass(row_ptr, V, BLOCK: tl.constexpr, TOP4: tl.constexpr):
     top3 = ninf
     total = tl.zeros([BLOCK], tl.float32)
     bad = tl.zeros([BLOCK], tl.int32)
-    nxt = tl.load(row_ptr + lane, mask=lane < V, other=0.0)
+    other = float("-inf") if LOGITS else 0.0  # masked-off lanes: never a value, never bad
+    nxt = tl.load(row_ptr + lane, mask=lane < V, other=other)
     for start in range(0, V, BLOCK):
-        x = nxt.to(tl.float32)  # masked-off lanes read 0.0: never bad, never positive
-        nxt = tl.load(row_ptr + start + BLOCK + lane, mask=start + BLOCK + lane < V, other=0.0)
-        bad |= ((x != x) | (x < 0.0) | (x == float("inf"))).to(tl.int32)
-        total += x
-        pos = tl.where(x > 0.0, x, ninf)
-        if TOP4:
-            top0, top1, top2, top3 = _insert(top0, top1, top2, top3, pos)
+        x = nxt.to(tl.float32)
+        nxt = tl.load(row_ptr + start + BLOCK + lane, mask=start + BLOCK + lane < V, other=other)
+        if LOGITS:
+            val = tl.where(x == x, x, ninf)
         else:
-            top0 = tl.maximum(top0, pos)
+            bad |= ((x != x) | (x < 0.0) | (x == float("inf"))).to(tl.int32)
+            total += x
+            val = tl.where(x > 0.0, x, ninf)
+        if TOP4:
+            top0, top1, top2, top3 = _insert(top0, top1, top2, top3, val)
+        else:
+            top0 = tl.maximum(top0, val)
     return top0, top1, top2, top3, total, tl.max(bad, axis=0) > 0
+
+
+@triton.jit
+def candidates_tau(top0, top1, top2, top3, k, floor_o, scratch, i, BLOCK: tl.constexpr,
+                   G: tl.constexpr, CAP: tl.constexpr):
+    """The k-th largest of the lanes' four largest values as an ordered int, at least
+    ``floor_o`` (the smallest value that counts: 1 for probabilities, the smallest finite float
+    for logits); the candidates' count at or above it (-1 when they overflowed their slots);
+    and the candidates' mass at or above it. The G group maxima of the lanes' largest values
+    are G >= k distinct tokens, so tau is at least the smallest of them; the candidates at or
+    above that bound (about G ln G) are compacted into CAP slots of the output row ``i`` of
+    ``scratch`` and sorted there (a bitonic network). ``1 <= k <= G <= BLOCK``."""
+    low = tl.min(tl.max(tl.reshape(top0, [G, BLOCK // G]), axis=1), axis=0)
+    low_o = tl.maximum(_ord(low), floor_o)  # a group without a value: every candidate counts
+    n_lane = ((_ord(top0) >= low_o).to(tl.int32) + (_ord(top1) >= low_o).to(tl.int32)
+              + (_ord(top2) >= low_o).to(tl.int32) + (_ord(top3) >= low_o).to(tl.int32))
+    n_c = tl.sum(n_lane, axis=0)
+    fits = n_c <= CAP
+    n_put = tl.where(fits, n_lane, 0)
+    slot = scratch + i.to(tl.int64) * CAP + tl.cumsum(n_put, axis=0) - n_put
+    tl.store(slot, top0, mask=n_put > 0)
+    tl.store(slot + 1, top1, mask=n_put > 1)
+    tl.store(slot + 2, top2, mask=n_put > 2)
+    tl.store(slot + 3, top3, mask=n_put > 3)
+    tl.debug_barrier()
+    c_idx = tl.arange(0, CAP)
+    cand = tl.load(scratch + i.to(tl.int64) * CAP + c_idx, mask=c_idx < tl.where(fits, n_c, 0),
+                   other=float("-inf"))
+    srt = tl.sort(cand, descending=True)
+    kth = tl.max(tl.where(c_idx == k - 1, srt, float("-inf")), axis=0)
+    tau_o = tl.maximum(_ord(kth), floor_o).to(tl.int64)
+    above = _ord(cand) >= tau_o
+    n_tau = tl.where(fits, tl.sum(above.to(tl.int32), axis=0), -1)
+    return tau_o, n_tau, tl.sum(tl.where(above, cand, 0.0), axis=0)
+
+
+@triton.jit
+def exact_tau(row_ptr, V, k, floor_o, BLOCK: tl.constexpr):
+    """The largest ordered int ``t >= floor_o`` with at least ``k`` tokens ``>= t`` (else
+    ``floor_o``), by bisection: 32 counting passes."""
+    lo = tl.zeros([], tl.int64) + floor_o
+    hi = tl.full([], 2139095041, tl.int64)  # one past +inf: no token at or above
+    for _ in range(32):
+        mid = lo + (hi - lo) // 2
+        n, _mass = count_at_least(row_ptr, V, _unord(mid.to(tl.int32)), BLOCK)
+        enough = n >= k
+        lo = tl.where(enough, mid, lo)
+        hi = tl.where(enough, hi, mid)
+    return lo
+
+
+@triton.jit
+def count_at_least(row_ptr, V, t, BLOCK: tl.constexpr):
+    """How many tokens of the row are ``>= t``, and their sum."""
+    lane = tl.arange(0, BLOCK)
+    cnt = tl.zeros([BLOCK], tl.int32)
+    mass = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, V, BLOCK):
+        x = tl.load(row_ptr + start + lane, mask=start + lane < V,
+                    other=float("-inf")).to(tl.float32)
+        cnt += (x >= t).to(tl.int32)
+        mass += tl.where(x >= t, x, 0.0)
+    return tl.sum(cnt, axis=0), tl.sum(mass, axis=0)
 
 
 @triton.jit

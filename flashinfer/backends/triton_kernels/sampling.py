@@ -328,36 +328,52 @@ def renorm_probs(probs, out, top_k, top_p) -> None:
     _threshold_launch(probs, out, top_k, None if top_k is not None else top_p, False)
 
 
-@KERNELS.kernel("renorm_probs", "two_pass")
-def renorm_probs_two_pass(probs, out, top_k, top_p) -> None:
-    """A scalar top-k with ``1 <= k <= Q`` (below the vocabulary): the two-pass sampler's
-    candidates, three reads and a write of each row (``_renorm_two_pass_kernels``); anything
-    else goes to the general threshold kernel."""
-    n_rows, vocab = probs.shape
+def _top_k_two_pass(kernel: str, src, out, top_k) -> bool:
+    """Launch ``_top_k_two_pass_kernels.<kernel>`` when it serves ``top_k`` (a scalar ``1 <= k
+    <= Q`` below the vocabulary): the lanes' candidates, two reads and a write of each row.
+    Returns False, launching nothing, when it does not."""
+    n_rows, vocab = src.shape
+    q, warps = _launch_shape(vocab, max(n_rows, 1))
+    if _two_pass_mode(top_k, None, None, q, vocab) != 2:
+        return False
     if n_rows == 0:
-        return
-    q, warps = _launch_shape(vocab, n_rows)
-    if top_p is not None or _two_pass_mode(top_k, None, None, q, vocab) != 2:
-        renorm_probs(probs, out, top_k, top_p)
-        return
-    _kernels(probs)  # seeds Triton's cache (the helpers live in the sampling kernels' modules)
-    from . import _renorm_two_pass_kernels as KR
+        return True
+    _kernels(src)  # seeds Triton's cache (the helpers live in the sampling kernels' modules)
+    from . import _top_k_two_pass_kernels as KT
 
-    probs = probs.contiguous()
+    src = src.contiguous()
     dst = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
     groups, cap = two_pass_groups(int(top_k), 4 * q, vocab)
-    scratch = torch.empty(n_rows, cap, dtype=torch.float32, device=probs.device)
-    with _device_of(probs):
-        KR.top_k_renorm_kernel[(n_rows,)](
-            probs, dst, scratch, int(top_k), vocab, probs.stride(0), dst.stride(0),
+    scratch = torch.empty(n_rows, cap, dtype=torch.float32, device=src.device)
+    with _device_of(src):
+        getattr(KT, kernel)[(n_rows,)](
+            src, dst, scratch, int(top_k), vocab, src.stride(0), dst.stride(0),
             BLOCK=4 * q, G=groups, CAP=cap, num_warps=warps)
     if dst is not out:
         out.copy_(dst)
+    return True
+
+
+@KERNELS.kernel("renorm_probs", "two_pass")
+def renorm_probs_two_pass(probs, out, top_k, top_p) -> None:
+    """Top-k renormalisation by candidates (``_top_k_two_pass``); top-p and what that does not
+    serve go to the general threshold kernel."""
+    if top_p is not None or not _top_k_two_pass("top_k_renorm_kernel", probs, out, top_k):
+        renorm_probs(probs, out, top_k, top_p)
+
+
+@KERNELS.kernel("top_k_mask_logits", "two_pass")
+def top_k_mask_logits_two_pass(logits, out, top_k) -> None:
+    """Top-k logit masking by candidates (``_top_k_two_pass``); what that does not serve goes
+    to the general threshold kernel."""
+    if not _top_k_two_pass("top_k_mask_kernel", logits, out, top_k):
+        top_k_mask_logits(logits, out, top_k)
 
 
 @KERNELS.check("renorm_probs", "two_pass")
-def _renorm_two_pass_reasons(problem) -> list[Reason]:
-    """A scalar top-k of at most Q; the record's features rule out top-p and a per-row top-k."""
+@KERNELS.check("top_k_mask_logits", "two_pass")
+def _top_k_two_pass_reasons(problem) -> list[Reason]:
+    """A scalar top-k of at most Q; the records' features rule out top-p and a per-row top-k."""
     return _small_top_k_reasons(problem)
 
 

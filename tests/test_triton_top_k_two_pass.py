@@ -1,8 +1,9 @@
-"""Top-k renormalisation by candidates (variant ``triton:two_pass`` of renorm_probs,
-``_renorm_two_pass_kernels.py``): the kept set and values against the float64 reference, three
-dtypes, ties at the boundary, rows that are not distributions, the exact full-pass path (forced
-with a narrow block or too few candidate slots), the calls the adapter hands to the general
-kernel, and the dispatch checks. CPU: the interpreter, small shapes; ``gpu``: 128k."""
+"""Top-k renormalisation and top-k logit masking by candidates (variant ``triton:two_pass`` of
+renorm_probs and of top_k_mask_logits, ``_top_k_two_pass_kernels.py``): the kept set and values
+against the float64 reference, three dtypes, ties at the boundary, rows that are not
+distributions, ``-inf`` / NaN logits and rows of fewer than k finite logits, the exact full-pass
+path (forced with a narrow block or too few candidate slots), the calls the adapters hand to the
+general kernel, and the dispatch checks. CPU: the interpreter, small shapes; ``gpu``: 128k."""
 
 import pytest
 import torch
@@ -23,6 +24,23 @@ pytestmark = [pytest.mark.usefixtures("kernel_device"),
 
 def renorm(variant="two_pass"):
     return adapter_table("triton").kernels[("renorm_probs", variant)]
+
+
+def mask(variant="two_pass"):
+    return adapter_table("triton").kernels[("top_k_mask_logits", variant)]
+
+
+def logits(rows, vocab, seed, dtype=torch.float32):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return (torch.randn(rows, vocab, generator=g, device="cpu") * 3).to(dtype)
+
+
+def expected_mask(x, top_k):
+    """The reference's masking on the CPU (NaN entries: masked, as the Triton kernels do)."""
+    xd = x.double().cpu()
+    finite = torch.where(xd == xd, xd, float("-inf"))
+    larger = (finite.unsqueeze(-1) < finite.unsqueeze(-2)).sum(-1)
+    return torch.where((larger < top_k) & (xd == xd), x.cpu(), float("-inf")).to(x.dtype)
 
 
 def expected(p, top_k):
@@ -60,11 +78,34 @@ def test_rows_that_are_not_distributions_give_zeros():
     assert rel_error(out[:1].cpu(), expected(p[:1], 4)[0]) < 1e-6
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k", [1, 7, 40])
+def test_mask_matches_the_reference(dtype, k):
+    x = logits(3, 250, seed=k, dtype=dtype)
+    x[1, ::5] = float("-inf")
+    x[2, 17] = float("nan")
+    x = x.to(torch.get_default_device())
+    out = poison(torch.empty_like(x))
+    mask()(x, out, k)
+    assert torch.equal(out.cpu(), expected_mask(x, k))
+
+
+def test_mask_keeps_every_finite_logit_of_a_row_with_fewer_than_k():
+    x = torch.full((2, 100), float("-inf"))
+    x[0, [3, 50, 77]] = torch.tensor([1.0, -2.0, 0.5])
+    x[1] = logits(1, 100, seed=9)[0]
+    x[1, 40] = x[1].max()  # a tie at the top
+    x = x.to(torch.get_default_device())
+    out = poison(torch.empty_like(x))
+    mask()(x, out, 5)
+    assert torch.equal(out.cpu(), expected_mask(x, 5))
+
+
 @pytest.mark.parametrize("block,cap", [(16, None), (64, 8)], ids=["narrow_block", "few_slots"])
 def test_the_exact_path_agrees(block, cap):
     # 8 large values at block position 3 of a 16-wide block: four candidates per position miss
     # half of them; 8 slots cannot hold the 64 position maxima at or above the bound
-    from flashinfer.backends.triton_kernels import _renorm_two_pass_kernels as KR
+    from flashinfer.backends.triton_kernels import _top_k_two_pass_kernels as KR
     from flashinfer.backends.triton_kernels.sampling import two_pass_groups
 
     g = torch.Generator().manual_seed(6)
@@ -81,6 +122,11 @@ def test_the_exact_path_agrees(block, cap):
     want, keep = expected(p, 8)
     assert torch.equal((out != 0).cpu(), keep)
     assert rel_error(out.cpu(), want) < 1e-6
+    x = p.log()  # the same order as logits
+    masked = poison(torch.empty_like(x))
+    KR.top_k_mask_kernel[(3,)](x, masked, scratch, 8, 256, x.stride(0), masked.stride(0),
+                               BLOCK=block, G=groups, CAP=cap)
+    assert torch.equal(masked.cpu(), expected_mask(x, 8))
 
 
 def test_calls_it_does_not_serve_go_to_the_general_kernel():
@@ -92,21 +138,46 @@ def test_calls_it_does_not_serve_go_to_the_general_kernel():
         general = poison(torch.empty_like(p))
         renorm("default")(p, general, top_k, top_p)
         assert torch.equal(out, general)
+    x = p.log()
+    for top_k in (torch.tensor([3, 9], dtype=torch.int32, device=p.device), 120, 0):
+        out = poison(torch.empty_like(x))
+        mask()(x, out, top_k)
+        general = poison(torch.empty_like(x))
+        mask("default")(x, general, top_k)
+        assert torch.equal(out, general)
 
 
-@pytest.mark.parametrize("features,top_k,usable", [
-    (["top_k"], 64, True), (["top_k"], 1024, False), (["top_k", "top_k_per_row"], None, False),
-    (["top_p"], None, False)], ids=["small_k", "large_k", "per_row", "top_p"])
-def test_dispatch_checks(features, top_k, usable):
+@pytest.mark.parametrize("op,features,top_k,usable", [
+    ("renorm_probs", ["top_k"], 64, True), ("renorm_probs", ["top_k"], 1024, False),
+    ("renorm_probs", ["top_k", "top_k_per_row"], None, False),
+    ("renorm_probs", ["top_p"], None, False), ("top_k_mask_logits", [], 64, True),
+    ("top_k_mask_logits", [], 1024, False), ("top_k_mask_logits", ["top_k_per_row"], None, False),
+], ids=["small_k", "large_k", "per_row", "top_p", "mask_small_k", "mask_large_k", "mask_per_row"])
+def test_dispatch_checks(op, features, top_k, usable):
     shape = {"batch_size": 64, "vocab_size": 131072}
     if top_k is not None:
         shape["top_k"] = top_k
-    problem = Problem.make("renorm_probs", simulated("9.0"), dtypes={"probs": "float32"},
-                           shape=shape, features=features)
+    role = "probs" if op == "renorm_probs" else "logits"
+    problem = Problem.make(op, simulated("9.0"), dtypes={role: "float32"}, shape=shape,
+                           features=features)
     decision = select(problem, assume_installed=True)
     cand = next(c for c in decision.candidates if c.variant == "two_pass")
     assert cand.usable == usable
     assert decision.name == "triton"  # not measured yet: the general kernel stays first
+
+
+@pytest.mark.gpu
+def test_gpu_large_vocab_mask():
+    x = logits(16, 128256, seed=17, dtype=torch.bfloat16).cuda()
+    out = poison(torch.empty_like(x))
+    mask()(x, out, 50)
+    kept = out != float("-inf")
+    assert torch.equal(out[kept], x[kept])
+    # kept: exactly the values at or above the smallest kept one, fewer than 50 of them larger
+    # (bf16 ties at the boundary are all kept)
+    low = x.float().masked_fill(~kept, float("inf")).min(-1, keepdim=True).values
+    assert torch.equal(kept, x.float() >= low)
+    assert ((x.float() > low).sum(-1) < 50).all() and (kept.sum(-1) >= 50).all()
 
 
 @pytest.mark.gpu
