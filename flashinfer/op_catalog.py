@@ -97,7 +97,7 @@ class OpSpec:
 _SAMPLING_SHAPE = ("batch_size", "vocab_size")  # both bucketed to powers of two
 # sampling_from_probs, renorm_probs and top_k_mask_logits also have a scalar top_k's power-of-two
 # bucket (absent for none or per row)
-_SAMPLING_PROBS_SHAPE = _SAMPLING_SHAPE + ("top_k",)
+_SAMPLING_TOP_K_SHAPE = _SAMPLING_SHAPE + ("top_k",)
 _ATTN_SHAPE = ("head_dim_qk", "head_dim_vo", "num_qo_heads", "num_kv_heads", "qo_len", "kv_len")
 # batch_size, max_qo_len, max_kv_len and total_qo_len are bucketed to powers of two
 _BATCH_SHAPE = ("head_dim_qk", "head_dim_vo", "num_qo_heads", "num_kv_heads", "batch_size",
@@ -129,14 +129,15 @@ OPS: dict[str, OpSpec] = {
                "rotary embedding of q and k at given positions"),
         OpSpec("act_and_mul", "activation", ("input",), ("hidden_size", "num_rows"),
                ("silu", "gelu", "gelu_tanh"), (), "act(x[..., :d]) * x[..., d:]"),
-        OpSpec("sampling_from_probs", "sampling", ("probs",), _SAMPLING_PROBS_SHAPE, SAMPLING_FEATURES,
-               (), "draw one token per row from probabilities, optionally top-k/top-p/min-p"),
+        OpSpec("sampling_from_probs", "sampling", ("probs",), _SAMPLING_TOP_K_SHAPE,
+               SAMPLING_FEATURES, (),
+               "draw one token per row from probabilities, optionally top-k/top-p/min-p"),
         OpSpec("sampling_from_logits", "sampling", ("logits",), _SAMPLING_SHAPE,
                ("indices", "seed_tensor"), (), "draw one token per row from softmax(logits)"),
-        OpSpec("renorm_probs", "sampling", ("probs",), _SAMPLING_PROBS_SHAPE,
+        OpSpec("renorm_probs", "sampling", ("probs",), _SAMPLING_TOP_K_SHAPE,
                ("top_k", "top_k_per_row", "top_p"), (),
                "zero the probabilities outside top-k / top-p and renormalise"),
-        OpSpec("top_k_mask_logits", "sampling", ("logits",), _SAMPLING_PROBS_SHAPE,
+        OpSpec("top_k_mask_logits", "sampling", ("logits",), _SAMPLING_TOP_K_SHAPE,
                ("top_k_per_row",), (),
                "set logits outside the top-k to -inf"),
         OpSpec("softmax", "sampling", ("logits",), _SAMPLING_SHAPE, ("temperature",), (),

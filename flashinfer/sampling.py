@@ -97,6 +97,17 @@ def _shape(rows_out: int, vocab: int) -> dict:
     return {"batch_size": dispatch.length_bucket(rows_out), "vocab_size": dispatch.length_bucket(vocab)}
 
 
+def _top_k_facts(shape: dict, features: list, top_k_arr, top_k_val) -> dict:
+    """What the dispatcher knows of a top-k: feature ``top_k_per_row`` for a tensor, else the
+    scalar's power-of-two bucket as shape fact ``top_k`` (the two-pass kernels' checks read
+    it). Adds to ``features``; returns ``shape``."""
+    if top_k_arr is not None:
+        features.append("top_k_per_row")
+    elif top_k_val is not None:
+        shape["top_k"] = dispatch.length_bucket(top_k_val)
+    return shape
+
+
 def _fake_samples(probs, indices, *args):
     count = indices.shape[0] if indices is not None else probs.shape[0]
     dtype = indices.dtype if indices is not None else torch.int32
@@ -126,11 +137,7 @@ def _sampling_from_probs_op(
                                ("indices", indices), ("seed_tensor", seed_arr)) if v is not None]
     if joint and top_k is not None and top_p is not None:
         features.append("joint")
-    shape = _shape(count, probs.shape[1])
-    if top_k_arr is not None:
-        features.append("top_k_per_row")
-    elif top_k_val is not None:
-        shape["top_k"] = dispatch.length_bucket(top_k_val)
+    shape = _top_k_facts(_shape(count, probs.shape[1]), features, top_k_arr, top_k_val)
     problem = Problem.make("sampling_from_probs", probs.device, dtypes={"probs": probs.dtype},
                            shape=shape, features=features)
     seed, offset = _seed_args(seed_arr, offset_arr, seed_val, offset_val, use_default, increment,
@@ -178,11 +185,8 @@ def _renorm_op(probs: torch.Tensor, top_k_arr: Optional[torch.Tensor], top_k_val
         return out
     top_k = top_k_arr if top_k_arr is not None else top_k_val
     top_p = top_p_arr if top_p_arr is not None else top_p_val
-    shape, features = _shape(*probs.shape), ["top_k"] if top_k is not None else ["top_p"]
-    if top_k_arr is not None:
-        features.append("top_k_per_row")
-    elif top_k_val is not None:
-        shape["top_k"] = dispatch.length_bucket(top_k_val)
+    features = ["top_k"] if top_k is not None else ["top_p"]
+    shape = _top_k_facts(_shape(*probs.shape), features, top_k_arr, top_k_val)
     problem = Problem.make("renorm_probs", probs.device, dtypes={"probs": probs.dtype},
                            shape=shape, features=features)
     dispatch.decide(problem, backend).kernel(probs, out, top_k, top_p)
@@ -196,11 +200,8 @@ def _mask_op(logits: torch.Tensor, top_k_arr: Optional[torch.Tensor], top_k_val:
     out = torch.empty_like(logits)
     if logits.numel() == 0:
         return out
-    shape, features = _shape(*logits.shape), []
-    if top_k_arr is not None:
-        features.append("top_k_per_row")
-    else:
-        shape["top_k"] = dispatch.length_bucket(top_k_val)
+    features: list[str] = []
+    shape = _top_k_facts(_shape(*logits.shape), features, top_k_arr, top_k_val)
     problem = Problem.make("top_k_mask_logits", logits.device, dtypes={"logits": logits.dtype},
                            shape=shape, features=features)
     dispatch.decide(problem, backend).kernel(logits, out,
