@@ -108,6 +108,17 @@ def test_every_draw_is_in_the_nucleus(top_p):
     assert keep_set(p, top_p=top_p)[idx, out].all(), out.tolist()
 
 
+def test_a_steep_row_with_top_p_0_climbs_to_its_maximum():
+    # masses 2^-j over 120 shuffled tokens: each rejected round halves the bracket, so the
+    # rounds reach the single kept token (the maximum) well inside NUCLEUS_MAX_ROUNDS
+    g = torch.Generator().manual_seed(11)
+    p = torch.pow(0.5, torch.arange(120, dtype=torch.float64))[torch.randperm(120, generator=g)]
+    p = (p / p.sum()).float().unsqueeze(0).repeat(4, 1).to(torch.get_default_device())
+    for seed in (1, 2, 3):
+        _, out, valid = draw(p, 1, 0.0, seed=seed)
+        assert valid.all() and (out == int(p[0].argmax())).all()
+
+
 def test_per_row_top_p_and_ties():
     p = probs_rows(3, 64, seed=4)
     p[1, [3, 9, 20, 41]] = p[1].max() * 1.5  # four equal largest values
