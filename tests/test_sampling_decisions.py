@@ -18,6 +18,16 @@ PROBLEMS = {
     "chain_speculative_sampling": ({"probs": "float32"}, []),
 }
 
+# the Triton kernel `auto` takes first on a GPU for each PROBLEMS entry (dispatch_rules/*.toml)
+FIRST_TRITON = {
+    "sampling_from_probs": "triton:two_pass",
+    "sampling_from_logits": "triton:one_pass",
+    "renorm_probs": "triton",  # top-p renormalisation: the general kernel
+    "top_k_mask_logits": "triton:two_pass",
+    "softmax": "triton:streaming",
+    "chain_speculative_sampling": "triton",
+}
+
 
 def _problem(op, sm, features=None, top_k=64):
     dtypes, default_features = PROBLEMS[op]
@@ -45,10 +55,11 @@ def test_default_order(op, sm):
         expected = [b for b in ("triton", "torch", "reference") if b in usable]
         assert list(dict.fromkeys(n.split(":")[0] for n in decision.order)) == expected
         assert decision.backend == expected[0]
-        if op == "sampling_from_probs" and "triton" in usable:
-            # a scalar top-k of at most 512 takes the two-pass sampler, ahead of the general one
-            assert decision.name == "triton:two_pass"
-            assert decision.order[:2] == ("triton:two_pass", "triton")
+        if "triton" in usable:
+            # the measured variant first where its check accepts the problem (a scalar top-k of
+            # at most 512 for the two-pass kernels), the general kernel behind it
+            assert decision.name == FIRST_TRITON[op]
+            assert decision.order[0] == FIRST_TRITON[op]
     # the rule says where its order comes from: an H200 measurement or "not yet measured"
     assert "measured on the H200" in decision.basis or "not yet measured" in decision.basis
 
@@ -78,7 +89,21 @@ def test_calls_the_two_pass_sampler_does_not_serve_take_the_general_kernel(sm, f
     decision = select(_problem("sampling_from_probs", sm, features, top_k), assume_installed=True)
     two_pass = next(c for c in decision.candidates if c.variant == "two_pass")
     assert not two_pass.usable and [r.field for r in two_pass.reasons] == [field]
-    assert decision.name == "triton"
+    # top-p alone goes to the nucleus sampler; the rest to the general kernel
+    assert decision.name == ("triton:nucleus" if features == ["top_p"] else "triton")
+
+
+@pytest.mark.parametrize("sm", SMS[:-1])
+@pytest.mark.parametrize("features", [["top_p", "min_p"], ["top_k", "top_p"], ["min_p"], []],
+                         ids=["top_p_min_p", "top_k_top_p", "min_p", "plain"])
+def test_the_nucleus_sampler_serves_top_p_alone(sm, features):
+    decision = select(_problem("sampling_from_probs", sm, features, 64), assume_installed=True)
+    nucleus = next(c for c in decision.candidates if c.variant == "nucleus")
+    if features == []:
+        assert [r.field for r in nucleus.reasons] == ["feature"]  # the check: no top_p
+    else:
+        assert not nucleus.usable
+    assert decision.name != "triton:nucleus"
 
 
 @pytest.mark.parametrize("sm", SMS[:-1])

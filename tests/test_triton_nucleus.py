@@ -112,7 +112,8 @@ def test_a_steep_row_with_top_p_0_climbs_to_its_maximum():
     # masses 2^-j over 120 shuffled tokens: each rejected round halves the bracket, so the
     # rounds reach the single kept token (the maximum) well inside NUCLEUS_MAX_ROUNDS
     g = torch.Generator().manual_seed(11)
-    p = torch.pow(0.5, torch.arange(120, dtype=torch.float64))[torch.randperm(120, generator=g)]
+    order = torch.randperm(120, generator=g, device="cpu")
+    p = torch.pow(0.5, torch.arange(120, dtype=torch.float64, device="cpu"))[order]
     p = (p / p.sum()).float().unsqueeze(0).repeat(4, 1).to(torch.get_default_device())
     for seed in (1, 2, 3):
         _, out, valid = draw(p, 1, 0.0, seed=seed)

@@ -163,7 +163,7 @@ def test_dispatch_checks(op, features, top_k, usable):
     decision = select(problem, assume_installed=True)
     cand = next(c for c in decision.candidates if c.variant == "two_pass")
     assert cand.usable == usable
-    assert decision.name == "triton"  # not measured yet: the general kernel stays first
+    assert decision.name == ("triton:two_pass" if usable else "triton")
 
 
 @pytest.mark.gpu
