@@ -52,6 +52,8 @@ def sampling_calls() -> list[tuple[str, Callable]]:
         ("top_k_renorm_probs", lambda p, x, ks, ps: S.top_k_renorm_probs(p, 50)),
         ("top_k_mask_logits", lambda p, x, ks, ps: S.top_k_mask_logits(x, 50)),
         ("softmax", lambda p, x, ks, ps: S.softmax(x, 0.7)),
+        # a few rows split each row over many programs, many rows take one program each
+        ("softmax[many_rows]", lambda p, x, ks, ps: S.softmax(x.repeat(128, 1), 0.7)),
     ]
 
 

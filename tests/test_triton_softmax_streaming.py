@@ -11,7 +11,8 @@ from conftest import poison, rel_error
 triton = pytest.importorskip("triton")
 
 from flashinfer.backends import adapter_table  # noqa: E402
-from flashinfer.backends.triton_kernels.softmax import CHUNK_BLOCK, split_chunks  # noqa: E402
+from flashinfer.backends.triton_kernels.softmax import (  # noqa: E402
+    CHUNK_BLOCK, MAX_CHUNKS, split_chunks)
 
 pytestmark = [pytest.mark.usefixtures("kernel_device"),
               # the interpreter's numpy evaluates exp(-inf - -inf) before the kernel masks it
@@ -77,6 +78,15 @@ def test_chunk_rule():
     assert split_chunks(rows=1, vocab=128256, sms=132) == 126  # whole 1,024 blocks: 126 of them
     assert split_chunks(rows=16, vocab=128256, sms=132) == 17
     assert split_chunks(rows=1, vocab=300, sms=132) == -(-300 // CHUNK_BLOCK)
+    # the write kernel's statistics width is MAX_CHUNKS at every row count (no compile per batch)
+    assert split_chunks(rows=1, vocab=10**7, sms=1000) == MAX_CHUNKS
+
+
+@pytest.mark.parametrize("chunks", [0, MAX_CHUNKS + 1])
+def test_a_forced_chunk_count_outside_the_range_is_refused(chunks):
+    x = logits(2, 64, seed=6)
+    with pytest.raises(ValueError, match="chunks"):
+        streaming()(x, torch.empty(2, 64, device=x.device), None, chunks=chunks)
 
 
 @pytest.mark.gpu

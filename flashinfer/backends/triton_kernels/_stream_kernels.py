@@ -48,7 +48,8 @@ def candidates_tau(top0, top1, top2, top3, k, floor_o, scratch, i, BLOCK: tl.con
     """The k-th largest of the lanes' four largest values as an ordered int, at least
     ``floor_o`` (the smallest value that counts: 1 for probabilities, the smallest finite float
     for logits); the candidates' count at or above it (-1 when they overflowed their slots);
-    and the candidates' mass at or above it. The G group maxima of the lanes' largest values
+    the candidates' mass at or above it; and the candidates sorted, largest first (``-inf`` in
+    the slots past them). The G group maxima of the lanes' largest values
     are G >= k distinct tokens, so tau is at least the smallest of them; the candidates at or
     above that bound (about G ln G) are compacted into CAP slots of the output row ``i`` of
     ``scratch`` and sorted there (a bitonic network). ``1 <= k <= G <= BLOCK``."""
@@ -73,7 +74,7 @@ def candidates_tau(top0, top1, top2, top3, k, floor_o, scratch, i, BLOCK: tl.con
     tau_o = tl.maximum(_ord(kth), floor_o).to(tl.int64)
     above = _ord(cand) >= tau_o
     n_tau = tl.where(fits, tl.sum(above.to(tl.int32), axis=0), -1)
-    return tau_o, n_tau, tl.sum(tl.where(above, cand, 0.0), axis=0)
+    return tau_o, n_tau, tl.sum(tl.where(above, cand, 0.0), axis=0), srt
 
 
 @triton.jit

@@ -65,7 +65,7 @@ def top_k_renorm_kernel(src, dst, scratch, k_val, V, stride_src, stride_dst,
     top0, top1, top2, top3, lane_sums, bad = first_pass(row_ptr, V, BLOCK, True, False)
     s_all = tl.sum(lane_sums, axis=0)
     ok = (bad == 0) & (s_all > 0.0) & (s_all < float("inf"))
-    tau_o, n_tau, mass = candidates_tau(top0, top1, top2, top3, k, 1, scratch, row, BLOCK, G,
+    tau_o, n_tau, mass, _srt = candidates_tau(top0, top1, top2, top3, k, 1, scratch, row, BLOCK, G,
                                         CAP)
     n_kept = _write_kept(row_ptr, out_ptr, V, _unord(tau_o.to(tl.int32)), 1.0 / mass, ok, BLOCK,
                          True)
@@ -86,7 +86,7 @@ def top_k_mask_kernel(src, dst, scratch, k_val, V, stride_src, stride_dst,
     out_ptr = dst + row.to(tl.int64) * stride_dst
     k = tl.zeros([], tl.int32) + k_val
     top0, top1, top2, top3, _sums, _bad = first_pass(row_ptr, V, BLOCK, True, True)
-    tau_o, n_tau, _mass = candidates_tau(top0, top1, top2, top3, k, _FINITE_FLOOR, scratch, row,
+    tau_o, n_tau, _mass, _srt = candidates_tau(top0, top1, top2, top3, k, _FINITE_FLOOR, scratch, row,
                                          BLOCK, G, CAP)
     n_kept = _write_kept(row_ptr, out_ptr, V, _unord(tau_o.to(tl.int32)), 1.0, True, BLOCK,
                          False)

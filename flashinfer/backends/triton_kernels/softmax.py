@@ -18,14 +18,18 @@ from .sampling import _device_of, _pow2, softmax_args
 ROW_BLOCK, ROW_WARPS = 4096, 8
 #: the same for a chunk of a split row
 CHUNK_BLOCK, CHUNK_WARPS = 1024, 4
+#: most chunks per row; also the write kernel's (compile-time) width for the chunk statistics,
+#: one value for every row count, so a new batch size does not compile a new kernel
+MAX_CHUNKS = 512
 
 
 def split_chunks(rows: int, vocab: int, sms: int) -> int:
     """Chunks per row: 1 (one program per row) unless ``rows`` programs would fill fewer than
-    half of ``sms``; then about ``2 sms / rows``, each at least one block."""
+    half of ``sms``; then about ``2 sms / rows``, each at least one block, at most
+    ``MAX_CHUNKS``."""
     if 2 * rows >= sms:
         return 1
-    return max(1, min(-(-2 * sms // rows), -(-vocab // CHUNK_BLOCK)))
+    return max(1, min(-(-2 * sms // rows), -(-vocab // CHUNK_BLOCK), MAX_CHUNKS))
 
 
 @KERNELS.kernel("softmax", "streaming")
@@ -40,6 +44,8 @@ def softmax_streaming(logits, out, temperature, chunks: int | None = None) -> No
     dst, t_ptr, t_val, t_t = softmax_args(out, temperature)
     if chunks is None:
         chunks = split_chunks(n_rows, vocab, sm_count(logits.device))
+    elif not 1 <= chunks <= MAX_CHUNKS:
+        raise ValueError(f"chunks must be in [1, {MAX_CHUNKS}], got {chunks}")
     with _device_of(logits):
         if chunks <= 1:
             block = max(16, min(ROW_BLOCK, _pow2(vocab)))
@@ -57,6 +63,6 @@ def softmax_streaming(logits, out, temperature, chunks: int | None = None) -> No
                 BLOCK=block, num_warps=CHUNK_WARPS)
             K.softmax_chunk_write_kernel[grid](
                 logits, dst, part, t_ptr, t_val, vocab, logits.stride(0), dst.stride(0), chunk,
-                n_chunks, T_T=t_t, S=_pow2(n_chunks), BLOCK=block, num_warps=CHUNK_WARPS)
+                n_chunks, T_T=t_t, S=MAX_CHUNKS, BLOCK=block, num_warps=CHUNK_WARPS)
     if dst is not out:
         out.copy_(dst)
