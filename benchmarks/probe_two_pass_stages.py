@@ -34,8 +34,8 @@ CUTS = {
 
 
 def _absolute(src: str) -> str:
-    return src.replace("from ._sampling_kernels",
-                       "from flashinfer.backends.triton_kernels._sampling_kernels")
+    """The module's relative imports made absolute (a copy runs outside the package)."""
+    return src.replace("from ._", "from flashinfer.backends.triton_kernels._")
 
 
 def _variants(tmp: str, against: str = "") -> dict:
@@ -86,13 +86,17 @@ def main() -> None:
                 scratch = torch.empty(batch, cap, device="cuda")
                 row = {"batch": batch, "shape": shape}
                 for name, m in mods.items():
-                    def call(m=m):
+                    # LOGITS: the logits mode, absent from kernels older than 2026-11-30 14:30
+                    extra = ({"LOGITS": False}
+                             if "LOGITS" in m.two_pass_sample_kernel.arg_names else {})
+
+                    def call(m=m, extra=extra):
                         m.two_pass_sample_kernel[(batch,)](
                             probs, out, valid, out, out, out, 50, 0.9, 0.0, out, out, 7, 0, 0, 0,
                             batch, probs.shape[1], probs.stride(0), scratch, MODE=2,
                             HAS_IDX=False, HAS_P=True, P_T=False, MP_T=False, JOINT=0,
                             SEED_T=False, OFF_T=False, BLOCK=4 * q, G=groups, CAP=cap, COL=64,
-                            PHILOX_ROUNDS=7, num_warps=warps)
+                            PHILOX_ROUNDS=7, num_warps=warps, **extra)
                     row[name] = 1e3 * graph_ms([None], lambda a, b: call(), "", 20)
                 print({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()},
                       flush=True)

@@ -172,8 +172,10 @@ def backends_for(impl: str, sort_cfg, batch: int, vocab: int, args, name: str = 
         names = ["upstream"]
     else:
         names = list(OURS_BACKENDS)
-        if sort_cfg is not None and name.endswith("_from_probs"):
+        if sort_cfg is not None and name.endswith("_from_probs") and name != "top_p_sampling_from_probs":
             names.append("triton:two_pass")  # the two-pass top-k variant (op sampling_from_probs)
+        if name == "top_k_top_p_sampling_from_logits":
+            names.append("triton:two_pass")  # the two-pass sampler reading the logits
         if name == "top_p_sampling_from_probs":
             names.append("triton:nucleus")  # top-p alone by lean rejection rounds
         if name in ("top_k_renorm_probs", "top_k_mask_logits"):

@@ -33,6 +33,10 @@ mapped row ``indices[i]``: ``top_k`` None, int or int32 ``[R]``; ``top_p``/``min
 * ``sampling_from_logits``: ``kernel(logits, out, indices, deterministic, seed, offset)``;
   logits fp32/fp16/bf16 ``[R, V]`` contiguous; samples softmax(logits); a NaN or all ``-inf``
   row gives 0.
+* ``top_k_top_p_sampling_from_logits``: ``kernel(logits, out, indices, top_k, top_p, joint,
+  deterministic, seed, offset)``: ``sampling_from_probs`` of ``softmax(logits)`` with the top-k
+  and top-p rules (``top_k`` always given); logits fp32/fp16/bf16 ``[R, V]`` contiguous; an
+  invalid row (a NaN or +inf logit, no finite one) or index gives 0.
 * ``renorm_probs``: ``kernel(probs, out, top_k, top_p)``; exactly one of top_k/top_p given; out
   (probs' dtype) = p / sum(kept) on kept entries, 0 elsewhere (fp32 math, one rounding); an
   invalid row gives zeros.
@@ -168,6 +172,34 @@ def _sampling_from_logits_op(
     seed, offset = _seed_args(seed_arr, offset_arr, seed_val, offset_val, use_default,
                               count * logits.shape[1], logits.device)
     dispatch.decide(problem, backend).kernel(logits, out, indices, deterministic, seed, offset)
+    return out
+
+
+@custom_op("top_k_top_p_sampling_from_logits", fake=_fake_logit_samples)
+def _top_k_top_p_from_logits_op(
+        logits: torch.Tensor, indices: Optional[torch.Tensor], top_k_arr: Optional[torch.Tensor],
+        top_k_val: int, top_p_arr: Optional[torch.Tensor], top_p_val: float, joint: bool,
+        deterministic: bool, seed_arr: Optional[torch.Tensor], offset_arr: Optional[torch.Tensor],
+        seed_val: int, offset_val: int, use_default: bool, increment: int, backend: str
+) -> torch.Tensor:
+    logits = logits.contiguous()
+    count = indices.shape[0] if indices is not None else logits.shape[0]
+    out = torch.empty(count, dtype=indices.dtype if indices is not None else torch.int32,
+                      device=logits.device)
+    if count == 0:
+        return out
+    features = ["top_k", "top_p"] + [f for f, v in (("indices", indices), ("seed_tensor", seed_arr))
+                                     if v is not None]
+    if joint:
+        features.append("joint")
+    shape = _top_k_facts(_shape(count, logits.shape[1]), features, top_k_arr, top_k_val)
+    problem = Problem.make("top_k_top_p_sampling_from_logits", logits.device,
+                           dtypes={"logits": logits.dtype}, shape=shape, features=features)
+    seed, offset = _seed_args(seed_arr, offset_arr, seed_val, offset_val, use_default, increment,
+                              logits.device)
+    dispatch.decide(problem, backend).kernel(
+        logits, out, indices, top_k_arr if top_k_arr is not None else top_k_val,
+        top_p_arr if top_p_arr is not None else top_p_val, joint, deterministic, seed, offset)
     return out
 
 
@@ -403,14 +435,22 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: Union[torch.Te
                                      generator: Optional[torch.Generator] = None,
                                      check_nan: bool = False, seed: _Seed = None,
                                      offset: _Seed = None, *, backend: str = "auto") -> torch.Tensor:
-    """:func:`softmax` of ``logits`` then :func:`top_k_top_p_sampling_from_probs` (no
-    ``return_valid``, as upstream)."""
+    """:func:`top_k_top_p_sampling_from_probs` of ``softmax(logits)`` (no ``return_valid``, as
+    upstream). ``logits`` ``[rows, vocab]`` fp32/fp16/bf16. One op: a kernel may read the logits
+    directly (the two-pass Triton sampler does for a scalar top-k, top-k first) or run the
+    softmax and then the sampler."""
     distribution("logits", logits)
+    check_backend(backend)
     joint = _joint(filter_apply_order)
+    rows, device = logits.shape[0], logits.device
+    indices = index_map(indices, device)
+    count = indices.shape[0] if indices is not None else rows
+    k_arr, k_val = top_k_arg(top_k, rows, device)
+    p_arr, p_val = fraction_arg("top_p", top_p, rows, device)
+    seeds = resolve_seed(generator, count * 32, seed_kind(seed, offset, count, device), device)
     check_nan_arg("logits", logits, check_nan)
-    probs = softmax(logits, backend=backend)
-    return _sample_probs(probs, indices, top_k, top_p, None, joint, deterministic, generator,
-                         False, seed, offset, False, 32, backend)
+    return _top_k_top_p_from_logits_op(logits, indices, k_arr, k_val, p_arr, p_val, bool(joint),
+                                       bool(deterministic), *seeds, count * 32, backend)
 
 
 @flashinfer_api

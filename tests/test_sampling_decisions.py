@@ -12,6 +12,7 @@ SMS = ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0", "cpu"]
 PROBLEMS = {
     "sampling_from_probs": ({"probs": "float32"}, ["top_k", "top_p", "joint", "indices"]),
     "sampling_from_logits": ({"logits": "bfloat16"}, ["indices"]),
+    "top_k_top_p_sampling_from_logits": ({"logits": "float32"}, ["top_k", "top_p", "indices"]),
     "renorm_probs": ({"probs": "float16"}, ["top_p"]),
     "top_k_mask_logits": ({"logits": "float32"}, []),
     "softmax": ({"logits": "bfloat16"}, ["temperature"]),
@@ -22,6 +23,7 @@ PROBLEMS = {
 FIRST_TRITON = {
     "sampling_from_probs": "triton:two_pass",
     "sampling_from_logits": "triton:one_pass",
+    "top_k_top_p_sampling_from_logits": "triton:two_pass",
     "renorm_probs": "triton",  # top-p renormalisation: the general kernel
     "top_k_mask_logits": "triton:two_pass",
     "softmax": "triton:streaming",
@@ -34,7 +36,7 @@ def _problem(op, sm, features=None, top_k=64):
     shape = {"batch_size": 64, "vocab_size": 131072}
     if op == "chain_speculative_sampling":
         shape["num_draft"] = 4
-    if op == "sampling_from_probs" and top_k is not None:
+    if op in ("sampling_from_probs", "top_k_top_p_sampling_from_logits") and top_k is not None:
         shape["top_k"] = top_k
     return Problem.make(op, simulated(None if sm == "cpu" else sm), dtypes=dtypes, shape=shape,
                         features=default_features if features is None else features)

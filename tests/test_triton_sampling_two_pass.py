@@ -105,7 +105,8 @@ def _launch(p, top_k, top_p, joint, block, seed=9, cap=None, min_p=None):
     K2.two_pass_sample_kernel[(n,)](p, out, valid, out, out, out, top_k or 1, pv, min_p or 0.0,
                                     out, out, seed, 0, 0, 0, n, p.shape[1], p.stride(0), scratch,
                                     MODE=mode, HAS_IDX=False, HAS_P=top_p is not None, P_T=False,
-                                    MP_T=False, JOINT=int(joint), SEED_T=False, OFF_T=False,
+                                    MP_T=False, JOINT=int(joint), LOGITS=False, SEED_T=False,
+                                    OFF_T=False,
                                     BLOCK=block, G=groups, CAP=cap, COL=4, PHILOX_ROUNDS=7)
     return out.long(), valid
 

@@ -149,6 +149,17 @@ def top_k_mask_logits(logits, out, top_k) -> None:
     out.copy_(logits if keep is None else logits.masked_fill(~keep, -torch.inf))
 
 
+@KERNELS.kernel("top_k_top_p_sampling_from_logits")
+def top_k_top_p_sampling_from_logits(logits, out, indices, top_k, top_p, joint, deterministic,
+                                     seed, offset) -> None:
+    """``torch.softmax`` (a NaN or +inf logit, or none finite, makes the row NaN: token 0), then
+    :func:`sampling_from_probs`."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    valid = torch.empty(out.shape, dtype=torch.bool, device=out.device)
+    sampling_from_probs(probs, out, valid, indices, top_k, top_p, None, joint, deterministic, seed,
+                        offset)
+
+
 @KERNELS.kernel("softmax")
 def softmax(logits, out, temperature) -> None:
     x = logits.float()

@@ -42,11 +42,13 @@ def _word(value, i: int) -> int:
 
 def uniforms(seed, offset, rows: int, per_row: int, device) -> torch.Tensor:
     """float64 ``[rows, per_row]`` uniforms in [0, 1), one generator per output row."""
-    out = torch.empty(rows, per_row, dtype=torch.float64)
-    gen = torch.Generator()
+    # a host generator, explicitly on the host (a caller's `with torch.device("cuda")` must not
+    # move these tensors off it)
+    out = torch.empty(rows, per_row, dtype=torch.float64, device="cpu")
+    gen = torch.Generator(device="cpu")
     for i in range(rows):
         gen.manual_seed(mix64(_word(seed, i), _word(offset, i), i))
-        out[i] = torch.rand(per_row, generator=gen, dtype=torch.float64)
+        out[i] = torch.rand(per_row, generator=gen, dtype=torch.float64, device="cpu")
     return out.to(device)
 
 
@@ -140,6 +142,20 @@ def sampling_from_logits(logits, out, indices, deterministic, seed, offset) -> N
     p = torch.softmax(x, dim=-1)  # -inf logits get exactly 0
     u = uniforms(seed, offset, count, 1, logits.device)[:, 0]
     out.copy_(torch.where(ok, inverse_cdf(p, u), 0))
+
+
+@KERNELS.kernel("top_k_top_p_sampling_from_logits")
+def top_k_top_p_sampling_from_logits(logits, out, indices, top_k, top_p, joint, deterministic,
+                                     seed, offset) -> None:
+    """The float64 softmax, then :func:`sampling_from_probs` (an invalid logit row: a NaN
+    distribution, so token 0)."""
+    x = logits.double()
+    bad = torch.isnan(x).any(-1) | ~(x > -torch.inf).any(-1) | (x == torch.inf).any(-1)
+    probs = torch.softmax(torch.where(bad.unsqueeze(-1), 0.0, x), dim=-1)
+    probs[bad] = float("nan")
+    valid = torch.empty(out.shape, dtype=torch.bool, device=out.device)
+    sampling_from_probs(probs, out, valid, indices, top_k, top_p, None, joint, deterministic, seed,
+                        offset)
 
 
 @KERNELS.kernel("renorm_probs")

@@ -8,14 +8,17 @@ import triton.language as tl
 
 from ._sampling_kernels import _insert, _ord, _unord
 
+#: ordered int of the smallest finite float (-FLT_MAX): the least logit that counts
+FINITE_FLOOR = tl.constexpr(-2139095040)
+
 
 @triton.jit
 def first_pass(row_ptr, V, BLOCK: tl.constexpr, TOP4: tl.constexpr, LOGITS: tl.constexpr):
     """One pass over a row: per block position the four largest values ``top0 >= top1 >= top2
     >= top3`` (TOP4; else only the largest in ``top0``), ``-inf`` where none. Probabilities:
     positive values only, the per-position sums, and whether the row holds a NaN, a negative
-    value or +inf. Logits (LOGITS): every value but NaN; sums and flag are not kept. The next
-    block is loaded before this one is worked on."""
+    value or +inf. Logits (LOGITS): every value but NaN, and whether the row holds a NaN or +inf;
+    sums are not kept. The next block is loaded before this one is worked on."""
     lane = tl.arange(0, BLOCK)
     ninf = tl.full([BLOCK], float("-inf"), tl.float32)
     top0 = ninf
@@ -30,6 +33,7 @@ def first_pass(row_ptr, V, BLOCK: tl.constexpr, TOP4: tl.constexpr, LOGITS: tl.c
         x = nxt.to(tl.float32)
         nxt = tl.load(row_ptr + start + BLOCK + lane, mask=start + BLOCK + lane < V, other=other)
         if LOGITS:
+            bad |= ((x != x) | (x == float("inf"))).to(tl.int32)
             val = tl.where(x == x, x, ninf)
         else:
             bad |= ((x != x) | (x < 0.0) | (x == float("inf"))).to(tl.int32)
@@ -85,7 +89,7 @@ def exact_tau(row_ptr, V, k, floor_o, BLOCK: tl.constexpr):
     hi = tl.full([], 2139095041, tl.int64)  # one past +inf: no token at or above
     for _ in range(32):
         mid = lo + (hi - lo) // 2
-        n, _mass = count_at_least(row_ptr, V, _unord(mid.to(tl.int32)), BLOCK)
+        n, _mass = count_at_least(row_ptr, V, _unord(mid.to(tl.int32)), 0.0, BLOCK, False)
         enough = n >= k
         lo = tl.where(enough, mid, lo)
         hi = tl.where(enough, hi, mid)
@@ -93,8 +97,9 @@ def exact_tau(row_ptr, V, k, floor_o, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def count_at_least(row_ptr, V, t, BLOCK: tl.constexpr):
-    """How many tokens of the row are ``>= t``, and their sum."""
+def count_at_least(row_ptr, V, t, top, BLOCK: tl.constexpr, LOGITS: tl.constexpr):
+    """How many tokens of the row are ``>= t``, and their sum (LOGITS: the sum of ``exp(x -
+    top)``)."""
     lane = tl.arange(0, BLOCK)
     cnt = tl.zeros([BLOCK], tl.int32)
     mass = tl.zeros([BLOCK], tl.float32)
@@ -102,7 +107,10 @@ def count_at_least(row_ptr, V, t, BLOCK: tl.constexpr):
         x = tl.load(row_ptr + start + lane, mask=start + lane < V,
                     other=float("-inf")).to(tl.float32)
         cnt += (x >= t).to(tl.int32)
-        mass += tl.where(x >= t, x, 0.0)
+        if LOGITS:
+            mass += tl.where(x >= t, tl.exp(x - top), 0.0)
+        else:
+            mass += tl.where(x >= t, x, 0.0)
     return tl.sum(cnt, axis=0), tl.sum(mass, axis=0)
 
 
@@ -111,8 +119,8 @@ def pick_in_position_major_order(row_ptr, V, acc, target, thr, top, BLOCK: tl.co
                                  COL: tl.constexpr, LOGITS: tl.constexpr):
     """The token where the running weight, in position-major order, first exceeds ``target``:
     the position from the per-position weights ``acc [BLOCK]``, then the token from its column
-    (``COL`` at a time). A token's weight: ``exp(x - top)`` (LOGITS), else ``x`` where ``x >
-    thr``. When rounding keeps the column below the target: the column's last token with
+    (``COL`` at a time). A token's weight where ``x > thr``: ``exp(x - top)`` (LOGITS), else
+    ``x``; 0 elsewhere. When rounding keeps the column below the target: the column's last token with
     weight; -1 when no position has weight."""
     lane = tl.arange(0, BLOCK)
     ends = tl.cumsum(acc, axis=0)
@@ -131,7 +139,7 @@ def pick_in_position_major_order(row_ptr, V, acc, target, thr, top, BLOCK: tl.co
         offs = pos + j * BLOCK
         if LOGITS:
             x = tl.load(row_ptr + offs, mask=j < n_col, other=float("-inf")).to(tl.float32)
-            w = tl.exp(x - top)
+            w = tl.where(x > thr, tl.exp(x - top), 0.0)
         else:
             x = tl.load(row_ptr + offs, mask=j < n_col, other=0.0).to(tl.float32)
             w = tl.where(x > thr, x, 0.0)

@@ -24,10 +24,7 @@ import triton
 import triton.language as tl
 
 from ._sampling_kernels import _unord
-from ._stream_kernels import candidates_tau, count_at_least, exact_tau, first_pass
-
-#: ordered int of the smallest finite float (-FLT_MAX): the least logit that counts
-_FINITE_FLOOR = tl.constexpr(-2139095040)
+from ._stream_kernels import FINITE_FLOOR, candidates_tau, count_at_least, exact_tau, first_pass
 
 
 @triton.jit
@@ -65,14 +62,14 @@ def top_k_renorm_kernel(src, dst, scratch, k_val, V, stride_src, stride_dst,
     top0, top1, top2, top3, lane_sums, bad = first_pass(row_ptr, V, BLOCK, True, False)
     s_all = tl.sum(lane_sums, axis=0)
     ok = (bad == 0) & (s_all > 0.0) & (s_all < float("inf"))
-    tau_o, n_tau, mass, _srt = candidates_tau(top0, top1, top2, top3, k, 1, scratch, row, BLOCK, G,
-                                        CAP)
+    tau_o, n_tau, mass, _srt = candidates_tau(top0, top1, top2, top3, k, 1, scratch, row, BLOCK,
+                                              G, CAP)
     n_kept = _write_kept(row_ptr, out_ptr, V, _unord(tau_o.to(tl.int32)), 1.0 / mass, ok, BLOCK,
                          True)
     if ok & (n_kept != n_tau):  # a lane held more than four of the top k: exact, then again
         tau_o = exact_tau(row_ptr, V, k, 1, BLOCK)
         tau = _unord(tau_o.to(tl.int32))
-        _n, mass = count_at_least(row_ptr, V, tau, BLOCK)
+        _n, mass = count_at_least(row_ptr, V, tau, 0.0, BLOCK, False)
         _write_kept(row_ptr, out_ptr, V, tau, 1.0 / mass, ok, BLOCK, True)
 
 
@@ -86,10 +83,10 @@ def top_k_mask_kernel(src, dst, scratch, k_val, V, stride_src, stride_dst,
     out_ptr = dst + row.to(tl.int64) * stride_dst
     k = tl.zeros([], tl.int32) + k_val
     top0, top1, top2, top3, _sums, _bad = first_pass(row_ptr, V, BLOCK, True, True)
-    tau_o, n_tau, _mass, _srt = candidates_tau(top0, top1, top2, top3, k, _FINITE_FLOOR, scratch, row,
-                                         BLOCK, G, CAP)
+    tau_o, n_tau, _mass, _srt = candidates_tau(top0, top1, top2, top3, k, FINITE_FLOOR, scratch,
+                                               row, BLOCK, G, CAP)
     n_kept = _write_kept(row_ptr, out_ptr, V, _unord(tau_o.to(tl.int32)), 1.0, True, BLOCK,
                          False)
     if n_kept != n_tau:  # a lane held more than four of the top k: exact, then again
-        tau_o = exact_tau(row_ptr, V, k, _FINITE_FLOOR, BLOCK)
+        tau_o = exact_tau(row_ptr, V, k, FINITE_FLOOR, BLOCK)
         _write_kept(row_ptr, out_ptr, V, _unord(tau_o.to(tl.int32)), 1.0, True, BLOCK, False)

@@ -160,33 +160,81 @@ def sampling_from_probs_two_pass(probs, out, valid, indices, top_k, top_p, min_p
     if n_out == 0:
         return
     vocab = probs.shape[1]
-    q, warps = _launch_shape(vocab, n_out)
-    mode = _two_pass_mode(top_k, top_p, min_p, q, vocab)
+    mode = _two_pass_mode(top_k, top_p, min_p, _launch_shape(vocab, n_out)[0], vocab)
     if mode is None:
         sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, deterministic,
                             seed, offset)
         return
-    _kernels(probs)  # seeds Triton's cache (the helpers live in the general kernel's module)
+    _launch_two_pass(probs, out, valid, indices, mode, top_k, top_p, min_p, joint, seed, offset,
+                     False)
+
+
+def _launch_two_pass(src, out, valid, indices, mode: int, top_k, top_p, min_p, joint, seed,
+                     offset, logits: bool) -> None:
+    """One program per output row of ``_sampling_two_pass_kernels.two_pass_sample_kernel`` in
+    ``mode`` (``_two_pass_mode``); ``src`` holds probabilities, or logits (``logits``: mode 2,
+    top-k first only)."""
+    _kernels(src)  # seeds Triton's cache (the helpers live in the general kernel's module)
     from . import _sampling_two_pass_kernels as K2
 
-    probs = probs.contiguous()
+    src = src.contiguous()
+    n_out, vocab = out.numel(), src.shape[1]
+    q, warps = _launch_shape(vocab, n_out)
     p_ptr, p_val, has_p, p_t = _threshold(top_p, out, float)
     mp_ptr, mp_val, _, mp_t = _threshold(min_p, out, float)
     s_ptr, s_val, s_stride, s_t = _rng(seed, out)
     o_ptr, o_val, o_stride, o_t = _rng(offset, out)
     k = int(top_k) if mode == 2 else 1
     groups, cap = two_pass_groups(k, 4 * q, vocab) if mode == 2 else (16, 16)
-    scratch = torch.empty(n_out if mode == 2 else 1, cap, dtype=torch.float32,
-                          device=probs.device)
-    with _device_of(probs):
+    scratch = torch.empty(n_out if mode == 2 else 1, cap, dtype=torch.float32, device=src.device)
+    with _device_of(src):
         K2.two_pass_sample_kernel[(n_out,)](
-            probs, out, valid, indices if indices is not None else out, p_ptr, mp_ptr, k, p_val,
-            mp_val, s_ptr, o_ptr, s_val, o_val, s_stride, o_stride, probs.shape[0], vocab,
-            probs.stride(0), scratch, MODE=mode, HAS_IDX=indices is not None, HAS_P=has_p,
-            P_T=p_t, MP_T=mp_t, JOINT=int(bool(joint)), SEED_T=s_t, OFF_T=o_t, BLOCK=4 * q,
-            G=groups, CAP=cap, COL=TWO_PASS_COLUMN, PHILOX_ROUNDS=PHILOX_ROUNDS,
+            src, out, valid, indices if indices is not None else out, p_ptr, mp_ptr, k, p_val,
+            mp_val, s_ptr, o_ptr, s_val, o_val, s_stride, o_stride, src.shape[0], vocab,
+            src.stride(0), scratch, MODE=mode, HAS_IDX=indices is not None, HAS_P=has_p,
+            P_T=p_t, MP_T=mp_t, JOINT=int(bool(joint)), LOGITS=logits, SEED_T=s_t, OFF_T=o_t,
+            BLOCK=4 * q, G=groups, CAP=cap, COL=TWO_PASS_COLUMN, PHILOX_ROUNDS=PHILOX_ROUNDS,
             num_warps=warps,
         )
+
+
+@KERNELS.kernel("top_k_top_p_sampling_from_logits", "default")
+def top_k_top_p_sampling_from_logits(logits, out, indices, top_k, top_p, joint, deterministic,
+                                     seed, offset) -> None:
+    """The streaming softmax, then the two-pass sampler where it serves, else the general
+    kernel (``sampling_from_probs_two_pass``)."""
+    from .softmax import softmax_streaming
+
+    probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    softmax_streaming(logits, probs, None)
+    valid = torch.empty(out.shape, dtype=torch.bool, device=out.device)
+    sampling_from_probs_two_pass(probs, out, valid, indices, top_k, top_p, None, joint,
+                                 deterministic, seed, offset)
+
+
+@KERNELS.kernel("top_k_top_p_sampling_from_logits", "two_pass")
+def top_k_top_p_sampling_from_logits_two_pass(logits, out, indices, top_k, top_p, joint,
+                                              deterministic, seed, offset) -> None:
+    """Top-k first with a scalar ``1 <= k <= Q``: the two-pass sampler on the logits themselves
+    (weights ``exp(x - max)``; two reads of the row, no softmax written). Anything else: the
+    softmax, then the samplers (``top_k_top_p_sampling_from_logits``)."""
+    n_out = out.numel()
+    if n_out == 0:
+        return
+    q = _launch_shape(logits.shape[1], n_out)[0]
+    if joint or _two_pass_mode(top_k, top_p, None, q, logits.shape[1]) != 2:
+        top_k_top_p_sampling_from_logits(logits, out, indices, top_k, top_p, joint,
+                                         deterministic, seed, offset)
+        return
+    valid = torch.empty(out.shape, dtype=torch.bool, device=out.device)
+    _launch_two_pass(logits, out, valid, indices, 2, top_k, top_p, None, False, seed, offset, True)
+
+
+@KERNELS.check("top_k_top_p_sampling_from_logits", "two_pass")
+def _logits_two_pass_reasons(problem) -> list[Reason]:
+    """A scalar top-k of at most Q (top-k first: the record's features rule out joint and a
+    per-row top-k)."""
+    return _small_top_k_reasons(problem)
 
 
 @KERNELS.kernel("sampling_from_probs", "nucleus")
