@@ -27,7 +27,7 @@ FIRST_TRITON = {
     "renorm_probs": "triton",  # top-p renormalisation: the general kernel
     "top_k_mask_logits": "triton:two_pass",
     "softmax": "triton:streaming",
-    "chain_speculative_sampling": "triton",
+    "chain_speculative_sampling": "triton:one_pass",
 }
 
 

@@ -62,6 +62,6 @@ def logits_draw_kernel(logits, out, idx_ptr, seed_ptr, off_ptr, seed_val, off_va
     r0, _r1, _r2, _r3 = philox(seed, zero, i.to(tl.uint32), 0xFFFF | (off_hi << 16), off_lo,
                                PHILOX_ROUNDS)
     target = uint_to_uniform_float(r0) * tl.sum(acc, axis=0)
-    res = pick_in_position_major_order(row_ptr, V, acc, target, float("-inf"), top, BLOCK,
-                                       COL, True)
+    res = pick_in_position_major_order(row_ptr, V, acc, target, float("-inf"), top, row_ptr,
+                                       False, BLOCK, COL, True, False)
     tl.store(out + i, tl.where(ok, tl.maximum(res, 0), 0).to(out.dtype.element_ty))

@@ -68,7 +68,7 @@ def nucleus_sample_kernel(probs, out, valid, idx_ptr, p_ptr, p_val, seed_ptr, of
     bound = top_p * total
     t = pick_in_position_major_order(row_ptr, V, acc, _uniform(seed, 0, i, off_lo, off_hi,
                                                                PHILOX_ROUNDS) * total,
-                                     0.0, 0.0, BLOCK, COL, False)
+                                     0.0, 0.0, row_ptr, False, BLOCK, COL, False, False)
     lo = tl.zeros([], tl.int64)  # ordered int of 0.0: N within the positive tokens
     hi = _ord(rmax).to(tl.int64)  # nothing above the maximum
     done = tl.where(ok, 0, 1)
@@ -99,7 +99,8 @@ def nucleus_sample_kernel(probs, out, valid, idx_ptr, p_ptr, p_val, seed_ptr, of
             mass = tl.where(heavy, m_mid, m_t)
             u = _uniform(seed, rnd, i, off_lo, off_hi, PHILOX_ROUNDS)
             t = pick_in_position_major_order(row_ptr, V, tl.where(heavy, above_mid, above_t),
-                                             u * mass, thr, 0.0, BLOCK, COL, False)
+                                             u * mass, thr, 0.0, row_ptr, False, BLOCK, COL,
+                                             False, False)
         rnd += 1
     tl.store(out + i, tl.where(ok, tl.maximum(t, 0), 0))
     tl.store(valid + i, ok)

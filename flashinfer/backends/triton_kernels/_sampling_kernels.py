@@ -744,16 +744,13 @@ def logits_sample_kernel(logits, out, idx_ptr, seed_ptr, off_ptr, seed_val, off_
     tl.store(out + i, tl.where(good, res, 0))
 
 
-@triton.jit(do_not_specialize=_VALUE_ARGS[3:7])
-def chain_spec_kernel(draft_probs, draft_ids, target_probs, output, accepted, emitted,
-                      seed_ptr, off_ptr, seed_val, off_val, seed_stride, off_stride,
-                      n, V, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
-                      NPAD: tl.constexpr, Q: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
-    """One program per request: n accept tests, then one race pass over the residual row."""
-    b = tl.program_id(0)
+@triton.jit
+def chain_accept_tests(draft_probs, draft_ids, target_probs, b, n, V, seed, off_lo, off_hi,
+                       NPAD: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
+    """Request ``b``'s ``n`` accept tests: draft ``j`` is accepted iff ``u_j q_j < t_j`` (an id
+    outside the vocabulary never is). Returns the slots ``j [NPAD]``, the draft ids ``d``, the
+    first rejected position ``pos`` (``n`` when none) and the number of accepted drafts."""
     b64 = b.to(tl.int64)
-    seed, off_lo, off_hi = _rng_words(seed_ptr, off_ptr, seed_val, off_val, seed_stride,
-                                      off_stride, b, SEED_T, OFF_T)
     j = tl.arange(0, NPAD)
     jm = j < n
     d = tl.load(draft_ids + b64 * n + j, mask=jm, other=0).to(tl.int64)
@@ -765,11 +762,23 @@ def chain_spec_kernel(draft_probs, draft_ids, target_probs, output, accepted, em
     u0, _u1, _u2, _u3 = philox(seed, ju, ju * 0 + b.to(tl.uint32),
                                ju * 0 + ((off_hi << 16) | 0x100), ju * 0 + off_lo,
                                PHILOX_ROUNDS)
-    u = uint_to_uniform_float(u0)
-    acc = d_ok & (u * q < t)
-    pos = tl.min(tl.where(acc, NPAD, j), axis=0)
-    pos = tl.minimum(pos, n)
-    n_acc = tl.sum(acc.to(tl.int32), axis=0)
+    acc = d_ok & (uint_to_uniform_float(u0) * q < t)
+    pos = tl.minimum(tl.min(tl.where(acc, NPAD, j), axis=0), n)
+    return j, d, pos, tl.sum(acc.to(tl.int32), axis=0)
+
+
+@triton.jit(do_not_specialize=_VALUE_ARGS[3:7])
+def chain_spec_kernel(draft_probs, draft_ids, target_probs, output, accepted, emitted,
+                      seed_ptr, off_ptr, seed_val, off_val, seed_stride, off_stride,
+                      n, V, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
+                      NPAD: tl.constexpr, Q: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
+    """One program per request: n accept tests, then one race pass over the residual row."""
+    b = tl.program_id(0)
+    b64 = b.to(tl.int64)
+    seed, off_lo, off_hi = _rng_words(seed_ptr, off_ptr, seed_val, off_val, seed_stride,
+                                      off_stride, b, SEED_T, OFF_T)
+    j, d, pos, n_acc = chain_accept_tests(draft_probs, draft_ids, target_probs, b, n, V, seed,
+                                          off_lo, off_hi, NPAD, PHILOX_ROUNDS)
     has_draft = pos < n
     tgt_row = target_probs + (b64 * (n + 1) + pos) * V
     drf_row = draft_probs + (b64 * n + tl.minimum(pos, n - 1)) * V

@@ -86,7 +86,8 @@ def _draw(row_ptr, V, thr, u, tau, top, BLOCK: tl.constexpr, COL: tl.constexpr,
             cnt += ((x >= tau) & (x > 0.0)).to(tl.int32)
             acc += tl.where(x > thr, x, 0.0)
     mass = tl.sum(acc, axis=0)
-    res = pick_in_position_major_order(row_ptr, V, acc, u * mass, thr, top, BLOCK, COL, LOGITS)
+    res = pick_in_position_major_order(row_ptr, V, acc, u * mass, thr, top, row_ptr, False,
+                                       BLOCK, COL, LOGITS, False)
     return res, tl.sum(cnt, axis=0), mass, tl.max(bad, axis=0) > 0
 
 

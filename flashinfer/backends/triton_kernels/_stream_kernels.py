@@ -115,12 +115,14 @@ def count_at_least(row_ptr, V, t, top, BLOCK: tl.constexpr, LOGITS: tl.constexpr
 
 
 @triton.jit
-def pick_in_position_major_order(row_ptr, V, acc, target, thr, top, BLOCK: tl.constexpr,
-                                 COL: tl.constexpr, LOGITS: tl.constexpr):
+def pick_in_position_major_order(row_ptr, V, acc, target, thr, top, sub_ptr, sub_on,
+                                 BLOCK: tl.constexpr, COL: tl.constexpr, LOGITS: tl.constexpr,
+                                 SUB: tl.constexpr):
     """The token where the running weight, in position-major order, first exceeds ``target``:
     the position from the per-position weights ``acc [BLOCK]``, then the token from its column
     (``COL`` at a time). A token's weight where ``x > thr``: ``exp(x - top)`` (LOGITS), else
-    ``x``; 0 elsewhere. When rounding keeps the column below the target: the column's last token with
+    ``x``; 0 elsewhere. SUB: ``x`` is the row minus the row at ``sub_ptr`` where ``sub_on``
+    (a residual ``relu(t - d)`` with ``thr = 0``). When rounding keeps the column below the target: the column's last token with
     weight; -1 when no position has weight."""
     lane = tl.arange(0, BLOCK)
     ends = tl.cumsum(acc, axis=0)
@@ -142,6 +144,9 @@ def pick_in_position_major_order(row_ptr, V, acc, target, thr, top, BLOCK: tl.co
             w = tl.where(x > thr, tl.exp(x - top), 0.0)
         else:
             x = tl.load(row_ptr + offs, mask=j < n_col, other=0.0).to(tl.float32)
+            if SUB:
+                sub_n = tl.where(sub_on, n_col, 0)
+                x -= tl.load(sub_ptr + offs, mask=j < sub_n, other=0.0).to(tl.float32)
             w = tl.where(x > thr, x, 0.0)
         hit = (run + tl.cumsum(w, axis=0) > rest) & (w > 0.0)
         first_hit = tl.min(tl.where(hit, offs, 2147483647), axis=0)

@@ -478,3 +478,26 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, outpu
             n_draft, vocab, SEED_T=s_t, OFF_T=o_t, NPAD=_pow2(n_draft + 1),
             Q=q, PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
         )
+
+
+@KERNELS.kernel("chain_speculative_sampling", "one_pass")
+def chain_speculative_sampling_one_pass(draft_probs, draft_token_ids, target_probs, output,
+                                        accepted, emitted, deterministic, seed, offset) -> None:
+    """The same accept tests, then the replacement token by one inverse-CDF draw over the
+    residual row (``_chain_draw_kernels``): one pass, no per-element random numbers."""
+    _kernels(draft_probs)  # seeds Triton's cache (the helpers live in the general kernel's module)
+    from . import _chain_draw_kernels as KC
+
+    batch, n_draft, vocab = draft_probs.shape
+    if batch == 0:
+        return
+    s_ptr, s_val, s_stride, s_t = _rng(seed, output)
+    o_ptr, o_val, o_stride, o_t = _rng(offset, output)
+    q, warps = _launch_shape(vocab, batch)
+    with _device_of(target_probs):
+        KC.chain_one_pass_kernel[(batch,)](
+            draft_probs.contiguous(), draft_token_ids.contiguous(), target_probs.contiguous(),
+            output, accepted, emitted, s_ptr, o_ptr, s_val, o_val, s_stride, o_stride,
+            n_draft, vocab, SEED_T=s_t, OFF_T=o_t, NPAD=_pow2(n_draft + 1), BLOCK=4 * q,
+            COL=TWO_PASS_COLUMN, PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
+        )
