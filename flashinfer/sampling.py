@@ -112,11 +112,21 @@ def _top_k_facts(shape: dict, features: list, top_k_arr, top_k_val) -> dict:
     return shape
 
 
+def _samples_out(rows: int, indices, device) -> torch.Tensor:
+    """The token output: ``[len(indices)]`` of ``indices.dtype``, else ``[rows]`` int32."""
+    count = indices.shape[0] if indices is not None else rows
+    return torch.empty(count, dtype=indices.dtype if indices is not None else torch.int32,
+                       device=device)
+
+
+def _present(**named) -> list:
+    """The names of the arguments that are not None (the optional features of a call)."""
+    return [name for name, value in named.items() if value is not None]
+
+
 def _fake_samples(probs, indices, *args):
-    count = indices.shape[0] if indices is not None else probs.shape[0]
-    dtype = indices.dtype if indices is not None else torch.int32
-    return (torch.empty(count, dtype=dtype, device=probs.device),
-            torch.empty(count, dtype=torch.bool, device=probs.device))
+    out = _samples_out(probs.shape[0], indices, probs.device)
+    return out, torch.empty(out.shape[0], dtype=torch.bool, device=probs.device)
 
 
 @custom_op("sampling_from_probs", fake=_fake_samples)
@@ -128,17 +138,16 @@ def _sampling_from_probs_op(
         seed_val: int, offset_val: int, use_default: bool, increment: int, backend: str
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     probs = probs.float().contiguous()
-    count = indices.shape[0] if indices is not None else probs.shape[0]
-    out = torch.empty(count, dtype=indices.dtype if indices is not None else torch.int32,
-                      device=probs.device)
+    out = _samples_out(probs.shape[0], indices, probs.device)
+    count = out.shape[0]
     valid = torch.empty(count, dtype=torch.bool, device=probs.device)
     if count == 0:
         return out, valid
     top_k = top_k_arr if top_k_arr is not None else top_k_val
     top_p = top_p_arr if top_p_arr is not None else top_p_val
     min_p = min_p_arr if min_p_arr is not None else min_p_val
-    features = [f for f, v in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p),
-                               ("indices", indices), ("seed_tensor", seed_arr)) if v is not None]
+    features = _present(top_k=top_k, top_p=top_p, min_p=min_p, indices=indices,
+                        seed_tensor=seed_arr)
     if joint and top_k is not None and top_p is not None:
         features.append("joint")
     shape = _top_k_facts(_shape(count, probs.shape[1]), features, top_k_arr, top_k_val)
@@ -161,12 +170,11 @@ def _sampling_from_logits_op(
         seed_arr: Optional[torch.Tensor], offset_arr: Optional[torch.Tensor], seed_val: int,
         offset_val: int, use_default: bool, backend: str) -> torch.Tensor:
     logits = logits.contiguous()
-    count = indices.shape[0] if indices is not None else logits.shape[0]
-    out = torch.empty(count, dtype=indices.dtype if indices is not None else torch.int32,
-                      device=logits.device)
+    out = _samples_out(logits.shape[0], indices, logits.device)
+    count = out.shape[0]
     if count == 0:
         return out
-    features = [f for f, v in (("indices", indices), ("seed_tensor", seed_arr)) if v is not None]
+    features = _present(indices=indices, seed_tensor=seed_arr)
     problem = Problem.make("sampling_from_logits", logits.device, dtypes={"logits": logits.dtype},
                            shape=_shape(count, logits.shape[1]), features=features)
     seed, offset = _seed_args(seed_arr, offset_arr, seed_val, offset_val, use_default,
@@ -183,13 +191,11 @@ def _top_k_top_p_from_logits_op(
         seed_val: int, offset_val: int, use_default: bool, increment: int, backend: str
 ) -> torch.Tensor:
     logits = logits.contiguous()
-    count = indices.shape[0] if indices is not None else logits.shape[0]
-    out = torch.empty(count, dtype=indices.dtype if indices is not None else torch.int32,
-                      device=logits.device)
+    out = _samples_out(logits.shape[0], indices, logits.device)
+    count = out.shape[0]
     if count == 0:
         return out
-    features = ["top_k", "top_p"] + [f for f, v in (("indices", indices), ("seed_tensor", seed_arr))
-                                     if v is not None]
+    features = ["top_k", "top_p"] + _present(indices=indices, seed_tensor=seed_arr)
     if joint:
         features.append("joint")
     shape = _top_k_facts(_shape(count, logits.shape[1]), features, top_k_arr, top_k_val)

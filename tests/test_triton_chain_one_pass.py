@@ -12,12 +12,10 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-import triton.language as tl  # noqa: E402
-from triton.language.random import philox, uint_to_uniform_float  # noqa: E402
-
 from flashinfer import sampling as S  # noqa: E402
 from test_sampling_stats import _chain_expectation, assert_samples_follow  # noqa: E402
 from test_triton_sampling import kernel, run_spec, spec_inputs  # noqa: E402
+from test_triton_sampling_two_pass import _uniform_kernel  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("kernel_device")
 
@@ -32,22 +30,12 @@ def run_one_pass(draft, ids, target, seed=1, offset=0, acc0=0, emit0=0):
     return output, accepted, emitted
 
 
-@triton.jit
-def _uniform_kernel(out, seed):
-    """The one-pass kernel's uniform for request b (offset 0): the same Philox counter."""
-    b = tl.program_id(0)
-    zero = tl.zeros([], tl.uint32)
-    r0, _r1, _r2, _r3 = philox(tl.zeros([], tl.int64) + seed, zero, b.to(tl.uint32),
-                               zero + 0x300, zero, 7)
-    tl.store(out + b, uint_to_uniform_float(r0))
-
-
 def _expected_tokens(draft, target, pos, block, seed):
     """float64 inverse CDF of relu(t - d) at each request's position (the target when that is
     all zero or every draft was accepted), in position-major order for ``block``."""
     batch, n, vocab = draft.shape
     u = torch.empty(batch, dtype=torch.float32, device=draft.device)
-    _uniform_kernel[(batch,)](u, seed)
+    _uniform_kernel[(batch,)](u, seed, WORD2=0x300)
     order = torch.tensor([t for j in range(block) for t in range(j, vocab, block)], device="cpu")
     tokens = []
     for b in range(batch):

@@ -112,12 +112,13 @@ def _launch(p, top_k, top_p, joint, block, seed=9, cap=None, min_p=None):
 
 
 @triton.jit
-def _uniform_kernel(out, seed):
-    """The two-pass sampler's uniform for output row i (offset 0): the same Philox counter."""
+def _uniform_kernel(out, seed, WORD2: tl.constexpr = 0xFFFF):
+    """The uniform of program i (offset 0) at Philox counter ``(0, i, WORD2, 0)``: the two-pass
+    and logits samplers' (0xFFFF), the one-pass chain kernel's (0x300)."""
     i = tl.program_id(0)
     zero = tl.zeros([], tl.uint32)
     r0, _r1, _r2, _r3 = philox(tl.zeros([], tl.int64) + seed, zero, i.to(tl.uint32),
-                               zero + 0xFFFF, zero, 7)
+                               zero + WORD2, zero, 7)
     tl.store(out + i, uint_to_uniform_float(r0))
 
 

@@ -464,7 +464,13 @@ def softmax(logits, out, temperature) -> None:
 def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, output, accepted,
                                emitted, deterministic, seed, offset) -> None:
     K = _kernels(draft_probs)
+    _chain_launch(K.chain_spec_kernel, draft_probs, draft_token_ids, target_probs, output,
+                  accepted, emitted, seed, offset, lambda q: {"Q": q})
 
+
+def _chain_launch(kernel, draft_probs, draft_token_ids, target_probs, output, accepted, emitted,
+                  seed, offset, block_args) -> None:
+    """One program per request of a chain kernel; ``block_args(Q)``: its block constexprs."""
     batch, n_draft, vocab = draft_probs.shape
     if batch == 0:
         return
@@ -472,11 +478,11 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, outpu
     o_ptr, o_val, o_stride, o_t = _rng(offset, output)
     q, warps = _launch_shape(vocab, batch)
     with _device_of(target_probs):
-        K.chain_spec_kernel[(batch,)](
+        kernel[(batch,)](
             draft_probs.contiguous(), draft_token_ids.contiguous(), target_probs.contiguous(),
             output, accepted, emitted, s_ptr, o_ptr, s_val, o_val, s_stride, o_stride,
             n_draft, vocab, SEED_T=s_t, OFF_T=o_t, NPAD=_pow2(n_draft + 1),
-            Q=q, PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
+            PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps, **block_args(q),
         )
 
 
@@ -488,16 +494,6 @@ def chain_speculative_sampling_one_pass(draft_probs, draft_token_ids, target_pro
     _kernels(draft_probs)  # seeds Triton's cache (the helpers live in the general kernel's module)
     from . import _chain_draw_kernels as KC
 
-    batch, n_draft, vocab = draft_probs.shape
-    if batch == 0:
-        return
-    s_ptr, s_val, s_stride, s_t = _rng(seed, output)
-    o_ptr, o_val, o_stride, o_t = _rng(offset, output)
-    q, warps = _launch_shape(vocab, batch)
-    with _device_of(target_probs):
-        KC.chain_one_pass_kernel[(batch,)](
-            draft_probs.contiguous(), draft_token_ids.contiguous(), target_probs.contiguous(),
-            output, accepted, emitted, s_ptr, o_ptr, s_val, o_val, s_stride, o_stride,
-            n_draft, vocab, SEED_T=s_t, OFF_T=o_t, NPAD=_pow2(n_draft + 1), BLOCK=4 * q,
-            COL=TWO_PASS_COLUMN, PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
-        )
+    _chain_launch(KC.chain_one_pass_kernel, draft_probs, draft_token_ids, target_probs, output,
+                  accepted, emitted, seed, offset,
+                  lambda q: {"BLOCK": 4 * q, "COL": TWO_PASS_COLUMN})
