@@ -410,6 +410,38 @@ def renorm_probs_two_pass(probs, out, top_k, top_p) -> None:
         renorm_probs(probs, out, top_k, top_p)
 
 
+#: compacted slots per row of the top-p bracket kernel, and its most pivot passes (enough to
+#: narrow any fp32 bracket to one value: each pass keeps a fifth of it)
+TOP_P_BRACKET_SLOTS, TOP_P_MAX_PIVOT_PASSES = 1024, 16
+
+
+@KERNELS.kernel("renorm_probs", "bracket")
+def renorm_probs_bracket(probs, out, top_k, top_p) -> None:
+    """Top-p renormalisation by a shrinking bracket and a sort (``_top_p_bracket_kernels``);
+    top-k goes to the general threshold kernel."""
+    if top_k is not None:
+        renorm_probs(probs, out, top_k, top_p)
+        return
+    n_rows, vocab = probs.shape
+    if n_rows == 0:
+        return
+    _kernels(probs)  # seeds Triton's cache (the helpers live in the sampling kernels' modules)
+    from . import _top_p_bracket_kernels as KB
+
+    probs = probs.contiguous()
+    dst = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
+    p_ptr, p_val, _, p_t = _threshold(top_p, probs, float)
+    q, warps = _launch_shape(vocab, n_rows)
+    cap = min(TOP_P_BRACKET_SLOTS, _pow2(vocab))
+    scratch = torch.empty(n_rows, cap, dtype=torch.float32, device=probs.device)
+    with _device_of(probs):
+        KB.top_p_renorm_kernel[(n_rows,)](
+            probs, dst, scratch, p_ptr, p_val, vocab, probs.stride(0), dst.stride(0), P_T=p_t,
+            BLOCK=4 * q, CAP=cap, MAX_PIVOT_PASSES=TOP_P_MAX_PIVOT_PASSES, num_warps=warps)
+    if dst is not out:
+        out.copy_(dst)
+
+
 @KERNELS.kernel("top_k_mask_logits", "two_pass")
 def top_k_mask_logits_two_pass(logits, out, top_k) -> None:
     """Top-k logit masking by candidates (``_top_k_two_pass``); what that does not serve goes
