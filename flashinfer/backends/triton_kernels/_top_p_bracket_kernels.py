@@ -154,4 +154,5 @@ def top_p_renorm_kernel(src, dst, scratch, p_ptr, p_val, V, stride_src, stride_d
         exact_mass = n_in <= CAP
     if ok & ~exact_mass:
         _n, mass = count_at_least(row_ptr, V, _unord(b_o.to(tl.int32)), 0.0, BLOCK, False)
-    _write_kept(row_ptr, out_ptr, V, _unord(b_o.to(tl.int32)), 1.0 / mass, ok, BLOCK, True)
+    scale = 1.0 / tl.where(mass > 0.0, mass, 1.0)  # an invalid row writes zeros
+    _write_kept(row_ptr, out_ptr, V, _unord(b_o.to(tl.int32)), scale, ok, BLOCK, True)
