@@ -1,14 +1,26 @@
 """Triton sampling family: launch configuration and the registered kernels.
 
 Kernel signatures and semantics: :mod:`flashinfer.sampling` (the contract in the op module's
-docstring). The @triton.jit code and its algorithm (pivot search plus rejection by an exponential
-race, never a sort; worst-case round count) live in ``_sampling_kernels.py``, imported on first use
-(this module must import without Triton).
+docstring). The @triton.jit code lives in modules imported on first use (this module must import
+without Triton), one idea each:
 
-Every op is one launch with one program per output row, no host synchronisation and no
-allocation, so each call can be captured in a CUDA graph: ``seed`` / ``offset`` tensors ([1] or
-[B], int64) are read on the device. A row is read in chunks of ``4 * Q`` elements (``Q`` lanes,
-one Philox call feeding four chunk quarters); ``_launch_shape`` picks Q and the warps.
+* ``_sampling_kernels`` (variant ``default`` of every op): pivot search plus rejection by an
+  exponential race, never a sort, a worst-case round count; what the variants below hand on.
+* ``_sampling_two_pass_kernels`` (``two_pass`` of sampling_from_probs and of
+  top_k_top_p_sampling_from_logits): plain, min-p, a scalar top-k <= Q with top-p, on
+  probabilities or logits; the lanes' candidates sorted between two passes.
+* ``_nucleus_kernels`` (``nucleus``): top-p alone by lean rejection rounds.
+* ``_top_k_two_pass_kernels`` (``two_pass`` of renorm_probs / top_k_mask_logits): top-k.
+* ``_top_p_bracket_kernels`` (``bracket`` of renorm_probs): top-p, opt-in until measured.
+* ``_logits_draw_kernels`` (``one_pass`` of sampling_from_logits), ``_chain_draw_kernels``
+  (``one_pass`` of chain_speculative_sampling); the streaming softmax: ``softmax.py``.
+* ``_stream_kernels``: their shared @triton.jit helpers.
+
+A call is one launch with one program per output row (two where a variant hands on to the
+softmax then a sampler, or the softmax splits rows), no host synchronisation, and only
+stream-ordered allocations (scratch rows), so each call can be captured in a CUDA graph:
+``seed`` / ``offset`` tensors ([1] or [B], int64) are read on the device. A row is read in
+blocks of ``4 * Q`` elements (``Q`` lanes); ``_launch_shape`` picks Q and the warps.
 """
 
 from __future__ import annotations
