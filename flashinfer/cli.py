@@ -239,15 +239,16 @@ def _print_config(data: dict[str, Any]) -> None:
         print(line)
     print(f"\n=== Ops x backends on {'cpu' if d['kind'] == 'cpu' else 'SM ' + d['sm']} "
           "(typical fp16 problem; `flashinfer explain OP` for details) ===")
-    print(f"{'op':<16} {'backend':<22} status")
+    width = max([16] + [len(op) for op in data["ops"]])
+    print(f"{'op':<{width}} {'backend':<22} status")
     for op, entry in data["ops"].items():
         auto = (f"{entry['auto']} (source: {entry['auto_source']})" if entry["auto"]
                 else f"none ({entry['auto_error']})")
-        print(f"{op:<16} {'(auto picks)':<22} {auto}")
+        print(f"{op:<{width}} {'(auto picks)':<22} {auto}")
         for k in entry["kernels"]:
             name = k["name"] + ("*" if k["verified"] is False else "")
             status = k["status"] + (f": {k['reason']}" if k["reason"] else "")
-            print(f"{'':<16} {name:<22} {status}")
+            print(f"{'':<{width}} {name:<22} {status}")
     print(UNVERIFIED_LEGEND)
 
 
