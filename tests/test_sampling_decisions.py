@@ -24,7 +24,7 @@ FIRST_TRITON = {
     "sampling_from_probs": "triton:two_pass",
     "sampling_from_logits": "triton:one_pass",
     "top_k_top_p_sampling_from_logits": "triton:two_pass",
-    "renorm_probs": "triton",  # top-p renormalisation: the general kernel
+    "renorm_probs": "triton:bracket",  # top-p renormalisation: the bracket-and-sort kernel
     "top_k_mask_logits": "triton:two_pass",
     "softmax": "triton:streaming",
     "chain_speculative_sampling": "triton:one_pass",
