@@ -130,10 +130,16 @@ class Prepared:
     """A two-phase planner's host part: ``uploads`` ``{name: (array, fixed)}`` — a 1-D int32
     host array (numpy or CPU tensor) and the device buffer it must land in (None: anywhere) —
     and ``finish(views)``, which gets ``{name: device tensor}`` once they are queued and
-    returns the :class:`Runner`."""
+    returns the :class:`Runner`.
+
+    ``kv_indices_tail > 0`` asks for the plan's page ids followed by that many copies of the
+    last id (zeros when there is none), as ``views["kv_indices_padded"]``: the wrapper uploads
+    the ids once, with the tail, and ``plan.kv_indices`` is the head of the same buffer (a
+    CUDA-graph wrapper's fixed id buffer gets a separate padded copy)."""
 
     uploads: dict
     finish: object  # Callable[[dict[str, torch.Tensor]], Runner]
+    kv_indices_tail: int = 0
 
 
 class Runner(Protocol):

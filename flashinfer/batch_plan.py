@@ -43,7 +43,7 @@ import torch
 
 from . import dispatch, envs
 from .batch_attention_params import BatchPlan, KVInput, RunScales, bind_device_arrays
-from .plan_upload import PlanUpload
+from .plan_upload import PlanUpload, Tail
 from .prefill import check_kv_layout
 
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -171,28 +171,44 @@ class PageBounds:
     """A plan's device page ids on their way to the host for the bounds check: ``start()``
     queues a non-blocking copy into pinned memory (one launch, no reduction on the device),
     ``resolve()`` waits for it (normally long done) and reduces on the host. One per wrapper (a
-    plan resolves before the next starts); the pinned buffer grows to the largest id count."""
+    plan resolves before the next starts); the pinned buffer grows to the largest id count.
+    The event is recorded on the stream the wrapper's
+    :class:`~flashinfer.plan_upload.PlanUpload` caches (``Event.record()`` without a stream
+    looks the current stream up again: several microseconds), so the ids must live on the
+    wrapper's device."""
 
-    def __init__(self):
+    def __init__(self, upload: PlanUpload):
+        self._upload = upload
         self._host: torch.Tensor | None = None
+        self._host_np: np.ndarray | None = None
+        self._views: dict[int, torch.Tensor] = {}  # host[:n] by n
         self._event: torch.cuda.Event | None = None
         self._name = ""
         self._count = 0
 
     def start(self, ids: torch.Tensor, name: str) -> "PageBounds":
+        if ids.device != self._upload.device:
+            raise ValueError(f"{name} is on {ids.device} but the workspace buffer is on "
+                             f"{self._upload.device}")
         n = ids.shape[0]
         if self._host is None or self._host.shape[0] < n:
             self._host = torch.empty(max(n, 1024) * 2, dtype=torch.int32, pin_memory=True)
+            self._host_np, self._views = self._host.numpy(), {}
             self._event = torch.cuda.Event()
-        self._host[:n].copy_(ids, non_blocking=True)
-        self._event.record()
+        view = self._views.get(n)
+        if view is None:
+            if len(self._views) > 64:
+                self._views.clear()
+            view = self._views[n] = self._host[:n]
+        view.copy_(ids, non_blocking=True)
+        self._event.record(self._upload.current_stream())
         self._name, self._count = name, n
         return self
 
     def resolve(self) -> int:
         """The largest id; ValueError when an id is negative."""
         self._event.synchronize()
-        return largest_page_id(self._host.numpy()[:self._count], self._name)
+        return largest_page_id(self._host_np[:self._count], self._name)
 
 
 def check_fixed_buffer(name: str, buf, device: torch.device, length: int | None = None) -> torch.Tensor:
@@ -267,7 +283,7 @@ class BatchWrapperBase:
         self._pin_memory_int_workspace_buffer = None
         self.device = float_workspace_buffer.device
         self._upload = PlanUpload(self.device)
-        self._page_bounds = PageBounds()
+        self._page_bounds = PageBounds(self._upload)
         self._reusable: dict = {}  # planners' buffers kept across plans (BatchPlan.reusable)
         self._kv_layout = check_kv_layout(kv_layout)
         self._use_cuda_graph = bool(use_cuda_graph)
@@ -386,20 +402,33 @@ class BatchWrapperBase:
             choice = choices[features]
             if not isinstance(choice, Exception):
                 kernels.setdefault((choice.backend, choice.variant), choice.kernel)
-        sends, targets, prepared = dict(arrays), dict(fixed), {}
+        sends, targets, prepared, tail = dict(arrays), dict(fixed), {}, 0
         for key, kernel in kernels.items():
             prepare = getattr(kernel, "prepare", None)
             if prepare is not None:
                 prep = prepared[key] = prepare(plan)
+                tail = max(tail, prep.kv_indices_tail)
                 for name, (array, target) in prep.uploads.items():
                     sends[key, name], targets[key, name] = array, target
+        padded = None  # where the padded page ids land (Prepared.kv_indices_tail)
+        if tail:
+            padded = "kv_indices" if targets.get("kv_indices") is None else "kv_indices_padded"
+            sends[padded] = Tail(arrays["kv_indices"], tail)
         views = self._upload.upload(sends, targets, non_blocking)
-        bind_device_arrays(plan, {name: views[name] for name in arrays})
+        device = {name: views[name] for name in arrays}
+        if padded == "kv_indices":
+            device["kv_indices"] = views["kv_indices"][:arrays["kv_indices"].shape[0]]
+        bind_device_arrays(plan, device)
         runners = {}
         for key, kernel in kernels.items():
             prep = prepared.get(key)
-            runners[key] = kernel(plan) if prep is None else prep.finish(
-                {name: views[key, name] for name in prep.uploads})
+            if prep is None:
+                runners[key] = kernel(plan)
+                continue
+            mine = {name: views[key, name] for name in prep.uploads}
+            if prep.kv_indices_tail:
+                mine["kv_indices_padded"] = views[padded]
+            runners[key] = prep.finish(mine)
         if isinstance(max_page, PageBounds):  # device page ids: their check ends here
             max_page = max_page.resolve()
         self._plan, self._choices, self.decision = plan, choices, first

@@ -61,7 +61,7 @@ class PlanUpload:
         host, length, loose_remote, fixed_host = {}, {}, [], []
         for name, t in arrays.items():
             if isinstance(t, Tail):
-                a, n = t, t.array.shape[0] + t.count
+                a, n = (t if isinstance(t.array, np.ndarray) else None), t.array.shape[0] + t.count
             else:
                 a = t if isinstance(t, np.ndarray) else (t.numpy() if t.device.type == "cpu" else None)
                 n = t.shape[0]
@@ -100,8 +100,8 @@ class PlanUpload:
                                                    non_blocking=non_blocking)
             for name in loose:
                 view = self._view("device", offset[name], length[name])
-                if name not in host:
-                    view.copy_(arrays[name], non_blocking=non_blocking)  # device to device
+                if name not in host:  # device to device
+                    _copy_device(view, arrays[name], non_blocking)
                 out[name] = view
         for name, target in fixed.items():
             if target is None or name not in arrays:
@@ -110,12 +110,14 @@ class PlanUpload:
             if n > target.shape[0]:
                 raise ValueError(f"the fixed buffer for {name} holds {target.shape[0]} entries, "
                                  f"the plan needs {n}")
-            src = self._view(pinned, offset[name], n) if name in host else arrays[name]
-            target[:n].copy_(src, non_blocking=non_blocking)
+            if name in host:
+                target[:n].copy_(self._view(pinned, offset[name], n), non_blocking=non_blocking)
+            else:
+                _copy_device(target[:n], arrays[name], non_blocking)
             out[name] = target[:n]
         if event is None:
             event = self._ring[self._slot][2] = torch.cuda.Event()
-        event.record(self._current_stream())
+        event.record(self.current_stream())
         return out
 
     def _view(self, which, start: int, n: int) -> torch.Tensor:
@@ -130,7 +132,7 @@ class PlanUpload:
             view = self._views[key] = buf[start:start + n]
         return view
 
-    def _current_stream(self) -> torch.cuda.Stream:
+    def current_stream(self) -> torch.cuda.Stream:
         """The current stream, rebuilt only when it changed (``torch.cuda.current_stream()``
         builds a Python object per call: several microseconds a plan on a slow host)."""
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
@@ -170,17 +172,36 @@ class PlanUpload:
 
 
 class Tail(NamedTuple):
-    """A host array followed by ``count`` copies of its last value (zeros when it is empty),
-    uploaded as one array without first being copied into a longer one."""
+    """An array followed by ``count`` copies of its last value (zeros when it is empty),
+    uploaded as one array without first being copied into a longer one. ``array``: a host
+    numpy array (written into the pinned buffer with its tail) or a device tensor (copied
+    device to device, then its last value spread over the tail: one more copy)."""
 
-    array: np.ndarray
+    array: "np.ndarray | torch.Tensor"
     count: int
 
-    def joined(self) -> np.ndarray:
-        out = np.empty(self.array.shape[0] + self.count, dtype=self.array.dtype)
-        out[:self.array.shape[0]] = self.array
-        out[self.array.shape[0]:] = self.array[-1] if self.array.shape[0] else 0
+    def joined(self) -> "np.ndarray | torch.Tensor":
+        n = self.array.shape[0]
+        if isinstance(self.array, torch.Tensor):
+            fill = self.array[n - 1:] if n else self.array.new_zeros(1)
+            return torch.cat((self.array, fill.expand(self.count)))
+        out = np.empty(n + self.count, dtype=self.array.dtype)
+        out[:n] = self.array
+        out[n:] = self.array[-1] if n else 0
         return out
+
+
+def _copy_device(dst: torch.Tensor, src, non_blocking: bool) -> None:
+    """``dst`` ← a device tensor, or a device :class:`Tail` (the ids, then the last one)."""
+    if not isinstance(src, Tail):
+        dst.copy_(src, non_blocking=non_blocking)
+        return
+    n = src.array.shape[0]
+    if not n:
+        dst.zero_()
+        return
+    dst[:n].copy_(src.array, non_blocking=non_blocking)
+    dst[n:].copy_(dst[n - 1:n].expand(src.count), non_blocking=non_blocking)
 
 
 def _tensor(t) -> torch.Tensor:

@@ -15,6 +15,7 @@ from flashinfer.backends.cudnn import batch_support, support
 from flashinfer.batch_attention_params import BatchPlan, KVInput, RunScales
 from flashinfer.capability_db import database, import_error
 from flashinfer.device import simulated
+from flashinfer.plan_upload import Tail
 from flashinfer.dispatch import Problem, clear_cache, select
 
 OPS = ("batch_decode", "batch_prefill_paged", "batch_prefill_ragged")
@@ -260,8 +261,11 @@ def test_decode_arrays_match_the_metadata_contract(seed):
     table = torch.empty(spec.table_dims(), dtype=torch.int32)
     bp.fill_page_table(table, host.page_src, plan.kv_indices)
     arrays = bp.decode_arrays(spec, plan)
-    assert set(arrays) == {"seq_len_kv", "ids_padded", "row_starts"}
-    padded = arrays["ids_padded"].joined()  # a Tail: the ids, then Pb copies of the last one
+    assert set(arrays) == {"seq_len_kv", "row_starts"}
+    # the wrapper uploads the ids with Prepared.kv_indices_tail = Pb copies of the last one
+    padded = Tail(plan.kv_indices_host.numpy(), spec.kv_bucket).joined()
+    on_device = Tail(plan.kv_indices, spec.kv_bucket).joined()  # the device-to-device form
+    assert torch.equal(on_device, torch.from_numpy(padded))
     assert padded.shape == (int(plan.kv_indptr_host[-1]) + spec.kv_bucket,)
     assert all(a.dtype == np.int32 and a.ndim == 1
                for a in (arrays["seq_len_kv"], arrays["row_starts"], padded))
@@ -272,9 +276,6 @@ def test_decode_arrays_match_the_metadata_contract(seed):
     assert torch.equal(gathered[:b], table[:b])  # the requests' rows: exactly the contract
     valid = set(plan.kv_indices.tolist()) or {0}
     assert set(gathered.view(-1).tolist()) <= valid  # padded rows: valid ids too
-    on_device = bp.decode_arrays(spec, dataclasses.replace(plan, kv_indices_host=None))
-    assert set(on_device) == {"seq_len_kv", "page_src"}
-    assert np.array_equal(on_device["page_src"], host.page_src.numpy())
 
 
 def test_prefill_metadata_offsets_and_padding():

@@ -121,3 +121,46 @@ def test_tail_pads_with_the_last_value_or_zeros():
     out = up.upload({"a": Tail(np.array([4, 9, 2], dtype=np.int32), 3),
                      "b": Tail(np.zeros(0, dtype=np.int32), 2)}, {}, True)
     assert out["a"].tolist() == [4, 9, 2, 2, 2, 2] and out["b"].tolist() == [0, 0]
+
+
+def test_tail_of_a_tensor_joins_like_numpy():
+    ids = torch.tensor([4, 9, 2], dtype=torch.int32)
+    assert Tail(ids, 3).joined().tolist() == [4, 9, 2, 2, 2, 2]
+    assert Tail(ids[:0], 2).joined().tolist() == [0, 0]
+
+
+@gpu
+@pytest.mark.parametrize("fixed", [False, True])
+def test_cuda_device_tail_copies_then_spreads_the_last_id(fixed):
+    """A device array with a tail (the cuDNN decode page table source): copied device to
+    device, its last value spread over the tail, in a loose slot or a fixed buffer."""
+    up = PlanUpload(torch.device("cuda"))
+    g = torch.Generator().manual_seed(5)
+    for seed, n in enumerate((1000, 3, 0, 64)):
+        ids = torch.randint(0, 5000, (n,), generator=g, dtype=torch.int32).to("cuda")
+        target = torch.full((2048,), -9, dtype=torch.int32, device="cuda")
+        arrays = {"lens": np.arange(seed, seed + 7, dtype=np.int32), "ids": Tail(ids, 70)}
+        out = up.upload(arrays, {"ids": target} if fixed else {}, non_blocking=True)
+        torch.cuda.synchronize()
+        want = torch.cat((ids.cpu(), (ids[-1:].cpu() if n else torch.zeros(1, dtype=torch.int32))
+                          .expand(70)))
+        assert torch.equal(out["ids"].cpu(), want), n
+        assert torch.equal(out["lens"].cpu(), torch.from_numpy(arrays["lens"]))
+        if fixed:
+            assert out["ids"].data_ptr() == target.data_ptr() and (target[n + 70:] == -9).all()
+
+
+@gpu
+def test_page_bounds_reports_the_largest_id_or_a_negative_one():
+    from flashinfer.batch_plan import PageBounds
+
+    bounds = PageBounds(PlanUpload(torch.device("cuda", torch.cuda.current_device())))
+    g = torch.Generator().manual_seed(8)
+    for n in (5, 3000, 17, 70000):  # the pinned buffer grows, its views are reused
+        ids = torch.randint(0, 1 << 30, (n,), generator=g, dtype=torch.int32)
+        assert bounds.start(ids.to("cuda"), "indices").resolve() == int(ids.max())
+    ids[7] = -3
+    with pytest.raises(ValueError, match="indices must be >= 0"):
+        bounds.start(ids.to("cuda"), "indices").resolve()
+    with pytest.raises(ValueError, match="indices is on cpu but the workspace buffer is on cuda:"):
+        bounds.start(ids, "indices")

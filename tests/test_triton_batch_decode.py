@@ -20,7 +20,7 @@ from flashinfer.dispatch import Problem
 from flashinfer.backends import extra_reasons
 from flashinfer.backends.triton_kernels import batch_decode as bd
 
-DEV = "cuda" if HAS_CUDA else "cpu"
+DEV = "cuda:0" if HAS_CUDA else "cpu"  # indexed, as a wrapper's plan.device (its workspace's)
 
 
 # --- helpers ---------------------------------------------------------------------------------

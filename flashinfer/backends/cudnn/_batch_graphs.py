@@ -12,9 +12,10 @@ Graphs use cuDNN's padding mask (``seq_len_q`` / ``seq_len_kv``), page tables
 offsets on Q/O (prefill) and K/V (ragged op); built with heuristic A only and static shapes, as
 in :mod:`._graphs` (same handles and per-stream workspaces).
 
-Metadata: dense decode (one query row per request) makes ``seq_len_kv`` and the page-table
-source on the host (:func:`~.batch_plan.decode_arrays`); they ride in the plan's one upload and
-``finish`` queues one gather into the page table; prefill and multi-query decode build their
+Metadata: dense decode (one query row per request) makes ``seq_len_kv`` and each request's
+first page position on the host (:func:`~.batch_plan.decode_arrays`); they ride in the plan's
+one upload, with the page ids padded by ``Pb`` copies of the last one
+(``Prepared.kv_indices_tail``), and ``finish`` queues one gather into the page table; prefill and multi-query decode build their
 metadata on the host (:func:`~.batch_plan.build_metadata`) and upload it with one non-blocking
 copy of their own from pinned memory. A wrapper's next plan with the same graph key rewrites its previous
 plan's buffers (``BatchPlan.reusable``) instead of allocating new ones.
@@ -337,15 +338,13 @@ def prepare(plan) -> Prepared:
     if plan.cuda_graph:  # the captured graph reads the store's buffers
         fixed = {"seq_len_kv": buffers.tensors["seq_len_kv"].view(-1)}
     uploads = {name: (a, fixed.get(name)) for name, a in arrays.items()}
-    return Prepared(uploads, lambda views: _finish_decode(plan, spec, buffers, views))
+    return Prepared(uploads, lambda views: _finish_decode(plan, spec, buffers, views),
+                    kv_indices_tail=spec.kv_bucket)
 
 
 def _finish_decode(plan, spec: BatchSpec, buffers: _Buffers, views: dict) -> BatchRunner:
     b = plan.batch_size
-    if "ids_padded" in views:  # page ids on the host: one gather of the uploaded windows
-        gather_decode_table(buffers.page_table, views["ids_padded"], views["row_starts"])
-    else:  # page ids on the device: gather them at the uploaded positions
-        fill_page_table(buffers.page_table, views["page_src"], plan.kv_indices)
+    gather_decode_table(buffers.page_table, views["kv_indices_padded"], views["row_starts"])
     dead = bool((plan.kv_lens_host.numpy() == 0).any())
     if dead or plan.cuda_graph:
         torch.eq(plan.kv_lens, 0, out=buffers.tensors["dead_rows"][:b])
@@ -366,6 +365,8 @@ def plan(plan) -> BatchRunner:
     plan()): :func:`prepare`, its uploads sent on their own, then its ``finish``."""
     prep = prepare(plan)
     views = {}
+    if prep.kv_indices_tail:
+        views["kv_indices_padded"] = Tail(plan.kv_indices, prep.kv_indices_tail).joined()
     for name, (array, target) in prep.uploads.items():
         src = torch.from_numpy(array.joined() if isinstance(array, Tail) else array)
         if target is None:

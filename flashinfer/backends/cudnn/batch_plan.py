@@ -297,35 +297,28 @@ def decode_arrays(spec: BatchSpec, plan) -> dict:
     plan, made on the host for the plan's upload (1-D int32 arrays):
 
     * ``seq_len_kv`` ``[Bb]``: ``max(kv_len, 1)``, 1 for padded requests;
-    * page ids on the host (``plan.kv_indices_host``): ``ids_padded`` ``[n + Pb]``, the ids then
-      ``Pb`` copies of the last one (zeros when the batch has no page; a
-      :class:`~flashinfer.plan_upload.Tail`, written straight into the upload), and ``row_starts``
-      ``[Bb]``, each request's first position (0 for padded requests): the page table is the
-      rows of ``ids_padded`` seen as overlapping windows of ``Pb`` (:func:`gather_decode_table`,
-      one gather on the device, no per-entry host work);
-    * page ids on the device: ``page_src`` ``[Bb * Pb]``, :func:`page_positions`, for
-      :func:`fill_page_table`.
+    * ``row_starts`` ``[Bb]``: each request's first position in ``kv_indices`` (0 for padded
+      requests).
 
-    Either way request ``r``'s row is its pages, then (never read: past ``seq_len_kv``) the pages
-    that follow it in ``kv_indices``, the last one repeated: :func:`build_metadata`'s contract
-    (the tests hold them together); a padded request's row holds valid ids too."""
-    b, bb, pb = plan.batch_size, spec.batch_bucket, spec.kv_bucket
+    The page table is then the plan's page ids followed by ``Pb`` copies of the last one
+    (``Prepared.kv_indices_tail``: uploaded with the ids, on the host or device to device),
+    seen as overlapping windows of ``Pb`` and gathered at ``row_starts``
+    (:func:`gather_decode_table`: one gather on the device, no per-entry host work). Request
+    ``r``'s row is its pages, then (never read: past ``seq_len_kv``) the pages that follow it in
+    ``kv_indices``, the last one repeated: :func:`build_metadata`'s contract (the tests hold
+    them together); a padded request's row holds valid ids too."""
+    b, bb = plan.batch_size, spec.batch_bucket
     seq_kv = np.ones(bb, dtype=np.int32)  # no key, or padded: runs on one key, then is cleared
     np.maximum(plan.kv_lens_host.numpy(), 1, out=seq_kv[:b])
-    kv_indptr = plan.kv_indptr_host.numpy()
-    if plan.kv_indices_host is None:
-        pos = np.zeros((bb, pb), dtype=np.int32)
-        page_positions(kv_indptr, pos[:b])
-        return {"seq_len_kv": seq_kv, "page_src": pos.reshape(-1)}
     starts = np.zeros(bb, dtype=np.int32)
-    starts[:b] = kv_indptr[:-1]
-    return {"seq_len_kv": seq_kv, "ids_padded": Tail(plan.kv_indices_host.numpy(), pb),
-            "row_starts": starts}
+    starts[:b] = plan.kv_indptr_host.numpy()[:-1]
+    return {"seq_len_kv": seq_kv, "row_starts": starts}
 
 
 def gather_decode_table(table: torch.Tensor, ids_padded: torch.Tensor,
                         row_starts: torch.Tensor) -> None:
     """``table [Bb, 1, Pb, 1]`` ← row ``r`` = ``ids_padded[row_starts[r] : row_starts[r] + Pb]``
+    (``ids_padded``: the page ids, then at least ``Pb`` copies of the last one)
     (one ``index_select`` over the overlapping windows; see :func:`decode_arrays`)."""
     pb = table.shape[2]
     torch.index_select(ids_padded.unfold(0, pb, 1), 0, row_starts, out=table.view(-1, pb))
