@@ -1,5 +1,4 @@
-"""Host cost of the CUDA calls a plan() makes: torch's wrappers against the CUDA runtime called
-through ctypes (the same library torch loaded), on the device machine.
+"""Host cost of the CUDA calls a plan() makes through torch, on the device machine.
 
     python benchmarks/probe_cuda_call_costs.py [--reps 2000]
 
@@ -10,7 +9,6 @@ the launch queue never fills).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import statistics
 import time
 
@@ -29,11 +27,6 @@ def per_call_us(fn, reps):
         times.append(time.perf_counter() - t)
     torch.cuda.synchronize()
     return statistics.median(times) * 1e6
-
-
-def cudart():
-    from flashinfer import cuda_runtime
-    return cuda_runtime.runtime()
 
 
 def main():
@@ -58,21 +51,6 @@ def main():
         "torch.cuda.current_stream().cuda_stream": lambda: torch.cuda.current_stream().cuda_stream,
         "tensor.data_ptr()": lambda: dev.data_ptr(),
     }
-    try:
-        rt = cudart()
-        s = stream.cuda_stream
-        e = rt.event()
-        nbytes = N * 4
-        hp, dp, dp2 = host.data_ptr(), dev.data_ptr(), dev2.data_ptr()
-        rows.update({
-            "ctypes cudaMemcpyAsync D2H": lambda: rt.copy(hp, dp, nbytes, s),
-            "ctypes cudaMemcpyAsync H2D": lambda: rt.copy(dp, hp, nbytes, s),
-            "ctypes cudaMemcpyAsync D2D": lambda: rt.copy(dp2, dp, nbytes, s),
-            "ctypes cudaEventRecord": lambda: rt.record(e, s),
-            "ctypes cudaEventQuery": lambda: rt.query(e),
-        })
-    except Exception as exc:  # noqa: BLE001
-        print(f"ctypes runtime unavailable: {type(exc).__name__}: {exc}")
     for name, fn in rows.items():
         print(f"{per_call_us(fn, args.reps):7.2f} us  {name}", flush=True)
 
