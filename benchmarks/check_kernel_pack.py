@@ -50,7 +50,11 @@ def main() -> int:
             out = call(probs, logits, ks, ps)
             torch.cuda.synchronize()
             seconds = time.perf_counter() - start
-            if out.dtype in (torch.int32, torch.int64):
+            if isinstance(out, tuple):  # chain speculative sampling: the draft (one-hot at the
+                # token) is rejected where the target (the rows reversed) differs; the
+                # replacement is the target's token
+                ok = torch.equal(out[0][:, 0].long(), tokens.flip(0))
+            elif out.dtype in (torch.int32, torch.int64):
                 ok = torch.equal(out.long(), tokens)
             else:  # renormalised probabilities, masked logits, softmax: the argmax is the token
                 top = out.argmax(-1)  # [many_rows] calls repeat the rows

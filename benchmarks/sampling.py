@@ -186,8 +186,6 @@ def backends_for(impl: str, sort_cfg, batch: int, vocab: int, args, name: str = 
             names.append("triton:streaming")  # one exp per element, split rows at small batch
         if name == "top_p_renorm_probs":
             names.append("triton:bracket")  # pivot passes narrow a bracket, then a sort
-        if name == "chain_speculative_sampling":
-            names.append("triton:one_pass")  # one pass, one inverse-CDF draw per request
         if args.reference or (batch <= REFERENCE_MAX[0] and vocab <= REFERENCE_MAX[1]):
             names.append("reference")
     if sort_cfg is not None and "torch_sort_inline" not in names:

@@ -54,7 +54,25 @@ def sampling_calls() -> list[tuple[str, Callable]]:
         ("softmax", lambda p, x, ks, ps: S.softmax(x, 0.7)),
         # a few rows split each row over many programs, many rows take one program each
         ("softmax[many_rows]", lambda p, x, ks, ps: S.softmax(x.repeat(128, 1), 0.7)),
+        # the logits' dtype is part of a kernel's signature: bf16 as engines pass them
+        ("sampling_from_logits[bf16]", lambda p, x, ks, ps: S.sampling_from_logits(x.bfloat16())),
+        ("top_k_top_p_sampling_from_logits[bf16]",
+         lambda p, x, ks, ps: S.top_k_top_p_sampling_from_logits(x.bfloat16(), 50, 0.9)),
+        ("top_k_mask_logits[bf16]", lambda p, x, ks, ps: S.top_k_mask_logits(x.bfloat16(), 50)),
+        ("softmax[bf16]", lambda p, x, ks, ps: S.softmax(x.bfloat16(), 0.7)),
+        ("chain_speculative_sampling", _chain_call),
     ]
+
+
+def _chain_call(probs, logits, ks, ps):
+    """Three draft tokens per request, drafts and targets from the warm-up rows."""
+    rows, vocab = probs.shape
+    draft = probs[:, None].expand(rows, 3, vocab).contiguous()
+    target = probs.flip(0)[:, None].expand(rows, 4, vocab).contiguous()
+    ids = draft.argmax(-1).int()
+    from . import sampling as S
+
+    return S.chain_speculative_sampling(draft, ids, target)
 
 
 def select_calls(only: str = "") -> list[tuple[str, Callable]]:

@@ -389,7 +389,8 @@ def test_warmup_only_picks_functions_and_rejects_unknown_names(capsys):
     results = warm_sampling([300], "cpu", only="top_k_top_p, softmax")
     assert [r["function"] for r in results] == [
         "top_k_top_p_sampling_from_probs", "top_k_top_p_sampling_from_probs[per_row]",
-        "top_k_top_p_sampling_from_logits", "softmax", "softmax[many_rows]"]
+        "top_k_top_p_sampling_from_logits", "softmax", "softmax[many_rows]",
+        "top_k_top_p_sampling_from_logits[bf16]", "softmax[bf16]"]
     assert cli.main(["warmup", "--only", "no_such_function"]) == 2
     err = capsys.readouterr().err
     assert "matches no warm-up call" in err and "top_k_mask_logits" in err

@@ -27,7 +27,7 @@ FIRST_TRITON = {
     "renorm_probs": "triton:bracket",  # top-p renormalisation: the bracket-and-sort kernel
     "top_k_mask_logits": "triton:two_pass",
     "softmax": "triton:streaming",
-    "chain_speculative_sampling": "triton:one_pass",
+    "chain_speculative_sampling": "triton",
 }
 
 

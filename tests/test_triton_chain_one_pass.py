@@ -1,9 +1,9 @@
-"""Chain speculative sampling by one inverse-CDF draw (variant ``triton:one_pass``,
-``_chain_draw_kernels.py``): the same accept decisions and counters as the general kernel for a
-seed, the replacement token equal to a float64 inverse CDF of the residual (or the target) in
-position-major order at the kernel's own uniform, the edge cases of the general kernel's tests
-(all accepted, a draft id outside the vocabulary, a one-token residual), determinism; ``gpu``:
-the joint law of (position, token) and the accepted count by chi-square."""
+"""Chain speculative sampling by one inverse-CDF draw (the Triton backend's kernel,
+``_chain_draw_kernels.py``): the accept decisions equal to host accept tests at the kernel's
+Philox uniforms, the replacement token equal to a float64 inverse CDF of the residual (or the
+target) in position-major order at the kernel's own uniform, the edge cases (all accepted, a
+draft id outside the vocabulary, a one-token residual), determinism; ``gpu``: the joint law of
+(position, token) and the accepted count by chi-square."""
 
 import math
 
@@ -14,8 +14,11 @@ triton = pytest.importorskip("triton")
 
 from flashinfer import sampling as S  # noqa: E402
 from test_sampling_stats import _chain_expectation, assert_samples_follow  # noqa: E402
-from test_triton_sampling import kernel, run_spec, spec_inputs  # noqa: E402
+from test_triton_sampling import kernel, spec_inputs  # noqa: E402
 from test_triton_sampling_two_pass import _uniform_kernel  # noqa: E402
+
+import triton.language as tl  # noqa: E402
+from triton.language.random import philox, uint_to_uniform_float  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("kernel_device")
 
@@ -25,8 +28,8 @@ def run_one_pass(draft, ids, target, seed=1, offset=0, acc0=0, emit0=0):
     output = torch.full((batch, n + 1), -7, dtype=torch.int32)
     accepted = torch.full((batch,), acc0, dtype=torch.int32)
     emitted = torch.full((batch,), emit0, dtype=torch.int32)
-    kernel("chain_speculative_sampling", "one_pass")(draft, ids, target, output, accepted,
-                                                     emitted, True, seed, offset)
+    kernel("chain_speculative_sampling")(draft, ids, target, output, accepted, emitted, True,
+                                         seed, offset)
     return output, accepted, emitted
 
 
@@ -50,17 +53,45 @@ def _expected_tokens(draft, target, pos, block, seed):
     return tokens
 
 
+@triton.jit
+def _accept_uniforms_kernel(out, seed, N: tl.constexpr, NPAD: tl.constexpr):
+    """Request i's accept-test uniforms (offset 0): Philox counter ``(j, i, 0x100, 0)``."""
+    i = tl.program_id(0)
+    jj = tl.arange(0, NPAD)
+    j = jj.to(tl.uint32)
+    r0, _r1, _r2, _r3 = philox(tl.zeros([], tl.int64) + seed, j, j * 0 + i.to(tl.uint32),
+                               j * 0 + 0x100, j * 0, 7)
+    tl.store(out + i * N + jj, uint_to_uniform_float(r0), mask=jj < N)
+
+
+def _host_accept_tests(draft, ids, target, seed):
+    """Per request: the accepted count and the first rejected position, from the kernel's
+    uniforms and float32 ``u * q < t`` on the host (an id outside the vocabulary: rejected)."""
+    batch, n, vocab = draft.shape
+    u = torch.empty(batch, n, dtype=torch.float32, device=draft.device)
+    _accept_uniforms_kernel[(batch,)](u, seed, N=n, NPAD=triton.next_power_of_2(n))
+    u = u.cpu()
+    counts, firsts = [], []
+    for b in range(batch):
+        ok = [0 <= int(ids[b, j]) < vocab and
+              bool(u[b, j] * draft[b, j, int(ids[b, j])].cpu() < target[b, j, int(ids[b, j])].cpu())
+              for j in range(n)]
+        counts.append(sum(ok))
+        firsts.append(next((j for j in range(n) if not ok[j]), n))
+    return counts, firsts
+
+
 @pytest.mark.parametrize("vocab", [16, 300])
-def test_same_accept_decisions_and_the_token_is_the_inverse_cdf(vocab):
+def test_accept_decisions_and_the_token_is_the_inverse_cdf(vocab):
     draft, ids, target = spec_inputs(6, 3, vocab, seed=31)
     target[:3, :3] = draft[:3]  # requests 0-2 accept more often
     ids[:3] = draft[:3].argmax(-1).int()
     out, acc, emit = run_one_pass(draft, ids, target, seed=4)
-    ref_out, ref_acc, ref_emit = run_spec(draft, ids, target, seed=4)
-    assert torch.equal(acc, ref_acc) and torch.equal(emit, ref_emit)
+    counts, firsts = _host_accept_tests(draft, ids, target, seed=4)
+    assert acc.tolist() == counts and emit.tolist() == firsts
     for b in range(6):
         p = int(emit[b])
-        assert torch.equal(out[b, :p], ref_out[b, :p]) and (out[b, p + 1:] == -1).all()
+        assert torch.equal(out[b, :p], ids[b, :p].to(out.device)) and (out[b, p + 1:] == -1).all()
     block = 4 * min(512, max(16, 1 << (-(-vocab // 4) - 1).bit_length()))  # the adapter's BLOCK
     expected = _expected_tokens(draft, target, emit, block, seed=4)
     assert [int(out[b, int(emit[b])]) for b in range(6)] == expected
@@ -87,9 +118,9 @@ def test_all_accepted_and_out_of_vocabulary_ids():
 def test_public_call_with_the_variant():
     draft, ids, target = spec_inputs(4, 2, 64, seed=33)
     a = S.chain_speculative_sampling(draft, ids, target, seed=3, offset=0,
-                                     backend="triton:one_pass")
+                                     backend="triton")
     b = S.chain_speculative_sampling(draft, ids, target, seed=3, offset=0,
-                                     backend="triton:one_pass")
+                                     backend="triton")
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
@@ -106,7 +137,7 @@ def test_gpu_joint_law_of_position_and_token():
         draft.float().expand(batch, n, vocab).contiguous().cuda(),
         ids.int().expand(batch, n).contiguous().cuda(),
         target_p.float().expand(batch, n + 1, vocab).contiguous().cuda(), seed=17, offset=0,
-        backend="triton:one_pass")
+        backend="triton")
     with torch.device("cpu"):
         pos = emitted.long().cpu()
         token = out.cpu().gather(1, pos.unsqueeze(1)).squeeze(1)

@@ -59,8 +59,7 @@ four outputs serve four quarters of a ``4 * Q`` chunk.
 The other kernels: ``threshold_kernel`` (renorm_probs, top_k_mask_logits) runs the same pivot
 search without draws until the bracket is exact (<= 32 rounds, typically 2-4), then one write
 pass; ``softmax_kernel`` two passes (online max/sum, write); ``logits_sample_kernel`` one race pass
-(Gumbel-max: ``argmax l_i - log E_i``); ``chain_spec_kernel`` one program per request (n scalar
-accept tests, one race pass over the residual row).
+(Gumbel-max: ``argmax l_i - log E_i``). Chain speculative sampling: ``_chain_draw_kernels``.
 """
 
 from __future__ import annotations
@@ -742,78 +741,3 @@ def logits_sample_kernel(logits, out, idx_ptr, seed_ptr, off_ptr, seed_val, off_
     res = tl.min(tl.where(best_k == bk, best_i, INT_MAX), axis=0)
     good = row_ok & (tl.max(bad, axis=0) == 0) & (bk > float("-inf"))
     tl.store(out + i, tl.where(good, res, 0))
-
-
-@triton.jit
-def chain_accept_tests(draft_probs, draft_ids, target_probs, b, n, V, seed, off_lo, off_hi,
-                       NPAD: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
-    """Request ``b``'s ``n`` accept tests: draft ``j`` is accepted iff ``u_j q_j < t_j`` (an id
-    outside the vocabulary never is). Returns the slots ``j [NPAD]``, the draft ids ``d``, the
-    first rejected position ``pos`` (``n`` when none) and the number of accepted drafts."""
-    b64 = b.to(tl.int64)
-    j = tl.arange(0, NPAD)
-    jm = j < n
-    d = tl.load(draft_ids + b64 * n + j, mask=jm, other=0).to(tl.int64)
-    d_ok = jm & (d >= 0) & (d < V)
-    d_c = tl.where(d_ok, d, 0)
-    q = tl.load(draft_probs + (b64 * n + j) * V + d_c, mask=d_ok, other=0.0)
-    t = tl.load(target_probs + (b64 * (n + 1) + j) * V + d_c, mask=d_ok, other=0.0)
-    ju = j.to(tl.uint32)
-    u0, _u1, _u2, _u3 = philox(seed, ju, ju * 0 + b.to(tl.uint32),
-                               ju * 0 + ((off_hi << 16) | 0x100), ju * 0 + off_lo,
-                               PHILOX_ROUNDS)
-    acc = d_ok & (uint_to_uniform_float(u0) * q < t)
-    pos = tl.minimum(tl.min(tl.where(acc, NPAD, j), axis=0), n)
-    return j, d, pos, tl.sum(acc.to(tl.int32), axis=0)
-
-
-@triton.jit(do_not_specialize=_VALUE_ARGS[3:7])
-def chain_spec_kernel(draft_probs, draft_ids, target_probs, output, accepted, emitted,
-                      seed_ptr, off_ptr, seed_val, off_val, seed_stride, off_stride,
-                      n, V, SEED_T: tl.constexpr, OFF_T: tl.constexpr,
-                      NPAD: tl.constexpr, Q: tl.constexpr, PHILOX_ROUNDS: tl.constexpr):
-    """One program per request: n accept tests, then one race pass over the residual row."""
-    b = tl.program_id(0)
-    b64 = b.to(tl.int64)
-    seed, off_lo, off_hi = _rng_words(seed_ptr, off_ptr, seed_val, off_val, seed_stride,
-                                      off_stride, b, SEED_T, OFF_T)
-    j, d, pos, n_acc = chain_accept_tests(draft_probs, draft_ids, target_probs, b, n, V, seed,
-                                          off_lo, off_hi, NPAD, PHILOX_ROUNDS)
-    has_draft = pos < n
-    tgt_row = target_probs + (b64 * (n + 1) + pos) * V
-    drf_row = draft_probs + (b64 * n + tl.minimum(pos, n - 1)) * V
-    lane = tl.arange(0, Q)
-    bk1 = tl.full([Q], -1.0, tl.float32)
-    bi1 = tl.zeros([Q], tl.int32)
-    bk2 = tl.full([Q], -1.0, tl.float32)
-    bi2 = tl.zeros([Q], tl.int32)
-    c2 = (off_hi << 16) | 0x200
-    for start in range(0, V, 4 * Q):
-        cnt = (start // 4 + lane).to(tl.uint32)
-        r0, r1, r2, r3 = philox(seed, cnt, cnt * 0 + b.to(tl.uint32), cnt * 0 + c2,
-                                cnt * 0 + off_lo, PHILOX_ROUNDS)
-        for qq in tl.static_range(4):
-            rb = _quarter(r0, r1, r2, r3, qq)
-            offs = start + qq * Q + lane
-            mask = offs < V
-            tv = tl.load(tgt_row + offs, mask=mask, other=0.0)
-            dv = tl.load(drf_row + offs, mask=mask & (offs < V * has_draft.to(tl.int32)), other=0.0)
-            w = tl.maximum(tv - dv, 0.0)
-            e = -tl.log(uint_to_uniform_float(rb))
-            k1 = tl.where(mask & (w > 0.0), w / e, -1.0)
-            k2 = tl.where(mask & (tv > 0.0), tv / e, -1.0)
-            better = k1 > bk1
-            bk1 = tl.where(better, k1, bk1)
-            bi1 = tl.where(better, offs, bi1)
-            better = k2 > bk2
-            bk2 = tl.where(better, k2, bk2)
-            bi2 = tl.where(better, offs, bi2)
-    m1 = tl.max(bk1, axis=0)
-    m2 = tl.max(bk2, axis=0)
-    tok1 = tl.min(tl.where(bk1 == m1, bi1, INT_MAX), axis=0)
-    tok2 = tl.min(tl.where(bk2 == m2, bi2, INT_MAX), axis=0)
-    tok = tl.where(m1 > 0.0, tok1, tl.where(m2 > 0.0, tok2, 0))
-    row_out = tl.where(j < pos, d, tl.where(j == pos, tok.to(tl.int64), -1))
-    tl.store(output + b64 * (n + 1) + j, row_out.to(tl.int32), mask=j <= n)
-    tl.store(accepted + b, tl.load(accepted + b) + n_acc)
-    tl.store(emitted + b, tl.load(emitted + b) + pos)

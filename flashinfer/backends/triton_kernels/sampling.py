@@ -13,7 +13,7 @@ without Triton), one idea each:
 * ``_top_k_two_pass_kernels`` (``two_pass`` of renorm_probs / top_k_mask_logits): top-k.
 * ``_top_p_bracket_kernels`` (``bracket`` of renorm_probs): top-p, opt-in until measured.
 * ``_logits_draw_kernels`` (``one_pass`` of sampling_from_logits), ``_chain_draw_kernels``
-  (``one_pass`` of chain_speculative_sampling); the streaming softmax: ``softmax.py``.
+  (chain_speculative_sampling); the streaming softmax: ``softmax.py``.
 * ``_stream_kernels``: their shared @triton.jit helpers.
 
 A call is one launch with one program per output row (two where a variant hands on to the
@@ -507,14 +507,11 @@ def softmax(logits, out, temperature) -> None:
 @KERNELS.kernel("chain_speculative_sampling", "default")
 def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, output, accepted,
                                emitted, deterministic, seed, offset) -> None:
-    K = _kernels(draft_probs)
-    _chain_launch(K.chain_spec_kernel, draft_probs, draft_token_ids, target_probs, output,
-                  accepted, emitted, seed, offset, lambda q: {"Q": q})
+    """One program per request (``_chain_draw_kernels``): the accept tests, then the
+    replacement token by one inverse-CDF draw over the residual row."""
+    _kernels(draft_probs)  # seeds Triton's cache (the helpers live in the general kernel's module)
+    from . import _chain_draw_kernels as KC
 
-
-def _chain_launch(kernel, draft_probs, draft_token_ids, target_probs, output, accepted, emitted,
-                  seed, offset, block_args) -> None:
-    """One program per request of a chain kernel; ``block_args(Q)``: its block constexprs."""
     batch, n_draft, vocab = draft_probs.shape
     if batch == 0:
         return
@@ -522,22 +519,9 @@ def _chain_launch(kernel, draft_probs, draft_token_ids, target_probs, output, ac
     o_ptr, o_val, o_stride, o_t = _rng(offset, output)
     q, warps = _launch_shape(vocab, batch)
     with _device_of(target_probs):
-        kernel[(batch,)](
+        KC.chain_one_pass_kernel[(batch,)](
             draft_probs.contiguous(), draft_token_ids.contiguous(), target_probs.contiguous(),
             output, accepted, emitted, s_ptr, o_ptr, s_val, o_val, s_stride, o_stride,
-            n_draft, vocab, SEED_T=s_t, OFF_T=o_t, NPAD=_pow2(n_draft + 1),
-            PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps, **block_args(q),
+            n_draft, vocab, SEED_T=s_t, OFF_T=o_t, NPAD=_pow2(n_draft + 1), BLOCK=4 * q,
+            COL=TWO_PASS_COLUMN, PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
         )
-
-
-@KERNELS.kernel("chain_speculative_sampling", "one_pass")
-def chain_speculative_sampling_one_pass(draft_probs, draft_token_ids, target_probs, output,
-                                        accepted, emitted, deterministic, seed, offset) -> None:
-    """The same accept tests, then the replacement token by one inverse-CDF draw over the
-    residual row (``_chain_draw_kernels``): one pass, no per-element random numbers."""
-    _kernels(draft_probs)  # seeds Triton's cache (the helpers live in the general kernel's module)
-    from . import _chain_draw_kernels as KC
-
-    _chain_launch(KC.chain_one_pass_kernel, draft_probs, draft_token_ids, target_probs, output,
-                  accepted, emitted, seed, offset,
-                  lambda q: {"BLOCK": 4 * q, "COL": TWO_PASS_COLUMN})
