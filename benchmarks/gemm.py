@@ -43,9 +43,11 @@ SQUARE = {"square.8192": (8192, 8192)}
 FUNCTIONS = ("mm_bf16", "mm_fp8", "gemm_fp8_nt_groupwise")
 #: grouped bf16 GEMM (``grouped_mm_bf16``): experts x (N, K) of one expert, tokens per expert
 GROUPED = [(e, 2048, 7168, m) for e in (8, 64, 256) for m in (16, 128)]
-BACKENDS = ("auto", "torch", "triton", "cudnn", "vendor")
+BACKENDS = ("auto", "torch", "triton", "cudnn", "cutlass", "vendor")
 #: functions the cudnn matmul graphs serve (mm_fp8 runs op bmm_fp8)
 CUDNN_FUNCTIONS = ("mm_bf16", "mm_fp8")
+#: functions the CUTLASS adapter serves (backends/cutlass.py)
+CUTLASS_FUNCTIONS = ("mm_bf16",)
 #: functions our Triton kernels serve (the others would only record "no such kernel");
 #: ``grouped_mm_bf16`` runs op segment_gemm (triton opt-in: timed only when asked for)
 TRITON_FUNCTIONS = ("mm_fp8", "gemm_fp8_nt_groupwise", "grouped_mm_bf16")
@@ -134,7 +136,8 @@ def bench_point(fn, m, n, k, backends, iters, device, experts: int = 0) -> dict:
     graphs = {}
     for backend in backends:
         if (backend == "triton" and fn not in TRITON_FUNCTIONS
-                or backend == "cudnn" and fn not in CUDNN_FUNCTIONS):
+                or backend == "cudnn" and fn not in CUDNN_FUNCTIONS
+                or backend == "cutlass" and fn not in CUTLASS_FUNCTIONS):
             continue
         try:
             _call(fn, one, backend)

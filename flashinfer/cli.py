@@ -414,6 +414,26 @@ def _export_pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warm_cutlass(args: argparse.Namespace) -> int:
+    """``warmup --cutlass``: compile (or load) the CUTLASS GEMM kernels into the disk cache."""
+    from .backends import cutlass
+    from .capability_db import import_error
+
+    missing = import_error("cutlass_cppgen")
+    if missing is not None:
+        print(f"cutlass_cppgen does not import ({missing}): install nvidia-cutlass")
+        return 1
+    rows = cutlass.compile_all("cuda")
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        for r in rows:
+            print(f"cutlass mm_bf16, b {r['layout']:6s}-major: {r['seconds']:6.1f} s  "
+                  f"{'ok' if r['ok'] else 'WRONG RESULT'}")
+        print(f"kernels in {cutlass.cache_file()}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
 def cmd_warmup(args: argparse.Namespace) -> int:
     import torch
 
@@ -428,6 +448,8 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to compile (Triton kernels run only on GPUs here)")
         return 0
+    if args.cutlass:
+        return _warm_cutlass(args)
     if args.export_pack is not None:
         return _export_pack(args)
     results = warm_sampling(args.vocab, "cuda", only=args.only)
@@ -517,6 +539,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compile into a fresh Triton cache and write its kernels to FILE, a kernel "
                         "pack (flashinfer/kernel_pack.py; the shipped ones live in "
                         "flashinfer/kernel_packs/triton-<version>-sm<arch>.tar.xz)")
+    p.add_argument("--cutlass", action="store_true",
+                   help="instead: compile the CUTLASS GEMM kernels (nvcc, about a minute each) "
+                        "into FLASHINFER_CACHE_DIR/cutlass, where every later process finds them")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=cmd_warmup)
     return parser

@@ -47,9 +47,11 @@ def test_mm_bf16(sm):
     if sm == "7.5":
         assert decision.backend == "reference"
         assert _reasons(decision, "torch") == {"sm"}
-    else:  # torch.mm: cuBLAS on every SM from 8.0, the CPU BLAS on cpu
+    else:  # torch.mm: cuBLAS on every SM from 8.0, the CPU BLAS on cpu; CUTLASS on 8.x-9.0
         assert decision.backend == "torch"
+        cutlass_sm = sm in ("8.0", "8.6", "8.9", "9.0")
         assert decision.order == (("torch", "reference") if sm == "cpu" else
+                                  ("torch", "cudnn", "cutlass", "reference") if cutlass_sm else
                                   ("torch", "cudnn", "reference"))
 
 
