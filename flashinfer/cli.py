@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import __version__, device, dispatch, envs, kernel_pack, overrides
+from .backends import cutlass as cutlass_adapter
 from .backends import BACKEND_NAMES
 from .capability_db import DTYPE_NAMES, Record, database, import_error
 from .dispatch_rules import DispatchRulesError
@@ -165,6 +166,7 @@ def config_data() -> dict[str, Any]:
                    "family": device.sm_family(facts.sm)},
         "env": envs.snapshot(),
         "kernel_packs": kernel_pack.describe(),
+        "cutlass_kernels": cutlass_adapter.describe_cache(),
         "ops": op_table(facts),
     }
 
@@ -237,6 +239,8 @@ def _print_config(data: dict[str, Any]) -> None:
     print("\n=== Compiled kernel packs (flashinfer/kernel_pack.py) ===")
     for line in data["kernel_packs"]:
         print(line)
+    print("\n=== Compiled CUTLASS kernels (backends/cutlass.py) ===")
+    print(data["cutlass_kernels"])
     print(f"\n=== Ops x backends on {'cpu' if d['kind'] == 'cpu' else 'SM ' + d['sm']} "
           "(typical fp16 problem; `flashinfer explain OP` for details) ===")
     width = max([16] + [len(op) for op in data["ops"]])

@@ -176,25 +176,37 @@ def test_gpu_a_fresh_process_loads_the_kernels_from_disk(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_empty_cutlass_cache_is_removed_a_filled_one_kept(tmp_path):
+def _fake_cache(path, rows: int) -> str:
+    """A cutlass_cppgen cache file with ``rows`` kernels named "gemm"."""
     import sqlite3
 
-    def cache(name, rows):
-        path = tmp_path / name
-        db = sqlite3.connect(path)
-        db.execute("CREATE TABLE compiled_operations(op_key TEXT NOT NULL UNIQUE, cubin BLOB "
-                   "NOT NULL, hostbin BLOB NOT NULL, op_name TEXT NOT NULL, op_attrs TEXT NOT NULL)")
-        for i in range(rows):
-            db.execute("INSERT INTO compiled_operations VALUES (?, ?, ?, ?, ?)",
-                       (f"k{i}", b"x", b"y", "gemm", "{}"))
-        db.commit()
-        db.close()
-        return str(path)
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE compiled_operations(op_key TEXT NOT NULL UNIQUE, cubin BLOB "
+               "NOT NULL, hostbin BLOB NOT NULL, op_name TEXT NOT NULL, op_attrs TEXT NOT NULL)")
+    for i in range(rows):
+        db.execute("INSERT INTO compiled_operations VALUES (?, ?, ?, ?, ?)",
+                   (f"k{i}", b"x", b"y", "gemm", "{}"))
+    db.commit()
+    db.close()
+    return str(path)
 
-    empty, filled = cache("empty.db", 0), cache("filled.db", 2)
+
+def test_an_empty_cutlass_cache_is_removed_a_filled_one_kept(tmp_path):
+    empty, filled = _fake_cache(tmp_path / "empty.db", 0), _fake_cache(tmp_path / "filled.db", 2)
     other = tmp_path / "notes.db"
     other.write_text("not sqlite")
     assert cutlass.remove_if_empty_cache(empty) and not os.path.exists(empty)
     assert not cutlass.remove_if_empty_cache(filled) and os.path.exists(filled)
     assert not cutlass.remove_if_empty_cache(str(other)) and other.exists()
     assert not cutlass.remove_if_empty_cache(str(tmp_path / "absent.db"))
+
+
+def test_show_config_names_the_compiled_kernels(tmp_path, monkeypatch):
+    from flashinfer import cli
+
+    monkeypatch.setenv("FLASHINFER_CACHE_DIR", str(tmp_path))
+    assert "none yet" in cutlass.describe_cache()
+    os.makedirs(tmp_path / "cutlass")
+    _fake_cache(cutlass.cache_file(), 2)
+    assert cutlass.describe_cache().endswith(": 2 kernel(s): gemm, gemm")
+    assert cli.config_data()["cutlass_kernels"] == cutlass.describe_cache()

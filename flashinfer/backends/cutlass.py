@@ -129,6 +129,21 @@ def _cutlass() -> types.ModuleType:
     return cutlass
 
 
+def describe_cache() -> str:
+    """One line for ``flashinfer show-config``: the disk cache and how many kernels it holds
+    (read with sqlite, without importing cutlass_cppgen)."""
+    path = cache_file()
+    if not os.path.isfile(path):
+        return f"{path}: none yet (`flashinfer warmup --cutlass` compiles them)"
+    try:
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            rows = db.execute("SELECT op_name FROM compiled_operations").fetchall()
+    except sqlite3.Error as exc:
+        return f"{path}: unreadable ({exc})"
+    return f"{path}: {len(rows)} kernel(s)" + (f": {', '.join(sorted(r[0] for r in rows))}"
+                                               if rows else "")
+
+
 def remove_if_empty_cache(path: str) -> bool:
     """Delete ``path`` when it is a cutlass_cppgen cache holding no kernel (what its import
     leaves in the working directory); True when deleted. A cache with kernels stays."""
