@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# Next session's device call (no carry): the top-p bracket renormalisation (written without a
-# GPU on 2026-11-30, renorm_probs variant triton:bracket) — its GPU tests, its grid with every
-# backend against the general kernel (upstream's: sampling_rest_grid_upstream_0.7.2_h200_
-# 2026-11-30_1205utc.json), and a warps sweep (106 registers at 16 warps: one program per SM).
+# Next session's device calls (carry .whl: cudnn frontend, fa3, nvidia-cutlass and its deps).
+#   bash benchmarks/device_check_next.sh tests   every GPU test (sampling, batch attention, GEMM,
+#                                                MoE, CUTLASS) after the CUTLASS warm-up, so the
+#                                                CUTLASS tests load their kernels from disk
+#   bash benchmarks/device_check_next.sh tune    the top-p bracket kernel's launch-shape sweep
+#                                                (106 registers at 16 warps: try 8)
 source benchmarks/device_env.sh
 source benchmarks/device_lib.sh
-gpu_tests tests/test_triton_top_p_bracket.py tests/test_sampling_gpu.py -k "renorm or bracket"
-cd benchmarks && timeout 120 python3 sampling.py --only top_p_renorm --budget-s 100 \
-  --out $OUT/sampling_top_p_renorm_grid.json 2>&1 | grep -v "^\[" | tail -20
+export PATH=$PATH:/usr/local/cuda/bin
+case "${1:-tests}" in
+  tests)
+    echo "== warmup --cutlass"; timeout 300 python3 -m flashinfer warmup --cutlass 2>&1 | tail -3
+    GPU_TESTS_TIMEOUT=420 gpu_tests -m gpu tests ;;
+  tune)
+    cd benchmarks && timeout 300 python3 tune_sampling.py --cases renorm_bracket --batches 1,16,256 \
+      --out "$OUT/tune_sampling_bracket.json" 2>&1 | grep -v "^\[" | tail -6 ;;
+esac

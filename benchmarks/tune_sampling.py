@@ -1,8 +1,9 @@
 """Launch-shape sweep of our Triton sampling kernels: (lanes Q, warps) at batch 1 / 16 / 256,
 vocabulary 128256, for plain sampling, top-k-then-top-p sampling (the general kernel and the
 two-pass variant, whose block is 4 Q), the two-pass kernel's plain mode, top-p alone by rounds
-(nucleus), top-k renormalisation and masking by candidates, the one-pass logits sampler and top-k logit
-masking (the pivot search), GPU time of a captured call. ``stream_floor`` is the floor of a
+(nucleus), top-k renormalisation and masking by candidates, top-p renormalisation by the bracket
+kernel, the one-pass logits sampler and top-k logit masking (the pivot search), GPU time of a
+captured call. ``stream_floor`` is the floor of a
 two-pass kernel at a shape: two plain summing passes over each row, one program per row, block
 4 Q.
 
@@ -71,6 +72,7 @@ def _cases(batch: int):
     renorm_two_pass = table[("renorm_probs", "two_pass")]
     mask_two_pass = table[("top_k_mask_logits", "two_pass")]
     logits_one_pass = table[("sampling_from_logits", "one_pass")]
+    renorm_bracket = table[("renorm_probs", "bracket")]
     renormed = torch.empty_like(probs)
     mask = _kernel("top_k_mask_logits")
     return {
@@ -81,6 +83,7 @@ def _cases(batch: int):
                                            7, 0),
         "nucleus": lambda: nucleus(probs, out, valid, None, None, 0.9, None, False, True, 7, 0),
         "renorm_two_pass": lambda: renorm_two_pass(probs, renormed, 50, None),
+        "renorm_bracket": lambda: renorm_bracket(probs, renormed, None, 0.9),
         "mask_two_pass": lambda: mask_two_pass(logits, masked, 50),
         "logits_one_pass": lambda: logits_one_pass(logits, out, None, True, 7, 0),
         "top_k_mask": lambda: mask(logits, masked, 50),
