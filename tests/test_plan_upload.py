@@ -164,3 +164,57 @@ def test_page_bounds_reports_the_largest_id_or_a_negative_one():
         bounds.start(ids.to("cuda"), "indices").resolve()
     with pytest.raises(ValueError, match="indices is on cpu but the workspace buffer is on cuda:"):
         bounds.start(ids, "indices")
+
+
+class _TailPlanner:
+    """A two-phase planner asking for the page ids with a tail (as cuDNN decode does)."""
+
+    def __init__(self, tail):
+        self.tail, self.seen = tail, {}
+
+    def prepare(self, plan):
+        from flashinfer.batch_attention_params import Prepared
+
+        def finish(views):
+            self.seen = views
+            return lambda *args: None
+
+        return Prepared({}, finish, kv_indices_tail=self.tail)
+
+    def __call__(self, plan):
+        raise AssertionError("the wrapper calls prepare(), not the one-phase planner")
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_a_planner_gets_the_page_ids_with_their_tail(monkeypatch, graph):
+    """Prepared.kv_indices_tail: the plan's ids uploaded once with Pb copies of the last one
+    (plan.kv_indices is their head); a CUDA-graph wrapper's fixed id buffer gets a separate
+    padded copy and keeps exactly the ids."""
+    import types
+
+    import flashinfer
+    from flashinfer import batch_plan
+
+    planner = _TailPlanner(5)
+    choice = types.SimpleNamespace(backend="fake", variant="tail", kernel=planner, name="fake")
+    monkeypatch.setattr(batch_plan.dispatch, "decide_each",
+                        lambda problems, backend, memo: [choice] * len(problems))
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 500, (13,), generator=g, dtype=torch.int32)
+    indptr = torch.tensor([0, 4, 4, 13], dtype=torch.int32)
+    last = torch.tensor([3, 0, 8], dtype=torch.int32)
+    ws = torch.empty(1 << 16, dtype=torch.uint8)
+    kwargs = {}
+    if graph:
+        kwargs = dict(use_cuda_graph=True,
+                      paged_kv_indptr_buffer=torch.zeros(4, dtype=torch.int32),
+                      paged_kv_indices_buffer=torch.full((40,), -1, dtype=torch.int32),
+                      paged_kv_last_page_len_buffer=torch.zeros(3, dtype=torch.int32))
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", **kwargs)
+    w.plan(indptr, ids, last, 4, 2, 16, 8, q_data_type=torch.float16)
+    padded = planner.seen["kv_indices_padded"]
+    assert padded.tolist() == ids.tolist() + [int(ids[-1])] * 5
+    assert torch.equal(w._plan.kv_indices, ids)
+    if graph:
+        assert w._plan.kv_indices.data_ptr() == kwargs["paged_kv_indices_buffer"].data_ptr()
+        assert (kwargs["paged_kv_indices_buffer"][13:] == -1).all()
