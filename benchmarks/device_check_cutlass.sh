@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The CUTLASS adapter on the GPU (carry .whl with nvidia-cutlass, networkx, pydot, pyparsing,
-# treelib): `flashinfer warmup --cutlass` (nvcc compiles the two mm_bf16 kernels into the disk
+# The CUTLASS adapter on the GPU (carry .whl and .whl_cutlass: nvidia-cutlass, networkx, pydot,
+# pyparsing, treelib): `flashinfer warmup --cutlass` (nvcc compiles the two mm_bf16 kernels into the disk
 # cache), its GPU tests (a fresh process then loads them), and the mm_bf16 grid with every backend.
 source benchmarks/device_env.sh
 source benchmarks/device_lib.sh

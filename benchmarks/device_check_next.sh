@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Next session's device calls (carry .whl: cudnn frontend, fa3, nvidia-cutlass and its deps).
+# Next session's device calls (carry .whl, .whl_fa3 and .whl_cutlass: cuDNN frontend, FA3,
+# nvidia-cutlass and its deps; `tune` needs none).
 #   bash benchmarks/device_check_next.sh tests   every GPU test (sampling, batch attention, GEMM,
 #                                                MoE, CUTLASS) after the CUTLASS warm-up, so the
 #                                                CUTLASS tests load their kernels from disk
