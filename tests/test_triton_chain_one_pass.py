@@ -14,23 +14,13 @@ triton = pytest.importorskip("triton")
 
 from flashinfer import sampling as S  # noqa: E402
 from test_sampling_stats import _chain_expectation, assert_samples_follow  # noqa: E402
-from test_triton_sampling import kernel, spec_inputs  # noqa: E402
+from test_triton_sampling import run_spec, spec_inputs  # noqa: E402
 from test_triton_sampling_two_pass import _uniform_kernel  # noqa: E402
 
 import triton.language as tl  # noqa: E402
 from triton.language.random import philox, uint_to_uniform_float  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("kernel_device")
-
-
-def run_one_pass(draft, ids, target, seed=1, offset=0, acc0=0, emit0=0):
-    batch, n = ids.shape
-    output = torch.full((batch, n + 1), -7, dtype=torch.int32)
-    accepted = torch.full((batch,), acc0, dtype=torch.int32)
-    emitted = torch.full((batch,), emit0, dtype=torch.int32)
-    kernel("chain_speculative_sampling")(draft, ids, target, output, accepted, emitted, True,
-                                         seed, offset)
-    return output, accepted, emitted
 
 
 def _expected_tokens(draft, target, pos, block, seed):
@@ -86,7 +76,7 @@ def test_accept_decisions_and_the_token_is_the_inverse_cdf(vocab):
     draft, ids, target = spec_inputs(6, 3, vocab, seed=31)
     target[:3, :3] = draft[:3]  # requests 0-2 accept more often
     ids[:3] = draft[:3].argmax(-1).int()
-    out, acc, emit = run_one_pass(draft, ids, target, seed=4)
+    out, acc, emit = run_spec(draft, ids, target, seed=4)
     counts, firsts = _host_accept_tests(draft, ids, target, seed=4)
     assert acc.tolist() == counts and emit.tolist() == firsts
     for b in range(6):
@@ -106,12 +96,12 @@ def test_all_accepted_and_out_of_vocabulary_ids():
     draft[2, 0] = 0.0
     draft[2, 0, 6] = 1.0
     ids[2, 0] = 6  # residual relu(t - d) at position 0 is token 5 alone
-    out, acc, emit = run_one_pass(draft, ids, target, acc0=5, emit0=1)
+    out, acc, emit = run_spec(draft, ids, target, acc0=5, emit0=1)
     assert torch.equal(out[0, :3], ids[0]) and 0 <= int(out[0, 3]) < 16
     assert out[1, 1:].tolist() == [-1, -1, -1] and 0 <= int(out[1, 0]) < 16
     assert out[2].tolist() == [5, -1, -1, -1]
     assert emit.tolist() == [4, 1, 1]
-    again = run_one_pass(draft, ids, target, acc0=5, emit0=1)
+    again = run_spec(draft, ids, target, acc0=5, emit0=1)
     assert all(torch.equal(x, y) for x, y in zip(again, (out, acc, emit)))
 
 
