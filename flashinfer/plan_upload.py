@@ -61,6 +61,8 @@ class PlanUpload:
         host, length, loose_remote, fixed_host = {}, {}, [], []
         for name, t in arrays.items():
             if isinstance(t, Tail):
+                if isinstance(t.array, torch.Tensor) and t.array.device.type == "cpu":
+                    t = Tail(t.array.numpy(), t.count)
                 a, n = (t if isinstance(t.array, np.ndarray) else None), t.array.shape[0] + t.count
             else:
                 a = t if isinstance(t, np.ndarray) else (t.numpy() if t.device.type == "cpu" else None)

@@ -46,6 +46,7 @@ def test_cuda_upload_matches_and_snapshots(indices_on_device):
         arrays = _arrays(seed, "cuda" if indices_on_device else "cpu", n_pages=37 + 5000 * (seed % 3))
         arrays["extra"] = np.arange(seed, seed + 11, dtype=np.int32)  # a planner's numpy array
         arrays["tail"] = Tail(np.arange(seed, seed + 5, dtype=np.int32), 70)  # crosses ALIGN
+        arrays["tail_cpu_tensor"] = Tail(torch.arange(seed, seed + 3, dtype=torch.int32), 4)
         out = up.upload(arrays, {}, non_blocking=True)
         torch.cuda.synchronize()
         for name, t in arrays.items():

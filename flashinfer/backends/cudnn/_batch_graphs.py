@@ -15,10 +15,11 @@ in :mod:`._graphs` (same handles and per-stream workspaces).
 Metadata: dense decode (one query row per request) makes ``seq_len_kv`` and each request's
 first page position on the host (:func:`~.batch_plan.decode_arrays`); they ride in the plan's
 one upload, with the page ids padded by ``Pb`` copies of the last one
-(``Prepared.kv_indices_tail``), and ``finish`` queues one gather into the page table; prefill and multi-query decode build their
-metadata on the host (:func:`~.batch_plan.build_metadata`) and upload it with one non-blocking
-copy of their own from pinned memory. A wrapper's next plan with the same graph key rewrites its previous
-plan's buffers (``BatchPlan.reusable``) instead of allocating new ones.
+(``Prepared.kv_indices_tail``), and ``finish`` queues one gather into the page table; prefill
+and multi-query decode build their metadata on the host (:func:`~.batch_plan.build_metadata`)
+and upload it with one non-blocking copy of their own from pinned memory. A wrapper's next plan
+with the same graph key rewrites its previous plan's buffers (``BatchPlan.reusable``) instead of
+allocating new ones.
 
 CUDA-graph plans (``plan.cuda_graph``): the metadata buffers belong to a store keyed by the
 wrapper's fixed index buffers and are rewritten in place at every plan, so a captured run

@@ -317,9 +317,9 @@ def decode_arrays(spec: BatchSpec, plan) -> dict:
 
 def gather_decode_table(table: torch.Tensor, ids_padded: torch.Tensor,
                         row_starts: torch.Tensor) -> None:
-    """``table [Bb, 1, Pb, 1]`` ← row ``r`` = ``ids_padded[row_starts[r] : row_starts[r] + Pb]``
-    (``ids_padded``: the page ids, then at least ``Pb`` copies of the last one)
-    (one ``index_select`` over the overlapping windows; see :func:`decode_arrays`)."""
+    """``table [Bb, 1, Pb, 1]`` ← row ``r`` = ``ids_padded[row_starts[r] : row_starts[r] + Pb]``,
+    ``ids_padded`` being the page ids, then at least ``Pb`` copies of the last one: one
+    ``index_select`` over the overlapping windows (see :func:`decode_arrays`)."""
     pb = table.shape[2]
     torch.index_select(ids_padded.unfold(0, pb, 1), 0, row_starts, out=table.view(-1, pb))
 
