@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import __version__, device, dispatch, envs, kernel_pack, overrides
-from .backends import cutlass as cutlass_adapter
+from .backends.cutlass import runtime as cutlass_runtime
 from .backends import BACKEND_NAMES
 from .capability_db import DTYPE_NAMES, Record, database, import_error
 from .dispatch_rules import DispatchRulesError
@@ -166,7 +166,7 @@ def config_data() -> dict[str, Any]:
                    "family": device.sm_family(facts.sm)},
         "env": envs.snapshot(),
         "kernel_packs": kernel_pack.describe(),
-        "cutlass_kernels": cutlass_adapter.describe_cache(),
+        "cutlass_kernels": cutlass_runtime.describe_cache(),
         "ops": op_table(facts),
     }
 
@@ -239,7 +239,7 @@ def _print_config(data: dict[str, Any]) -> None:
     print("\n=== Compiled kernel packs (flashinfer/kernel_pack.py) ===")
     for line in data["kernel_packs"]:
         print(line)
-    print("\n=== Compiled CUTLASS kernels (backends/cutlass.py) ===")
+    print("\n=== Compiled CUTLASS kernels (backends/cutlass/) ===")
     print(data["cutlass_kernels"])
     print(f"\n=== Ops x backends on {'cpu' if d['kind'] == 'cpu' else 'SM ' + d['sm']} "
           "(typical fp16 problem; `flashinfer explain OP` for details) ===")
@@ -432,9 +432,9 @@ def _warm_cutlass(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=1))
     else:
         for r in rows:
-            print(f"cutlass mm_bf16, b {r['layout']:6s}-major: {r['seconds']:6.1f} s  "
+            print(f"cutlass {r['kernel']:40s} {r['seconds']:6.1f} s  "
                   f"{'ok' if r['ok'] else 'WRONG RESULT'}")
-        print(f"kernels in {cutlass.cache_file()}")
+        print(f"kernels in {cutlass.runtime.cache_file()}")
     return 0 if all(r["ok"] for r in rows) else 1
 
 

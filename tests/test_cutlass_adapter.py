@@ -1,7 +1,8 @@
-"""The CUTLASS adapter (backends/cutlass.py): the cuda-python legacy-name aliases on fake
-cuda-bindings 13 packages, the layout and shape checks, the decisions on simulated SMs, the
-disk-cache location; ``gpu`` (with nvidia-cutlass installed): mm_bf16 against a float64 matmul
-for both layouts of ``b``, and the kernels loaded from the disk cache by a fresh process."""
+"""The CUTLASS adapter (backends/cutlass/): the cuda-python legacy-name aliases on fake
+cuda-bindings 13 packages, nvcc lookup, the layout and shape checks, the decisions on simulated
+SMs, the disk-cache location; ``gpu`` (with nvidia-cutlass installed): mm_bf16 and bmm_fp8 /
+mm_fp8 against float64 matmuls (layouts, misaligned pointers, batches), CUDA-graph replay, and
+the kernels loaded from the disk cache by a fresh process."""
 
 import os
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from flashinfer.backends import cutlass
+from flashinfer.backends.cutlass import runtime
 from flashinfer.capability_db import import_error
 from flashinfer.device import simulated
 from flashinfer.dispatch import Problem, select
@@ -46,26 +48,26 @@ def _fake_cuda_bindings(monkeypatch, with_legacy: bool):
 
 def test_aliases_map_the_legacy_names_onto_cuda_bindings_13(monkeypatch):
     cuda = _fake_cuda_bindings(monkeypatch, with_legacy=False)
-    made = cutlass.alias_legacy_cuda_modules()
+    made = runtime.alias_legacy_cuda_modules()
     assert sys.modules["cuda.cuda"].which == "driver"
     assert sys.modules["cuda.cudart"].which == "runtime"
     assert sys.modules["cuda.nvrtc"].which == "nvrtc"
     assert cuda.cudart is sys.modules["cuda.cudart"] and cuda.__version__ == "13.0.3"
     assert len(made) == 4
-    assert cutlass.alias_legacy_cuda_modules() == []  # idempotent
+    assert runtime.alias_legacy_cuda_modules() == []  # idempotent
 
 
 def test_aliases_leave_a_legacy_cuda_python_alone(monkeypatch):
     cuda = _fake_cuda_bindings(monkeypatch, with_legacy=True)
     cuda.__version__ = "12.8.0"
     legacy = sys.modules["cuda.cudart"]
-    assert cutlass.alias_legacy_cuda_modules() == []
+    assert runtime.alias_legacy_cuda_modules() == []
     assert sys.modules["cuda.cudart"] is legacy and cuda.__version__ == "12.8.0"
 
 
 def test_aliases_without_cuda_python_do_nothing(monkeypatch):
     monkeypatch.setitem(sys.modules, "cuda", None)  # "import cuda" raises ImportError
-    assert cutlass.alias_legacy_cuda_modules() == []
+    assert runtime.alias_legacy_cuda_modules() == []
 
 
 def test_the_fakes_leave_no_alias_behind():
@@ -84,7 +86,7 @@ def test_b_layout_reads_the_strides():
 
 def test_cache_file_follows_the_cache_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("FLASHINFER_CACHE_DIR", str(tmp_path))
-    assert cutlass.cache_file() == os.path.join(str(tmp_path), "cutlass", "compiled_cache.db")
+    assert runtime.cache_file() == os.path.join(str(tmp_path), "cutlass", "compiled_cache.db")
 
 
 def _mm_bf16(sm, features=(), **shape):
@@ -115,6 +117,67 @@ def test_mm_bf16_checks_alignment_and_bias():
     assert "shape.k" in _cutlass_reasons(select(_mm_bf16("9.0", k=100), assume_installed=True))
     with_bias = select(_mm_bf16("9.0", features=("bias",)), assume_installed=True)
     assert "cutlass" not in with_bias.order
+
+
+def _bmm_fp8(sm, a="float8_e4m3fn", b="float8_e4m3fn", out="bfloat16", **shape):
+    facts = {"batch": 16, "m": 64, "n": 512, "k": 128, **shape}
+    return Problem.make("bmm_fp8", simulated(sm), dtypes={"a": a, "b": b, "out": out},
+                        shape=facts)
+
+
+@pytest.mark.parametrize("sm", SMS)
+def test_bmm_fp8_decisions(sm):
+    decision = select(_bmm_fp8(sm), assume_installed=True)
+    if sm == "9.0":
+        assert "cutlass" in decision.order and not _cutlass_reasons(decision)
+        assert decision.order.index("cutlass") > decision.order.index("cudnn")
+    else:
+        assert "cutlass" not in decision.order and "sm" in _cutlass_reasons(decision)
+
+
+@pytest.mark.parametrize("facts, field", [
+    ({"a": "float8_e5m2"}, "dtype.a"), ({"b": "float8_e5m2"}, "dtype.b"), ({"k": 136}, "k"),
+    ({"n": 516}, "n")])
+def test_bmm_fp8_record_names_what_it_refuses(facts, field):
+    decision = select(_bmm_fp8("9.0", **facts), assume_installed=True)
+    assert "cutlass" not in decision.order and field in _cutlass_reasons(decision)
+
+
+def test_kernel_specs_cover_16_byte_rows():
+    assert cutlass.MM_BF16["row"].alignment("a") == 8
+    fp8 = cutlass.BMM_FP8[torch.float16]
+    assert (fp8.alignment("a"), fp8.alignment("b"), fp8.alignment("out")) == (16, 16, 8)
+    assert fp8.scaled and fp8.b_layout == "column" and "f16" in fp8.label
+    assert len(set(cutlass.ALL_SPECS)) == len(cutlass.ALL_SPECS) == 4
+
+
+def test_nvcc_is_found_outside_path(monkeypatch, tmp_path):
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    assert runtime.find_nvcc() == str(nvcc)
+    package = types.SimpleNamespace(_NVCC_VERSION=None)
+    runtime._point_at_nvcc(package)
+    assert package._NVCC_VERSION == "13.0"
+    assert package._CUDA_INSTALL_PATH == str(tmp_path / "cuda")
+
+
+def test_without_nvcc_cached_kernels_still_load(monkeypatch, tmp_path):
+    """No nvcc anywhere: cutlass_cppgen is told the cuda bindings' version (it would run
+    ``nvcc --version`` and fail), so kernels in the disk cache load."""
+    cuda = _fake_cuda_bindings(monkeypatch, with_legacy=False)
+    cuda.__version__ = "13.0.2"
+    monkeypatch.setenv("PATH", str(tmp_path))
+    for name in ("CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(runtime.os, "access", lambda path, mode: False)
+    assert runtime.find_nvcc() is None
+    package = types.SimpleNamespace(_NVCC_VERSION=None)
+    runtime._point_at_nvcc(package)
+    assert package._NVCC_VERSION == "13.0.2" and package._CUDA_INSTALL_PATH
 
 
 # ------------------------------------------------------------------------------------------
@@ -157,22 +220,132 @@ def test_gpu_strided_b_is_copied_first():
     torch.testing.assert_close(out.double(), a.double() @ b.double(), rtol=2e-2, atol=1e-1)
 
 
+def _fp8(shape, gen, scale=1.0):
+    return (torch.randn(*shape, generator=gen) * scale).to(torch.float8_e4m3fn).cuda()
+
+
+def _bmm_fp8_want(A, B, sa, sb):
+    return (A.double() @ B.double()) * (sa.double() * sb.double())
+
+
+@pytest.mark.gpu
+@needs_cutlass
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("m", [1, 7, 128])
+def test_gpu_bmm_fp8_matches_float64(m, batch, out_dtype):
+    import flashinfer
+
+    g = torch.Generator(device="cpu").manual_seed(100 + m + batch)
+    k, n = 272, 200  # multiples of 16 / 8, not of the tiles
+    A = _fp8((batch, m, k), g)
+    B = _fp8((batch, n, k), g).transpose(1, 2)  # column-major, upstream's layout
+    sa, sb = torch.tensor([0.75], device="cuda"), torch.tensor([1.5], device="cuda")
+    out = torch.full((batch, m, n), float("nan"), dtype=out_dtype, device="cuda")
+    flashinfer.bmm_fp8(A, B, sa, sb, out_dtype, out=out, backend="cutlass")
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.double(), _bmm_fp8_want(A, B, sa, sb), rtol=2e-2, atol=1e-1)
+
+
+@pytest.mark.gpu
+@needs_cutlass
+def test_gpu_bmm_fp8_copies_row_major_b_and_misaligned_operands():
+    """A row-major B (fp8 tensor cores read K-major operands), an A and an out that start 1
+    element past a 16-byte boundary: copied in, written back."""
+    import flashinfer
+
+    g = torch.Generator(device="cpu").manual_seed(11)
+    batch, m, k, n = 2, 33, 64, 48
+    A = _fp8((batch * m * k + 1,), g)[1:].view(batch, m, k)
+    B = _fp8((batch, k, n), g)  # row-major
+    sa, sb = torch.tensor([2.0], device="cuda"), torch.tensor([0.5], device="cuda")
+    flat = torch.full((batch * m * n + 1,), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = flat[1:].view(batch, m, n)
+    assert A.data_ptr() % 16 and out.data_ptr() % 16
+    flashinfer.bmm_fp8(A, B, sa, sb, torch.bfloat16, out=out, backend="cutlass")
+    assert not out.isnan().any() and flat[:1].isnan().all()
+    torch.testing.assert_close(out.double(), _bmm_fp8_want(A, B, sa, sb), rtol=2e-2, atol=1e-1)
+
+
+@pytest.mark.gpu
+@needs_cutlass
+def test_gpu_mm_fp8_with_alpha_goes_through_the_batched_kernel():
+    import flashinfer
+
+    g = torch.Generator(device="cpu").manual_seed(12)
+    a, b = _fp8((24, 128), g), _fp8((96, 128), g)
+    alpha = torch.tensor([0.3], device="cuda")
+    out = flashinfer.mm_fp8(a, b, alpha, torch.bfloat16, backend="cutlass")
+    want = (a.double() @ b.double().t()) * 0.3
+    torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=1e-1)
+
+
+@pytest.mark.gpu
+@needs_cutlass
+def test_gpu_bmm_fp8_replays_in_a_cuda_graph_with_new_contents():
+    """Captured once; new operands and new scale values written into the captured tensors
+    reach the replay (the scales are read on the device, never baked in)."""
+    import flashinfer
+
+    g = torch.Generator(device="cpu").manual_seed(13)
+    batch, m, k, n = 4, 16, 128, 64
+    A, Bt = _fp8((batch, m, k), g), _fp8((batch, n, k), g)
+    sa, sb = torch.tensor([1.0], device="cuda"), torch.tensor([1.0], device="cuda")
+    out = torch.empty(batch, m, n, dtype=torch.bfloat16, device="cuda")
+    run = lambda: flashinfer.bmm_fp8(A, Bt.transpose(1, 2), sa, sb, torch.bfloat16, out=out,
+                                     backend="cutlass")
+    run()  # loads the kernel outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    A.copy_(_fp8((batch, m, k), g))
+    Bt.copy_(_fp8((batch, n, k), g))
+    sa.fill_(0.5)
+    sb.fill_(3.0)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = _bmm_fp8_want(A, Bt.transpose(1, 2), sa, sb)
+    torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=1e-1)
+
+
+_FRESH_CALLS = """
+import time, torch, flashinfer
+started = time.perf_counter()
+a = torch.randn(5, 72, device="cuda").bfloat16()
+b = torch.randn(56, 72, device="cuda").bfloat16()
+flashinfer.mm_bf16(a, b.t(), backend="cutlass")
+flashinfer.mm_bf16(a, b.t().contiguous(), backend="cutlass")
+A = torch.randn(2, 9, 48, device="cuda").to(torch.float8_e4m3fn)
+B = torch.randn(2, 40, 48, device="cuda").to(torch.float8_e4m3fn).transpose(1, 2)
+one = torch.ones(1, device="cuda")
+for dtype in (torch.bfloat16, torch.float16):
+    flashinfer.bmm_fp8(A, B, one, one, dtype, backend="cutlass")
+torch.cuda.synchronize()
+print(f"seconds {time.perf_counter() - started:.1f}")
+"""
+
+
 @pytest.mark.gpu
 @needs_cutlass
 def test_gpu_a_fresh_process_loads_the_kernels_from_disk(tmp_path):
-    """``flashinfer warmup --cutlass`` in one process (compiles, or loads), then in another:
-    the second finds both kernels on disk (no nvcc), and neither leaves a file in its working
-    directory. (Kernels a first call compiled on demand were not always found by a process
-    whose first call had another shape: on the H200 a fresh process recompiled them, so the
-    warm-up is the documented way.)"""
+    """``flashinfer warmup --cutlass`` in one process (compiles, or loads), then calls of other
+    shapes in another: every kernel is found on disk (a kernel spec never depends on a call's
+    shape; nvcc takes about a minute a kernel), and neither process leaves a file in its
+    working directory."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     warm = [sys.executable, "-m", "flashinfer", "warmup", "--cutlass", "--json"]
     first = subprocess.run(warm, capture_output=True, text=True, timeout=400, cwd=tmp_path, env=env)
     assert first.returncode == 0, first.stderr[-2000:]
     started = time.perf_counter()
-    second = subprocess.run(warm, capture_output=True, text=True, timeout=400, cwd=tmp_path, env=env)
+    second = subprocess.run([sys.executable, "-c", _FRESH_CALLS], capture_output=True,
+                            text=True, timeout=400, cwd=tmp_path, env=env)
     assert second.returncode == 0, second.stderr[-2000:]
-    assert time.perf_counter() - started < 30  # nvcc takes about a minute per kernel
+    assert "compiled" not in second.stderr, second.stderr[-2000:]
+    assert time.perf_counter() - started < 30
     assert list(tmp_path.iterdir()) == []
 
 
@@ -195,18 +368,18 @@ def test_an_empty_cutlass_cache_is_removed_a_filled_one_kept(tmp_path):
     empty, filled = _fake_cache(tmp_path / "empty.db", 0), _fake_cache(tmp_path / "filled.db", 2)
     other = tmp_path / "notes.db"
     other.write_text("not sqlite")
-    assert cutlass.remove_if_empty_cache(empty) and not os.path.exists(empty)
-    assert not cutlass.remove_if_empty_cache(filled) and os.path.exists(filled)
-    assert not cutlass.remove_if_empty_cache(str(other)) and other.exists()
-    assert not cutlass.remove_if_empty_cache(str(tmp_path / "absent.db"))
+    assert runtime.remove_if_empty_cache(empty) and not os.path.exists(empty)
+    assert not runtime.remove_if_empty_cache(filled) and os.path.exists(filled)
+    assert not runtime.remove_if_empty_cache(str(other)) and other.exists()
+    assert not runtime.remove_if_empty_cache(str(tmp_path / "absent.db"))
 
 
 def test_show_config_names_the_compiled_kernels(tmp_path, monkeypatch):
     from flashinfer import cli
 
     monkeypatch.setenv("FLASHINFER_CACHE_DIR", str(tmp_path))
-    assert "none yet" in cutlass.describe_cache()
+    assert "none yet" in runtime.describe_cache()
     os.makedirs(tmp_path / "cutlass")
-    _fake_cache(cutlass.cache_file(), 2)
-    assert cutlass.describe_cache().endswith(": 2 kernel(s): gemm, gemm")
-    assert cli.config_data()["cutlass_kernels"] == cutlass.describe_cache()
+    _fake_cache(runtime.cache_file(), 2)
+    assert runtime.describe_cache().endswith(": 2 kernel(s): gemm, gemm")
+    assert cli.config_data()["cutlass_kernels"] == runtime.describe_cache()

@@ -60,7 +60,8 @@ def test_bmm_fp8_per_tensor(sm):
     decision = select(_bmm_fp8(sm), assume_installed=True)
     if sm in ("8.9", "9.0", "10.0", "12.0"):  # torch leads, triton next, reference last
         assert decision.name == "torch:scaled_mm"
-        assert decision.order == ("torch:scaled_mm", "triton", "cudnn", "reference")
+        cutlass = ("cutlass",) if sm == "9.0" else ()  # its fp8 kernels: SM 9.0 only
+        assert decision.order == ("torch:scaled_mm", "triton", "cudnn", *cutlass, "reference")
     else:  # neither fp8 kernel runs below SM 8.9 (or on the CPU without TRITON_INTERPRET)
         assert decision.backend == "reference"
         why = {"device"} if sm == "cpu" else {"sm"}
@@ -68,12 +69,29 @@ def test_bmm_fp8_per_tensor(sm):
         assert _reasons(decision, "triton") == why
 
 
+@pytest.mark.parametrize("sm", ["8.9", "9.0", "10.0"])
+@pytest.mark.parametrize("batch", [2, 128])
+def test_batched_bmm_fp8_prefers_one_launch_on_sm90(sm, batch):
+    """torch loops _scaled_mm over the batch (128 launches at DeepSeek-V3's MLA shapes: 370-470
+    us on the H200 against 6-76 for Triton's one launch): batched calls go to triton on SM 9.0,
+    where that was measured; batch 1 (mm_fp8) stays with cuBLASLt."""
+    decision = select(_bmm_fp8(sm, batch=batch, n=512, k=128), assume_installed=True)
+    if sm == "9.0":
+        assert decision.order[:3] == ("triton", "cudnn", "torch:scaled_mm")
+    else:
+        assert decision.name == "torch:scaled_mm"
+    single = select(_bmm_fp8(sm, n=512, k=128), assume_installed=True)
+    assert single.name == "torch:scaled_mm"
+
+
 @pytest.mark.parametrize("k,n,field", [(8200, 8192, "k"), (8192, 8200, "n")])
 def test_bmm_fp8_misaligned_goes_to_triton(k, n, field):
-    """cuBLASLt needs K and N multiples of 16; triton masks its tiles, so it serves them."""
+    """cuBLASLt needs K and N multiples of 16; triton masks its tiles, so it serves them
+    (CUTLASS's fp8 kernels take N a multiple of 8, K of 16)."""
     decision = select(_bmm_fp8("9.0", k=k, n=n), assume_installed=True)
     assert decision.backend == "triton"
-    assert decision.order == ("triton", "reference")
+    assert decision.order == (("triton", "cutlass", "reference") if field == "n" else
+                              ("triton", "reference"))
     assert _reasons(decision, "torch:scaled_mm") == {field}
     assert _reasons(decision, "triton") == set()
 
