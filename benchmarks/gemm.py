@@ -9,7 +9,9 @@ Shapes: M in {1, 16, 128, 1024, 8192} x the (N, K) of each layer below, plus the
 8192^3 points of the targets (fp8 >= 1,300 TFLOP/s, every point >= 0.97x the best single vendor
 kernel), and ``grouped_mm_bf16`` with 8 / 64 / 256 experts of DeepSeek-V3's expert gate_up
 shape (N 2048, K 7168), 16 or 128 tokens each (target: grouped bf16 >= 600 TFLOP/s). Functions: ``mm_bf16`` (a [M, K] @ w.T, w [N, K] bf16), ``mm_fp8`` (per-tensor scales),
-``gemm_fp8_nt_groupwise`` with DeepSeek-V3's recipe (1x128 activations, 128x128 weights).
+``gemm_fp8_nt_groupwise`` with DeepSeek-V3's recipe (1x128 activations, 128x128 weights),
+``bmm_fp8`` (per-tensor scales) at DeepSeek-V3's batched MLA shapes (one batch entry per head:
+the absorbed W_UK and W_UV products) for M in {1, 16, 128, 1024}.
 ``vendor`` is the kernel the torch backend wraps, called directly (``torch.mm`` /
 ``torch._scaled_mm``): the best single vendor kernel the target compares against.
 Timing: CUDA-graph replay of calls over input copies rotated past the L2 (bench_timing.py),
@@ -41,22 +43,29 @@ LAYERS = {  # name: (N, K)
 MS = (1, 16, 128, 1024, 8192)
 SQUARE = {"square.8192": (8192, 8192)}
 FUNCTIONS = ("mm_bf16", "mm_fp8", "gemm_fp8_nt_groupwise")
+#: bmm_fp8: name -> (batch, N, K); M in BATCHED_MS
+BATCHED = {"dsv3.mla_uk": (128, 512, 128), "dsv3.mla_uv": (128, 128, 512)}
+BATCHED_MS = (1, 16, 128, 1024)
 #: grouped bf16 GEMM (``grouped_mm_bf16``): experts x (N, K) of one expert, tokens per expert
 GROUPED = [(e, 2048, 7168, m) for e in (8, 64, 256) for m in (16, 128)]
 BACKENDS = ("auto", "torch", "triton", "cudnn", "cutlass", "vendor")
 #: functions the cudnn matmul graphs serve (mm_fp8 runs op bmm_fp8)
-CUDNN_FUNCTIONS = ("mm_bf16", "mm_fp8")
-#: functions the CUTLASS adapter serves (backends/cutlass.py)
-CUTLASS_FUNCTIONS = ("mm_bf16",)
+CUDNN_FUNCTIONS = ("mm_bf16", "mm_fp8", "bmm_fp8")
+#: functions the CUTLASS adapter serves (backends/cutlass/)
+CUTLASS_FUNCTIONS = ("mm_bf16", "mm_fp8", "bmm_fp8")
 #: functions our Triton kernels serve (the others would only record "no such kernel");
 #: ``grouped_mm_bf16`` runs op segment_gemm (triton opt-in: timed only when asked for)
-TRITON_FUNCTIONS = ("mm_fp8", "gemm_fp8_nt_groupwise", "grouped_mm_bf16")
+TRITON_FUNCTIONS = ("mm_fp8", "bmm_fp8", "gemm_fp8_nt_groupwise", "grouped_mm_bf16")
 L2_BYTES = 60 * 2**20
 
 
 def _inputs(fn: str, m: int, n: int, k: int, device: str, experts: int = 0):
     """One set of call arguments: (a, b, extra) for ``fn`` (``grouped``: ``m`` tokens per expert,
-    equal loads, offsets in ``extra``)."""
+    equal loads, offsets in ``extra``; ``bmm_fp8``: ``experts`` is the batch)."""
+    if fn == "bmm_fp8":
+        aq, a_s = Q.quantize_fp8_per_tensor(torch.randn(experts, m, k, device=device))
+        wq, w_s = Q.quantize_fp8_per_tensor(torch.randn(experts, n, k, device=device) / k ** 0.5)
+        return aq, wq.transpose(1, 2), (a_s.reshape(1), w_s.reshape(1))  # B column-major
     if fn == "grouped_mm_bf16":
         a = torch.randn(experts * m, k, device=device).bfloat16()
         w = (torch.randn(experts, n, k, device=device) / k ** 0.5).bfloat16()
@@ -81,6 +90,12 @@ def _call(fn: str, args, backend: str):
         if backend == "vendor":  # torch's CUTLASS grouped GEMM: offsets are the segment ends
             return torch._grouped_mm(a, b.transpose(1, 2), offs=extra[1:])
         return flashinfer.grouped_mm_bf16(a, b, extra, backend=backend)
+    if fn == "bmm_fp8":
+        a_s, w_s = extra
+        if backend == "vendor":  # cuBLASLt has no batched fp8 GEMM: one call per batch entry
+            return [torch._scaled_mm(a[i], b[i], a_s, w_s, out_dtype=torch.bfloat16)
+                    for i in range(a.shape[0])]
+        return flashinfer.bmm_fp8(a, b, a_s, w_s, torch.bfloat16, backend=backend)
     if backend == "vendor":
         if fn == "mm_bf16":
             return torch.mm(a, b)
@@ -131,7 +146,8 @@ def bench_point(fn, m, n, k, backends, iters, device, experts: int = 0) -> dict:
     nbytes = sum(t.numel() * t.element_size() for t in one[:2])
     copies = max(1, min(8, -(-2 * L2_BYTES // max(nbytes, 1)))) if device == "cuda" else 1
     sets = [one] + [_inputs(fn, m, n, k, device, experts) for _ in range(copies - 1)]
-    point = {"function": fn, "m": m, "n": n, "k": k, "experts": experts, "backends": {}}
+    point = {"function": fn, "m": m, "n": n, "k": k,
+             ("batch" if fn == "bmm_fp8" else "experts"): experts, "backends": {}}
     flops = 2 * m * n * k * max(experts, 1)
     graphs = {}
     for backend in backends:
@@ -179,6 +195,9 @@ def main() -> None:
         backends = BACKENDS
     grid = [g + (0,) for g in grid]
     if not args.smoke:
+        grid += [("bmm_fp8", m, n, k, batch) for batch, n, k in BATCHED.values()
+                 for m in BATCHED_MS]
+    if not args.smoke:
         grouped = GROUPED[-2:] if args.quick else GROUPED
         grid += [("grouped_mm_bf16", m, n, k, e) for e, n, k, m in grouped]
     grid = [g for g in grid if args.only in g[0]]
@@ -195,7 +214,7 @@ def main() -> None:
         doc["results"].append(point)
         cells = " ".join(f"{b}:{e['tflops']:.0f}" if "tflops" in e else f"{b}:ERR"
                          for b, e in point["backends"].items())
-        groups = f" E={experts}" if experts else ""
+        groups = f" {'B' if fn == 'bmm_fp8' else 'E'}={experts}" if experts else ""
         print(f"[{i + 1}/{len(grid)}] {fn:22s} M={m:<5d} N={n:<6d} K={k:<6d}{groups} TFLOP/s {cells}",
               flush=True)
         with open(args.out, "w") as f:
