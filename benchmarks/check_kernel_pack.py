@@ -1,11 +1,13 @@
-"""Check a kernel pack on a GPU: every warm-up call served from it, with correct results.
+"""Check a kernel pack on a GPU: every warm-up call (sampling and fp8 GEMMs) served from it,
+with correct results.
 
     python benchmarks/check_kernel_pack.py PACK_DIR [--vocab 32000 50257]
 
 In a fresh Triton cache seeded from ``PACK_DIR`` (``flashinfer warmup --export-pack``), calls each
 function of ``flashinfer.warmup.sampling_calls`` (both threshold forms) on rows whose probability
-mass sits on one random token, checks the sampled ids are those tokens, then counts the kernels
-compiled in this process (Triton leaves their IR in the cache; seeded entries have none).
+mass sits on one random token, checks the sampled ids are those tokens, runs each call of
+``flashinfer.warmup.gemm_calls`` against the reference on the same inputs, then counts the
+kernels compiled in this process (Triton leaves their IR in the cache; seeded entries have none).
 Prints one line per call and a verdict; exit status 1 when a call was wrong or compiled.
 """
 
@@ -61,6 +63,17 @@ def main() -> int:
                 ok = torch.equal(top, tokens.repeat(top.numel() // rows))
             bad += not ok
             print(f"vocab {vocab:<6d} {name:42s} {seconds:6.3f} s  {'ok' if ok else 'WRONG'}")
+    from flashinfer.warmup import gemm_calls
+
+    for name, call in gemm_calls():  # the fp8 GEMMs: against the reference on the same inputs
+        start = time.perf_counter()
+        out = call("cuda", "auto")
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        want = call("cuda", "reference").float()
+        ok = bool((out.float() - want).norm() <= 2e-2 * want.norm())
+        bad += not ok
+        print(f"{name:55s} {seconds:6.3f} s  {'ok' if ok else 'WRONG'}")
     compiled = sorted({p.stem for p in Path(CACHE).glob("*/*.ttir")})
     seeded = len(list(Path(CACHE).glob("*/*.cubin"))) - len(compiled)
     print(f"kernels loaded from the pack: {seeded}; compiled in this process: {len(compiled)} "

@@ -392,7 +392,7 @@ def _export_pack(args: argparse.Namespace) -> int:
 
     import triton
 
-    from .warmup import warm_sampling
+    from .warmup import warm_gemm, warm_sampling
 
     fresh = tempfile.mkdtemp(prefix="flashinfer_pack_")
     # a fresh Triton cache (Triton reads the variable at every lookup), not seeded from the
@@ -402,6 +402,7 @@ def _export_pack(args: argparse.Namespace) -> int:
     os.environ.update(scoped)
     try:
         warm_sampling(args.vocab, "cuda", only=args.only)
+        warm_gemm("cuda", args.only)
     finally:
         for name, value in previous.items():
             if value is None:
@@ -441,12 +442,10 @@ def _warm_cutlass(args: argparse.Namespace) -> int:
 def cmd_warmup(args: argparse.Namespace) -> int:
     import torch
 
-    from .warmup import warm_sampling
-
-    from .warmup import select_calls
+    from .warmup import check_only, warm_gemm, warm_sampling
 
     try:
-        select_calls(args.only)  # a bad --only fails here, GPU or not
+        check_only(args.only)  # a bad --only fails here, GPU or not
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if not torch.cuda.is_available():
@@ -456,12 +455,13 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         return _warm_cutlass(args)
     if args.export_pack is not None:
         return _export_pack(args)
-    results = warm_sampling(args.vocab, "cuda", only=args.only)
+    results = warm_sampling(args.vocab, "cuda", only=args.only) + warm_gemm("cuda", args.only)
     if args.json:
         print(json.dumps(results, indent=1))
         return 0
     for r in results:
-        print(f"{r['function']:42s} vocab {r['vocab']:<7d} {r['seconds']:6.2f} s  -> {r['kernel']}")
+        vocab = f"vocab {r['vocab']:<7d}" if "vocab" in r else " " * 13
+        print(f"{r['function']:42s} {vocab} {r['seconds']:6.2f} s  -> {r['kernel']}")
     total = sum(r["seconds"] for r in results)
     print(f"{len(results)} calls, {total:.1f} s; Triton's cache: "
           f"{os.environ.get('TRITON_CACHE_DIR', '~/.triton/cache')}")
@@ -530,15 +530,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("clear-cache", help="empty FLASHINFER_CACHE_DIR and the decision cache")
     p.set_defaults(run=cmd_clear_cache)
 
-    p = sub.add_parser("warmup", help="compile the sampling kernels ahead of time (Triton's cache)",
-                       description="Call every sampling function once per vocabulary on this GPU, "
-                       "so later processes load compiled kernels instead of compiling on the "
-                       "first call (see flashinfer/warmup.py).")
+    p = sub.add_parser("warmup", help="compile the sampling and fp8 GEMM kernels ahead of time "
+                       "(Triton's cache)",
+                       description="Call every sampling function once per vocabulary, and the "
+                       "fp8 GEMMs our Triton kernels serve once, on this GPU, so later processes "
+                       "load compiled kernels instead of compiling on the first call (see "
+                       "flashinfer/warmup.py).")
     p.add_argument("--vocab", type=_positive, nargs="+", default=[32000, 128256, 151936],
                    metavar="V", help="vocabulary sizes served (default: 32000 128256 151936)")
     p.add_argument("--only", default="", metavar="NAMES",
                    help="comma-separated substrings of the functions to warm (default: all), "
-                        "e.g. top_k_top_p,softmax")
+                        "e.g. top_k_top_p,softmax,bmm_fp8")
     p.add_argument("--export-pack", type=Path, default=None, metavar="FILE",
                    help="compile into a fresh Triton cache and write its kernels to FILE, a kernel "
                         "pack (flashinfer/kernel_pack.py; the shipped ones live in "

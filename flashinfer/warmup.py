@@ -19,6 +19,14 @@ warm-up to the functions a deployment calls (about 2.5 s each instead of ~20 s f
 ``flashinfer warmup --vocab 32000 50257 --export-pack
 flashinfer/kernel_packs/triton-<version>-sm<arch>.tar.xz`` (one vocabulary divisible by 16 and
 one not: the two alignment classes).
+
+The fp8 GEMMs our Triton kernels serve by default are warmed too (:func:`gemm_calls`, once, not
+per vocabulary): batched ``bmm_fp8`` at each of the kernel's tile heights (on SM 9.0 the
+dispatcher sends batched calls there; a first batched call took 7.7 s in a fresh process on
+the H200, imports included), and
+``gemm_fp8_nt_groupwise`` with 128x128 activation blocks, which cuBLASLt lacks. Their compiled
+kernels depend on the tile height, the dtypes and whether K and N are multiples of 16, not on M
+(the kernels do not specialise on it) nor otherwise on the model's sizes. Where the dispatcher picks a vendor kernel (cuBLASLt, cuDNN) nothing compiles.
 """
 
 from __future__ import annotations
@@ -75,18 +83,65 @@ def _chain_call(probs, logits, ks, ps):
     return S.chain_speculative_sampling(draft, ids, target)
 
 
+def gemm_calls() -> list[tuple[str, Callable]]:
+    """The GEMM warm-up calls: ``(name, fn(device, backend) -> output)``, inputs drawn from a
+    fixed seed (so a checker can run the same call on the reference). ``bmm_fp8``: batch 2 of
+    DeepSeek-V3's MLA W_UK product (512 x 128), e4m3, bf16 out, at M = 16 / 64 / 512 (the Triton
+    kernel's 16-, 64- and 128-row tiles); ``gemm_fp8_nt_groupwise``: 128x128 activation blocks,
+    512 x 512, at M = 16 and 64 (its two tile heights)."""
+    calls = [(f"bmm_fp8[m{m}]", lambda device, backend, m=m: _bmm_fp8_call(device, backend, m))
+             for m in (16, 64, 512)]
+    calls += [(f"gemm_fp8_nt_groupwise[128x128,m{m}]",
+               lambda device, backend, m=m: _groupwise_call(device, backend, m)) for m in (16, 64)]
+    return calls
+
+
+def _fp8(shape, gen, device) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen, device=device).to(torch.float8_e4m3fn)
+
+
+def _bmm_fp8_call(device, backend: str, m: int) -> torch.Tensor:
+    from .gemm import bmm_fp8
+
+    gen = torch.Generator(device=device).manual_seed(m)
+    a, b = _fp8((2, m, 128), gen, device), _fp8((2, 512, 128), gen, device).transpose(1, 2)
+    scale = torch.full((1,), 0.5, device=device)
+    return bmm_fp8(a, b, scale, scale, torch.bfloat16, backend=backend)
+
+
+def _groupwise_call(device, backend: str, m: int) -> torch.Tensor:
+    from .gemm import gemm_fp8_nt_groupwise
+
+    gen = torch.Generator(device=device).manual_seed(m)
+    a, b = _fp8((m, 512), gen, device), _fp8((512, 512), gen, device)
+    a_scale = torch.rand(-(-m // 128), 4, generator=gen, device=device) + 0.5
+    b_scale = torch.rand(4, 4, generator=gen, device=device) + 0.5
+    return gemm_fp8_nt_groupwise(a, b, a_scale, b_scale, "K", 1, (128, 128, 128),
+                                 backend=backend)
+
+
+def _matching(calls: list, only: str) -> list:
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    return [(name, fn) for name, fn in calls if not wanted or any(w in name for w in wanted)]
+
+
+def check_only(only: str) -> None:
+    """ValueError naming every warm-up call when ``only`` (comma-separated substrings) matches
+    none of them."""
+    if only.strip() and not select_calls(only) and not select_gemm_calls(only):
+        names = [name for name, _ in sampling_calls() + gemm_calls()]
+        raise ValueError(f"--only {only!r} matches no warm-up call; names: {', '.join(names)}")
+
+
 def select_calls(only: str = "") -> list[tuple[str, Callable]]:
     """:func:`sampling_calls` whose name contains one of the comma-separated substrings of
-    ``only`` (all when empty); ValueError naming the choices when none matches."""
-    calls = sampling_calls()
-    wanted = [w.strip() for w in only.split(",") if w.strip()]
-    if not wanted:
-        return calls
-    chosen = [(name, fn) for name, fn in calls if any(w in name for w in wanted)]
-    if not chosen:
-        raise ValueError(f"--only {only!r} matches no warm-up call; names: "
-                         f"{', '.join(name for name, _ in calls)}")
-    return chosen
+    ``only`` (all when empty)."""
+    return _matching(sampling_calls(), only)
+
+
+def select_gemm_calls(only: str = "") -> list[tuple[str, Callable]]:
+    """:func:`gemm_calls` picked by ``only`` as :func:`select_calls` picks."""
+    return _matching(gemm_calls(), only)
 
 
 def warm_sampling(vocab_sizes, device: str | torch.device = "cuda", rows: int = 2,
@@ -113,4 +168,21 @@ def warm_sampling(vocab_sizes, device: str | torch.device = "cuda", rows: int = 
             results.append({"function": name, "vocab": vocab,
                             "seconds": time.perf_counter() - start,
                             "kernel": "+".join(sorted({d.name for d in log})) or None})
+    return results
+
+
+def warm_gemm(device: str | torch.device = "cuda", only: str = "") -> list[dict]:
+    """Run every GEMM warm-up call (those :func:`select_gemm_calls` picks) once on ``device``
+    with ``backend="auto"``; one ``{"function", "seconds", "kernel"}`` per call."""
+    from .dispatch import record_decisions
+
+    results = []
+    for name, call in select_gemm_calls(only):
+        start = time.perf_counter()
+        with record_decisions() as log:
+            call(device, "auto")
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+        results.append({"function": name, "seconds": time.perf_counter() - start,
+                        "kernel": "+".join(sorted({d.name for d in log})) or None})
     return results

@@ -393,4 +393,32 @@ def test_warmup_only_picks_functions_and_rejects_unknown_names(capsys):
         "top_k_top_p_sampling_from_logits[bf16]", "softmax[bf16]"]
     assert cli.main(["warmup", "--only", "no_such_function"]) == 2
     err = capsys.readouterr().err
-    assert "matches no warm-up call" in err and "top_k_mask_logits" in err
+    assert "matches no warm-up call" in err and "top_k_mask_logits" in err and "bmm_fp8" in err
+
+
+def test_warm_gemm_runs_each_gemm_call_once_and_only_selects_them():
+    from flashinfer.warmup import gemm_calls, warm_gemm, warm_sampling
+
+    results = warm_gemm("cpu")
+    assert [r["function"] for r in results] == [name for name, _ in gemm_calls()]
+    assert all(r["kernel"] == "reference" for r in results)
+    assert warm_sampling([300], "cpu", only="bmm_fp8") == []
+    assert [r["function"] for r in warm_gemm("cpu", only="bmm_fp8[m64]")] == ["bmm_fp8[m64]"]
+
+
+def test_gemm_warm_up_reaches_each_triton_tile_height_on_sm90():
+    """On SM 9.0 every bmm_fp8 warm-up call goes to the Triton kernel (the batched rule), each
+    with another tile height, so each compiles a kernel a serving call would need."""
+    from flashinfer.backends.triton_kernels.gemm import block_m_for
+    from flashinfer.device import simulated
+    from flashinfer.dispatch import Problem, length_bucket, select
+
+    heights = set()
+    for m in (16, 64, 512):
+        problem = Problem.make("bmm_fp8", simulated("9.0"),
+                               dtypes={"a": "float8_e4m3fn", "b": "float8_e4m3fn",
+                                       "out": "bfloat16"},
+                               shape={"batch": 2, "m": length_bucket(m), "n": 512, "k": 128})
+        assert select(problem, assume_installed=True).backend == "triton"
+        heights.add(block_m_for(m))
+    assert heights == {16, 64, 128}

@@ -15,6 +15,11 @@ tiles and partial scale blocks need no special case. Row offsets are int64.
 
 The products run on fp8 tensor cores (SM 8.9+); ``DOT_F32`` (CPU, Triton's interpreter) upcasts
 the tiles to fp32 first. Products of two fp8 values are exact in fp32 either way.
+
+``M`` is not specialised on (``do_not_specialize``): a serving engine's M changes every step, and
+Triton would otherwise compile each kernel again for M = 1 and for M not a multiple of 16; M
+only bounds the rows and places the tiles, so one compile per tile height serves every M (what
+``flashinfer warmup`` compiles).
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ def scaled_k_loop(acc, a_rows, b_cols, as_rows, bs_cols, m_ok, n_ok, K, s_ak, s_
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def gemm_fp8_groupwise_kernel(
     a_ptr, b_ptr, as_ptr, bs_ptr, out_ptr,
     M, N, K,
@@ -87,7 +92,7 @@ def gemm_fp8_groupwise_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def bmm_fp8_kernel(
     a_ptr, b_ptr, as_ptr, bs_ptr, out_ptr,
     M, N, K,
