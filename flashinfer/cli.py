@@ -392,7 +392,7 @@ def _export_pack(args: argparse.Namespace) -> int:
 
     import triton
 
-    from .warmup import warm_gemm, warm_sampling
+    from .warmup import warm_gemm, warm_moe, warm_sampling
 
     fresh = tempfile.mkdtemp(prefix="flashinfer_pack_")
     # a fresh Triton cache (Triton reads the variable at every lookup), not seeded from the
@@ -403,6 +403,8 @@ def _export_pack(args: argparse.Namespace) -> int:
     try:
         warm_sampling(args.vocab, "cuda", only=args.only)
         warm_gemm("cuda", args.only)
+        if args.moe is not None:
+            warm_moe("cuda", *args.moe, quant=args.moe_quant)
     finally:
         for name, value in previous.items():
             if value is None:
@@ -442,7 +444,7 @@ def _warm_cutlass(args: argparse.Namespace) -> int:
 def cmd_warmup(args: argparse.Namespace) -> int:
     import torch
 
-    from .warmup import check_only, warm_gemm, warm_sampling
+    from .warmup import check_only, warm_gemm, warm_moe, warm_sampling
 
     try:
         check_only(args.only)  # a bad --only fails here, GPU or not
@@ -456,6 +458,8 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     if args.export_pack is not None:
         return _export_pack(args)
     results = warm_sampling(args.vocab, "cuda", only=args.only) + warm_gemm("cuda", args.only)
+    if args.moe is not None:
+        results += warm_moe("cuda", *args.moe, quant=args.moe_quant)
     if args.json:
         print(json.dumps(results, indent=1))
         return 0
@@ -470,6 +474,18 @@ def cmd_warmup(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------------------------
 # argument parsing
+
+
+def _moe_layer(text: str) -> tuple[int, int, int, int]:
+    parts = text.split(",")
+    if len(parts) != 4 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"--moe wants four positive integers E,K,H,I (experts, top-k, hidden, "
+            f"intermediate), got {text!r}")
+    experts, top_k, hidden, inter = (int(p) for p in parts)
+    if top_k > experts:
+        raise argparse.ArgumentTypeError(f"--moe: top-k {top_k} is more than the {experts} experts")
+    return experts, top_k, hidden, inter
 
 
 def _dtype(text: str) -> str:
@@ -541,6 +557,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", default="", metavar="NAMES",
                    help="comma-separated substrings of the functions to warm (default: all), "
                         "e.g. top_k_top_p,softmax,bmm_fp8")
+    p.add_argument("--moe", type=_moe_layer, default=None, metavar="E,K,H,I",
+                   help="also warm the fused MoE of a layer with E experts, top-K routing, hidden "
+                        "size H and intermediate size I, e.g. 256,8,7168,2048 (DeepSeek-V3)")
+    p.add_argument("--moe-quant", choices=("fp8_block", "bf16"), default="fp8_block",
+                   help="the experts' quantisation for --moe (default fp8_block: fp8 weights "
+                        "with 128x128 scales)")
     p.add_argument("--export-pack", type=Path, default=None, metavar="FILE",
                    help="compile into a fresh Triton cache and write its kernels to FILE, a kernel "
                         "pack (flashinfer/kernel_pack.py; the shipped ones live in "

@@ -27,6 +27,13 @@ the H200, imports included), and
 ``gemm_fp8_nt_groupwise`` with 128x128 activation blocks, which cuBLASLt lacks. Their compiled
 kernels depend on the tile height, the dtypes and whether K and N are multiples of 16, not on M
 (the kernels do not specialise on it) nor otherwise on the model's sizes. Where the dispatcher picks a vendor kernel (cuBLASLt, cuDNN) nothing compiles.
+
+The fused MoE's kernels depend on the model (expert count, top-k, hidden and intermediate sizes,
+the weights' quantisation) and on the tile bucket the tokens per expert fall in, so they are
+warmed only when asked: ``--moe E,K,H,I`` (:func:`moe_calls`) runs the layer at 1 token and at
+32 and 128 tokens per expert, which covers every bucket (the DeepSeek-V3 layer's first call
+took 4.7 s on the H200, then 1.3 s more at 1,024 tokens). Weights are allocated, not drawn
+(``torch.empty``: 11 GB for DeepSeek-V3's 256 fp8 experts; the outputs are not looked at).
 """
 
 from __future__ import annotations
@@ -185,4 +192,80 @@ def warm_gemm(device: str | torch.device = "cuda", only: str = "") -> list[dict]
             torch.cuda.synchronize(device)
         results.append({"function": name, "seconds": time.perf_counter() - start,
                         "kernel": "+".join(sorted({d.name for d in log})) or None})
+    return results
+
+
+#: quantisation of the experts a MoE warm-up builds (``--moe-quant``)
+MOE_QUANTS = ("fp8_block", "bf16")
+
+
+def moe_calls(experts: int, top_k: int, hidden: int, inter: int,
+              quant: str = "fp8_block") -> list[tuple[str, Callable]]:
+    """The fused-MoE warm-up calls of one layer: ``(name, fn(device))``. ``quant``:
+    ``"fp8_block"`` (fp8 experts with 128x128 scales, bf16 activations: DeepSeek-V3) or
+    ``"bf16"``. Token counts: 1, and 32 and 128 tokens per expert."""
+    if quant not in MOE_QUANTS:
+        raise ValueError(f"quant must be one of {MOE_QUANTS}, got {quant!r}")
+    if min(experts, top_k, hidden, inter) < 1 or top_k > experts:
+        raise ValueError(f"--moe needs positive sizes and top_k <= experts, got experts={experts}, "
+                         f"top_k={top_k}, hidden={hidden}, inter={inter}")
+    counts = sorted({1, -(-32 * experts // top_k), -(-128 * experts // top_k)})
+    layer = (experts, top_k, hidden, inter, quant)
+    return [(f"cutlass_fused_moe[{quant},E{experts},k{top_k},H{hidden},I{inter},T{t}]",
+             lambda device, t=t: _moe_call(device, layer, t)) for t in counts]
+
+
+def _moe_call(device, layer: tuple, tokens: int) -> torch.Tensor:
+    from .fused_moe import cutlass_fused_moe
+
+    experts, top_k, hidden, inter, quant = layer
+    weights = _moe_weights(device, layer)
+    x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
+    slots = torch.arange(tokens * top_k, device=device).view(tokens, top_k)
+    ids = ((slots // top_k * 7 + slots % top_k) % experts).to(torch.int32)  # distinct per row
+    scales = torch.full((tokens, top_k), 1.0 / top_k, device=device)
+    w1, w2, quant_scales = weights
+    return cutlass_fused_moe(x, ids, scales, w1, w2, torch.bfloat16, quant_scales,
+                             use_deepseek_fp8_block_scale=quant == "fp8_block")
+
+
+_MOE_WEIGHTS: dict = {}
+
+
+def _moe_weights(device, layer: tuple):
+    """One layer's experts (uninitialised), kept for the next call of the same warm-up."""
+    key = (str(device), layer)
+    if key not in _MOE_WEIGHTS:
+        _MOE_WEIGHTS.clear()
+        experts, top_k, hidden, inter, quant = layer
+        dtype = torch.float8_e4m3fn if quant == "fp8_block" else torch.bfloat16
+        w1 = torch.empty(experts, 2 * inter, hidden, device=device, dtype=dtype)
+        w2 = torch.empty(experts, hidden, inter, device=device, dtype=dtype)
+        scales = []
+        if quant == "fp8_block":
+            blocks = lambda n: -(-n // 128)
+            scales = [torch.ones(experts, blocks(2 * inter), blocks(hidden), device=device),
+                      torch.ones(experts, blocks(hidden), blocks(inter), device=device)]
+        _MOE_WEIGHTS[key] = (w1, w2, scales)
+    return _MOE_WEIGHTS[key]
+
+
+def warm_moe(device, experts: int, top_k: int, hidden: int, inter: int,
+             quant: str = "fp8_block") -> list[dict]:
+    """Run every call of :func:`moe_calls` once on ``device`` (``backend="auto"``); one
+    ``{"function", "seconds", "kernel"}`` per call. The weights are freed afterwards."""
+    from .dispatch import record_decisions
+
+    results = []
+    try:
+        for name, call in moe_calls(experts, top_k, hidden, inter, quant):
+            start = time.perf_counter()
+            with record_decisions() as log:
+                call(device)
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize(device)
+            results.append({"function": name, "seconds": time.perf_counter() - start,
+                            "kernel": "+".join(sorted({d.name for d in log})) or None})
+    finally:
+        _MOE_WEIGHTS.clear()
     return results

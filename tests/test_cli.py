@@ -422,3 +422,36 @@ def test_gemm_warm_up_reaches_each_triton_tile_height_on_sm90():
         assert select(problem, assume_installed=True).backend == "triton"
         heights.add(block_m_for(m))
     assert heights == {16, 64, 128}
+
+
+def test_warm_moe_runs_the_layer_at_each_token_count():
+    from flashinfer.warmup import moe_calls, warm_moe
+
+    results = warm_moe("cpu", 4, 2, 128, 128, "fp8_block")
+    assert [r["function"] for r in results] == [name for name, _ in moe_calls(4, 2, 128, 128)]
+    assert all(r["kernel"] and r["seconds"] >= 0 for r in results)
+    with pytest.raises(ValueError, match="quant"):
+        moe_calls(4, 2, 128, 128, "int4")
+
+
+@pytest.mark.parametrize("w8a8", [True, False])
+@pytest.mark.parametrize("experts, top_k", [(256, 8), (64, 6), (8, 2)])
+def test_moe_warm_up_reaches_every_tile_bucket(w8a8, experts, top_k):
+    """The Triton MoE picks its tiles from the pairs per expert; the warm-up's token counts
+    must land in every bucket a serving call can (checked against launch_config itself)."""
+    from flashinfer.backends.triton_kernels.moe import launch_config
+    from flashinfer.warmup import moe_calls
+
+    counts = [int(name.rsplit(",T", 1)[1].rstrip("]"))
+              for name, _ in moe_calls(experts, top_k, 7168, 2048)]
+    warmed = {launch_config(t * top_k, experts, True, w8a8) for t in counts}
+    every = {launch_config(t * top_k, experts, True, w8a8) for t in range(1, 300 * experts // top_k)}
+    assert warmed == every
+
+
+def test_warmup_moe_argument_is_checked(capsys):
+    for value, message in (("256,8,7168", "four positive integers"),
+                           ("4,8,16,16", "more than the 4 experts")):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["warmup", "--moe", value])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
