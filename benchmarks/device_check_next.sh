@@ -8,6 +8,9 @@
 #                                                flashinfer/kernel_packs/ afterwards
 #   bash benchmarks/device_check_next.sh tests   (carry .whl, .whl_fa3, .whl_cutlass) every GPU
 #                                                test after the CUTLASS warm-up
+#   bash benchmarks/device_check_upstream_moe.sh (carry .whl, .anchor with aot/fused_moe_90.so)
+#                                                issue 5's MoE target: upstream's cutlass_fused_moe
+#                                                (minimal AOT build) against ours, DeepSeek-V3 layer
 #   bash benchmarks/device_check_next.sh tune    (no carry) the top-p bracket kernel's launch
 #                                                shapes (106 registers at 16 warps: try 8)
 source benchmarks/device_env.sh

@@ -53,12 +53,18 @@ def _weights(layer: dict, device: str):
     return w1, s1, w2, s2
 
 
-def _route(layer: dict, tokens: int, device: str, skew: bool):
+def _route(layer: dict, tokens: int, device: str, skew: bool, plain: bool = False):
+    """``(ids, values)`` of the layer's routing on random logits; ``plain``: torch's top-k of the
+    sigmoid scores instead of ``fused_topk_deepseek`` (upstream builds that op by JIT, which does
+    not fit a device call; the loads are random-uniform either way)."""
     logits = torch.randn(tokens, layer["experts"], device=device)
     if skew:
         logits[:, :8] += 6.0 * (torch.rand(tokens, 1, device=device) < 0.9)
-    bias = torch.randn(layer["experts"], device=device) * 0.1
     k = layer["top_k"]
+    if plain:
+        values, ids = torch.sigmoid(logits).topk(k, dim=-1)
+        return ids.int(), values / values.sum(-1, keepdim=True) * layer["routed_scaling"]
+    bias = torch.randn(layer["experts"], device=device) * 0.1
     values = torch.empty(tokens, k, device=device)
     ids = torch.empty(tokens, k, dtype=torch.int32, device=device)
     flashinfer.fused_topk_deepseek(logits, bias, layer["n_group"], layer["topk_group"], k,
@@ -97,10 +103,15 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--skew", action="store_true", help="90 %% of tokens to 8 experts")
     ap.add_argument("--smoke", action="store_true", help="CPU, a tiny layer")
+    ap.add_argument("--plain-routing", action="store_true",
+                    help="route with torch's top-k instead of fused_topk_deepseek (upstream: "
+                         "no JIT build of its routing op)")
+    ap.add_argument("--tokens", type=int, nargs="+", default=None,
+                    help="token counts (default: 1 16 64 256 1024 4096)")
     args = ap.parse_args()
     device = "cpu" if args.smoke else "cuda"
     layer = SMOKE if args.smoke else LAYER
-    tokens_grid = (1, 7) if args.smoke else TOKENS
+    tokens_grid = (1, 7) if args.smoke else tuple(args.tokens or TOKENS)
     backends = [None] if args.impl == "upstream" else (
         ["auto", "reference", "torch"] if args.smoke else ["auto", "torch", "triton"])
     torch.manual_seed(0)
@@ -109,13 +120,15 @@ def main() -> None:
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
            "torch": torch.__version__, "layer": layer, "skew": args.skew,
+           "routing": "torch top-k of sigmoid scores" if args.plain_routing else
+                      "fused_topk_deepseek",
            "timing": "eager calls between CUDA events (perf_counter on CPU), median of --iters; "
                      "first_call_s: the first call of the process (plans, JIT builds)",
            "results": []}
     flops_per_token = 2 * 3 * layer["top_k"] * layer["hidden"] * layer["inter"]
     for tokens in tokens_grid:
         x = torch.randn(tokens, layer["hidden"], device=device, dtype=torch.bfloat16)
-        ids, values = _route(layer, tokens, device, args.skew)
+        ids, values = _route(layer, tokens, device, args.skew, args.plain_routing)
         point = {"tokens": tokens, "backends": {}}
         for backend in backends:
             label = backend or "upstream"
