@@ -18,22 +18,7 @@ torch.cuda.synchronize()
 print(f"first call (import included) {time.perf_counter() - started:.2f} s -> {[d.name for d in log]}")
 PY
 echo "== first MoE layer call, fresh process (weights made first, not timed)"
-(cd benchmarks && timeout 200 python3 - <<'PY'
-import time
-import torch, flashinfer
-from moe import LAYER, _route, _weights
-w1, s1, w2, s2 = _weights(LAYER, "cuda")
-for tokens in (16, 1024):
-    x = torch.randn(tokens, LAYER["hidden"], device="cuda", dtype=torch.bfloat16)
-    ids, values = _route(LAYER, tokens, "cuda", False)
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    flashinfer.cutlass_fused_moe(x, ids, values, w1, w2, x.dtype, [s1, s2],
-                                 use_deepseek_fp8_block_scale=True)
-    torch.cuda.synchronize()
-    print(f"first MoE call at {tokens} tokens: {time.perf_counter() - started:.2f} s")
-PY
-)
+(cd benchmarks && timeout 200 python3 first_call_moe.py --tokens 16 1024)
 echo "== bmm_fp8 grid"
 (cd benchmarks && timeout 200 python3 gemm.py --quick --only bmm_fp8 --iters 10 --out $OUT/gemm_bmm_fp8_rules.json 2>&1 \
   | grep -v "^\[" | tail -10)
