@@ -242,3 +242,32 @@ def test_gpu_bmm_fp8_vs_reference(shape):
         bmm_fp8(A, B, A_s, B_s, out_dtype, out=out, backend="triton")
         want = bmm_fp8(A, B, A_s, B_s, out_dtype, backend="reference")
         assert rel_error(out, want) < TOLERANCE[out_dtype]
+
+
+_COMPILES_PER_TILE = """
+import torch, flashinfer
+one = torch.ones(1, device="cuda")
+for m in (16, 5, 1, 13):  # one tile height (16 rows): M = 1 and M off a multiple of 16 included
+    A = torch.randn(2, m, 128, device="cuda").to(torch.float8_e4m3fn)
+    B = torch.randn(2, 256, 128, device="cuda").to(torch.float8_e4m3fn).transpose(1, 2)
+    flashinfer.bmm_fp8(A, B, one, one, torch.bfloat16, backend="triton")
+torch.cuda.synchronize()
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_bmm_fp8_compiles_once_per_tile_height(tmp_path):
+    """The kernel does not specialise on M: a fresh process calling four M of one tile height
+    compiles one kernel (Triton compiled again for M = 1 and for M not a multiple of 16)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path), "FLASHINFER_KERNEL_PACK_DIR": "off",
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, "-c", _COMPILES_PER_TILE], env=env, text=True,
+                          capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    compiled = [p for p in tmp_path.glob("*/bmm_fp8_kernel.ttir")]
+    assert len(compiled) == 1, sorted(str(p) for p in tmp_path.glob("*/*"))
