@@ -151,6 +151,13 @@ def test_kernel_specs_cover_16_byte_rows():
     assert len(set(cutlass.ALL_SPECS)) == len(cutlass.ALL_SPECS) == 4
 
 
+@pytest.mark.parametrize("sm, names", [((7, 5), set()), ((8, 0), {"bf16"}), ((8, 9), {"bf16"}),
+                                       ((9, 0), {"bf16", "e4m3"}), ((10, 0), set())])
+def test_the_warm_up_compiles_what_the_records_admit(sm, names):
+    """An SM 8.x warm-up does not try the fp8 kernels (their record: SM 9.0 only)."""
+    assert {spec.a for spec in cutlass.specs_for(sm)} == names
+
+
 def test_nvcc_is_found_outside_path(monkeypatch, tmp_path):
     nvcc = tmp_path / "cuda" / "bin" / "nvcc"
     nvcc.parent.mkdir(parents=True)
