@@ -1,11 +1,14 @@
 """Where the Triton fused MoE's GPU time goes on the DeepSeek-V3 layer (W8A8 fp8 experts).
 
-    python benchmarks/profile_moe.py [--tokens 1024 4096] [--configs "16,64,128,128,4,4;..."]
+    python benchmarks/profile_moe.py [--tokens 1024 4096] [--plain-routing] [--bf16-only]
+        [--configs "32,128,128,128,4,4,4,4,8;..."]
 
-For each token count and launch configuration: GPU time of each kernel of one call (torch
-profiler), with bfloat16 input (quantised per 1x128 group inside gemm1) and with the input
-already fp8 with its 1x128 scales (gemm1 only loads them). The weight bytes per call over the
-4.8 TB/s HBM peak give the floor.
+For each token count and launch configuration (the fields of ``LaunchConfig``: block_m,
+block_n1, block_n2, block_k, warps1, stages1, warps2, stages2, group_m): GPU time of each kernel
+of one call (torch profiler), with bfloat16 input (quantised per 1x128 group first) and with
+the input already fp8 with its 1x128 scales. The weight bytes of the experts used over the
+4.8 TB/s HBM peak give the floor. ``--plain-routing``: torch's top-k of the sigmoid scores
+(every expert in use from about 1,024 tokens), as ``moe.py --plain-routing``.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--configs", default="")
+    ap.add_argument("--plain-routing", action="store_true")
+    ap.add_argument("--bf16-only", action="store_true")
     args = ap.parse_args()
     torch.manual_seed(0)
     w1, s1, w2, s2 = _weights(LAYER, "cuda")
@@ -57,14 +62,15 @@ def main() -> None:
     for tokens in args.tokens:
         x = torch.randn(tokens, LAYER["hidden"], device="cuda", dtype=torch.bfloat16)
         xq, xs = quantise_1x128(x)
-        ids, values = _route(LAYER, tokens, "cuda", False)
+        ids, values = _route(LAYER, tokens, "cuda", False, args.plain_routing)
         out = torch.empty_like(x)
         used = torch.unique(ids).numel()
         floor_ms = weight_bytes * used / LAYER["experts"] / 4.8e12 * 1e3
         for cfg in configs or [None]:
             if cfg is not None:
                 tmoe.launch_config = lambda *a, _c=cfg: tmoe.LaunchConfig(*_c)
-            for label, a, a_s in (("bf16 in", x, None), ("fp8 in", xq, xs)):
+            inputs = (("bf16 in", x, None),) + (() if args.bf16_only else (("fp8 in", xq, xs),))
+            for label, a, a_s in inputs:
                 try:
                     t = kernel_times(lambda: tmoe.fused_moe(a, a_s, w1, s1, w2, s2, ids, values,
                                                             spec, out))

@@ -22,12 +22,14 @@ from moe import LAYER, TOKENS, _route, _weights
 import flashinfer
 from flashinfer.backends.triton_kernels import moe as tmoe
 
-#: (block_m, block_n1, block_n2, block_k, num_warps, num_stages)
-CONFIGS = [  # W8A8 (fp8 block-scaled experts) needs block_k == 128
-    (16, 32, 64, 128, 4, 4), (16, 64, 64, 128, 4, 4), (16, 64, 128, 128, 4, 4),
-    (16, 32, 128, 128, 4, 5), (16, 128, 128, 128, 8, 4), (32, 64, 128, 128, 4, 4),
-    (32, 128, 128, 128, 8, 3), (64, 64, 128, 128, 4, 3), (64, 128, 128, 128, 8, 3),
-    (64, 128, 128, 128, 4, 3), (128, 64, 128, 128, 8, 3), (128, 128, 128, 128, 8, 3),
+#: LaunchConfig fields: (block_m, block_n1, block_n2, block_k, warps1, stages1, warps2, stages2,
+#: group_m); W8A8 (fp8 block-scaled experts) needs block_k == block_n1 == 128
+CONFIGS = [
+    (16, 128, 128, 128, 4, 4, 4, 4, 8), (16, 128, 128, 128, 8, 4, 8, 4, 8),
+    (32, 128, 128, 128, 4, 4, 4, 4, 8), (32, 128, 128, 128, 8, 3, 4, 4, 8),
+    (64, 128, 128, 128, 8, 3, 4, 4, 8), (64, 128, 128, 128, 8, 3, 4, 3, 8),
+    (64, 128, 256, 128, 8, 3, 8, 3, 8), (64, 128, 128, 128, 8, 3, 8, 3, 8),
+    (128, 128, 128, 128, 8, 3, 4, 4, 8),
 ]
 
 
@@ -53,7 +55,7 @@ def main() -> None:
                                          use_deepseek_fp8_block_scale=True, output=out,
                                          backend="triton")
 
-        now = original(tokens * LAYER["top_k"], LAYER["experts"], True)
+        now = original(tokens * LAYER["top_k"], LAYER["experts"], True, True)
         row = {"tokens": tokens, "current": list(now.__dict__.values()), "configs": {}}
         for cfg in CONFIGS:
             tmoe.launch_config = lambda *a, _c=cfg: tmoe.LaunchConfig(*_c)

@@ -203,13 +203,14 @@ def moe_calls(experts: int, top_k: int, hidden: int, inter: int,
               quant: str = "fp8_block") -> list[tuple[str, Callable]]:
     """The fused-MoE warm-up calls of one layer: ``(name, fn(device))``. ``quant``:
     ``"fp8_block"`` (fp8 experts with 128x128 scales, bf16 activations: DeepSeek-V3) or
-    ``"bf16"``. Token counts: 1, and 32 and 128 tokens per expert."""
+    ``"bf16"``. Token counts: 1, and 12 and 128 pairs per expert (one in each tile bucket of
+    the Triton MoE's ``launch_config``)."""
     if quant not in MOE_QUANTS:
         raise ValueError(f"quant must be one of {MOE_QUANTS}, got {quant!r}")
     if min(experts, top_k, hidden, inter) < 1 or top_k > experts:
         raise ValueError(f"--moe needs positive sizes and top_k <= experts, got experts={experts}, "
                          f"top_k={top_k}, hidden={hidden}, inter={inter}")
-    counts = sorted({1, -(-32 * experts // top_k), -(-128 * experts // top_k)})
+    counts = sorted({1, -(-12 * experts // top_k), -(-128 * experts // top_k)})
     layer = (experts, top_k, hidden, inter, quant)
     return [(f"cutlass_fused_moe[{quant},E{experts},k{top_k},H{hidden},I{inter},T{t}]",
              lambda device, t=t: _moe_call(device, layer, t)) for t in counts]

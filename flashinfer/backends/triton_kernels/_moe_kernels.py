@@ -15,8 +15,13 @@ number of blocks and blocks at or past ``num_blocks[0]`` (a device scalar) retur
 * ``gemm1_kernel``: ``inter[r, n] = act(x[p // TOP_K] @ w1[e, I + n]) * (x[p // TOP_K] @
   w1[e, n])`` for ``n`` in the program's column tile (up ``[:I]``, gate ``[I:]``, two
   accumulators), written in the activation dtype (W8A8: fp8 with 1x128 scales);
-* ``gemm2_kernel``: ``result[p, m] = weight[p] * (inter[r] @ w2[e, m])``, float32, one row per
-  (token, slot) pair; the caller sums over the slots (fixed order, no atomics).
+* ``gemm2_kernel``: ``result[p, m] = weight[p] * (inter[r] @ w2[e, m])``, one row per (token,
+  slot) pair, in the output dtype when that is half precision (float32 otherwise);
+* ``finalize_kernel``: ``out[t] = sum of result[t * TOP_K + s]`` over the local slots, in slot
+  order in float32 (deterministic, no atomics, no zero-filled buffer).
+
+Both GEMMs run on a 1-D grid ordered by ``_tile_of`` (groups of M-blocks across the column
+tiles), so an M-block's input rows are read from memory once, not once per column tile.
 
 FP8 128x128 block-scaled experts (``QUANT = 1``) run W8A8, DeepSeek-V3's recipe (and what
 upstream's CUTLASS MoE does): the input arrives in fp8 with 1x128 scales, or
@@ -203,24 +208,39 @@ def quantise_groups_kernel(x_ptr, q_ptr, s_ptr, TOKENS, HIDDEN, stride_x, stride
              mask=t < TOKENS)
 
 
+@triton.jit
+def _tile_of(GRID_M, GRID_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(M-block, column tile) of this program on a 1-D grid of ``GRID_M * GRID_N``: groups of
+    ``GROUP_M`` M-blocks walk the column tiles together, M-block fastest. The M-blocks of one
+    expert are neighbours (so are their weight tiles' readers) and a group's input rows stay in
+    L2 across its column tiles instead of being read again from memory for every tile."""
+    pid = tl.program_id(0)
+    per_group = GROUP_M * GRID_N
+    first = (pid // per_group) * GROUP_M
+    size = tl.minimum(GRID_M - first, GROUP_M)
+    within = pid % per_group
+    return first + within % size, within // size
+
+
 # NUM_PAIRS (tokens x top_k) changes every call: not specialised on its value (one compile
 # for every token count)
-@triton.jit(do_not_specialize=["NUM_PAIRS"])
+@triton.jit(do_not_specialize=["NUM_PAIRS", "GRID_M"])
 def gemm1_kernel(
     x_ptr, xs_ptr, w1_ptr, s1_ptr, inter_ptr, inter_s_ptr, sorted_ptr, block_expert_ptr,
     num_blocks_ptr, weights_ptr,
-    NUM_PAIRS, HIDDEN, INTER,
+    NUM_PAIRS, HIDDEN, INTER, GRID_M,
     stride_xt, stride_xst, stride_xsk, stride_we, stride_wn, stride_se, stride_sn, stride_sk,
     stride_ir, stride_isr,
     TOP_K: tl.constexpr, ACTIVATION: tl.constexpr, QUANT: tl.constexpr,
     SCALES_ON_INPUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
+    GRID_N: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """QUANT: 0 none, 1 fp8 128x128 block scales ``s1 [E, ceil(2I/128), ceil(H/128)]`` (W8A8,
     ``BLOCK_K == BLOCK_N == 128``; x is float8_e4m3fn with 1x128 scales ``xs [T, ceil(H/128)]``;
     the intermediate is written in fp8 with scales ``inter_s [R, ceil(I/128)]``), 2 fp8
     per-tensor ``s1 [E, 2]`` (up, gate). ``EVEN_K``: ``HIDDEN % BLOCK_K == 0``."""
-    b = tl.program_id(0)
+    b, tile_n = _tile_of(GRID_M, GRID_N, GROUP_M)
     if b >= tl.load(num_blocks_ptr):
         return
     expert = tl.load(block_expert_ptr + b).to(tl.int64)
@@ -228,7 +248,7 @@ def gemm1_kernel(
     pair = tl.load(sorted_ptr + rows)
     row_ok = pair < NUM_PAIRS
     token = tl.where(row_ok, pair // TOP_K, 0)  # padding reads token 0, never stored
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < INTER
     n_w = n % INTER  # in-bounds weight rows for the edge tile (those columns are not stored)
     kk = tl.arange(0, BLOCK_K)
@@ -290,31 +310,32 @@ def gemm1_kernel(
     if QUANT == 1:  # the tile is one 128-wide group: fp8 per row, its scale beside
         h, h_s = _quantise_rows(tl.where(n_ok[None, :], h, 0.0), inter_ptr.dtype.element_ty,
                                 DOT_F32)
-        tl.store(inter_s_ptr + rows.to(tl.int64) * stride_isr + tl.program_id(1), h_s,
+        tl.store(inter_s_ptr + rows.to(tl.int64) * stride_isr + tile_n, h_s,
                  mask=row_ok)
     tl.store(out_ptrs, h.to(inter_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["NUM_PAIRS"])
+@triton.jit(do_not_specialize=["NUM_PAIRS", "GRID_M"])
 def gemm2_kernel(
     inter_ptr, inter_s_ptr, w2_ptr, s2_ptr, result_ptr, sorted_ptr, block_expert_ptr,
     num_blocks_ptr, weights_ptr,
-    NUM_PAIRS, HIDDEN, INTER,
+    NUM_PAIRS, HIDDEN, INTER, GRID_M,
     stride_ir, stride_isr, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_rp,
     QUANT: tl.constexpr, SCALES_ON_INPUT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
+    GRID_N: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """QUANT: 0 none, 1 fp8 128x128 block scales ``s2 [E, ceil(H/128), ceil(I/128)]`` (W8A8,
     ``BLOCK_K == 128``: the intermediate is fp8 with scales ``inter_s [R, ceil(I/128)]``), 2 fp8
     per-tensor ``s2 [E]``. ``EVEN_K``: ``INTER % BLOCK_K == 0``."""
-    b = tl.program_id(0)
+    b, tile_n = _tile_of(GRID_M, GRID_N, GROUP_M)
     if b >= tl.load(num_blocks_ptr):
         return
     expert = tl.load(block_expert_ptr + b).to(tl.int64)
     rows = b * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(sorted_ptr + rows)
     row_ok = pair < NUM_PAIRS
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < HIDDEN
     n_w = n % HIDDEN
     kk = tl.arange(0, BLOCK_K)
@@ -355,4 +376,26 @@ def gemm2_kernel(
     if not SCALES_ON_INPUT:
         acc *= tl.load(weights_ptr + pair, mask=row_ok, other=0.0)[:, None]
     out_ptrs = result_ptr + pair[:, None].to(tl.int64) * stride_rp + n[None, :]
-    tl.store(out_ptrs, acc, mask=row_ok[:, None] & n_ok[None, :])
+    tl.store(out_ptrs, acc.to(result_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["NUM_TOKENS", "OFFSET"])
+def finalize_kernel(part_ptr, ids_ptr, out_ptr, NUM_TOKENS, HIDDEN, OFFSET, stride_pp,
+                    stride_ot, NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr,
+                    BLOCK_H: tl.constexpr):
+    """``out[t] = sum over slots s, in slot order, of part[t * TOP_K + s]`` for the slots routed
+    to a local expert (a slot of another rank was never written by gemm2 and is skipped);
+    float32 sums. Program: one token x BLOCK_H columns."""
+    t = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = h < HIDDEN
+    acc = tl.zeros([BLOCK_H], tl.float32)
+    for slot in tl.static_range(TOP_K):
+        pair = t.to(tl.int64) * TOP_K + slot
+        local = tl.load(ids_ptr + pair).to(tl.int32) - OFFSET
+        is_local = (local >= 0) & (local < NUM_EXPERTS)
+        # a [BLOCK_H] operand first: the interpreter makes a non-boolean mask of vector & scalar
+        ok = h_ok & (tl.full([BLOCK_H], 1, tl.int1) & is_local)
+        acc += tl.load(part_ptr + pair * stride_pp + h, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t.to(tl.int64) * stride_ot + h, acc.to(out_ptr.dtype.element_ty),
+             mask=h_ok)

@@ -16,8 +16,14 @@ buffer sized from the shapes alone:
    token rows, ``x @ w1[e].T`` for the up and gate halves at once, the gated activation, the
    intermediate ``[rows, I]`` in the activation dtype;
 3. ``gemm2_kernel`` (grid: M-blocks x column tiles of ``H``): ``intermediate @ w2[e].T`` times
-   the routing weight into a float32 ``[T, top_k, H]`` buffer (pairs of other ranks stay 0);
-4. ``out = buffer.sum(1)``: a fixed-order reduction, so results are deterministic.
+   the routing weight into a ``[T * top_k, H]`` buffer of per-pair rows (``_partial_dtype``);
+4. ``finalize_kernel``: ``out[t]`` = the sum of token ``t``'s local rows in slot order, in
+   float32, so results are deterministic; rows of other ranks' pairs are never written and
+   never read (no zero fill).
+
+Both GEMM grids are 1-D and walk groups of ``group_m`` M-blocks across all column tiles
+(``_moe_kernels._tile_of``): without it, gemm2's intermediate rows (75 MB at 4,096 tokens of
+DeepSeek-V3, more than L2) were read from memory again for each of the 56 column tiles.
 
 FP8 128x128 block-scaled experts run W8A8 (DeepSeek-V3's recipe, as upstream's CUTLASS MoE):
 the input is quantised to fp8 per token and 128-wide group in one launch (``quantise_groups``;
@@ -50,32 +56,44 @@ class LaunchConfig:
     block_n1: int  # gemm1 column tile (over I; two accumulators: up and gate)
     block_n2: int  # gemm2 column tile (over H)
     block_k: int   # divides 128: one K step stays inside one fp8 scale block (W8A8: == 128)
-    num_warps: int
-    num_stages: int
+    warps1: int    # gemm1 warps and pipeline stages
+    stages1: int
+    warps2: int    # gemm2 warps and pipeline stages
+    stages2: int
+    group_m: int   # M-blocks walked together across the column tiles (see ``_tile_of``)
 
 
 def launch_config(num_pairs: int, num_experts: int, on_gpu: bool, w8a8: bool) -> LaunchConfig:
     """Tile sizes from the average rows per expert (shapes only, nothing read from the device).
 
-    W8A8 (fp8 128x128 experts; gemm1 tiles must be one 128-wide scale group): set from
-    ``benchmarks/profile_moe.py`` on the H200, DeepSeek-V3 layer (benchmarks/results/
-    profile_moe_configs_h200_2026-11-30_0943utc.txt): ``BLOCK_M = 16`` up to 8 rows per expert
-    (best at 1-256 tokens of top-8 over 256 experts), 32 up to 64 rows (3.46 ms at 1,024 tokens
-    against 3.91 / 3.72 for 16 / 64), 64 with 8 warps beyond (8.87 ms at 4,096 against 10.9 for
-    32). Two-byte weights keep 64-wide gemm1 tiles (128-wide ones at BLOCK_M
-    64 with 3 stages need 240 KB of shared memory, more than the H200's 227 KB), as tuned
-    before on the same layer (benchmarks/results/tune_moe_w8a8_h200_2026-11-30.json)."""
+    W8A8 (fp8 128x128 experts; gemm1 tiles must be one 128-wide scale group), set from
+    ``benchmarks/profile_moe.py`` on the H200, DeepSeek-V3 layer:
+
+    * ``BLOCK_M = 16`` up to 8 rows per expert (best at 1-256 tokens of top-8 over 256 experts;
+      profile_moe_configs_h200_2026-11-30_0943utc.txt), 32 from 9 to 16 rows (the earlier
+      table's tile there; not re-measured since);
+    * beyond, ``BLOCK_M = 64`` with gemm1 on 8 warps / 3 stages and gemm2 on 4 warps: at 1,024
+      tokens, every expert used, gemm1 2.17 ms and gemm2 0.97 ms against 2.25 / 1.18 with
+      ``BLOCK_M = 32`` (gemm1 on 4 warps at ``BLOCK_M = 64``: 6.5 ms); at 4,096 tokens gemm2
+      1.99 ms on 4 warps / 4 stages against 3.20 on 8 warps / 3
+      (profile_moe_tiles_{1024,4096}_h200_2026-11-30_193{1,2}utc.txt,
+      profile_moe_gemm2_h200_2026-11-30_1937utc.txt);
+    * ``group_m = 8``: gemm2 at 4,096 tokens 3.20 ms against 3.61 in plain M-block order.
+
+    Two-byte weights keep 64-wide gemm1 tiles (128-wide ones at BLOCK_M 64 with 3 stages need
+    240 KB of shared memory, more than the H200's 227 KB), as tuned before on the same layer
+    (benchmarks/results/tune_moe_w8a8_h200_2026-11-30.json)."""
     per_expert = num_pairs / max(num_experts, 1)
     if not on_gpu:  # the interpreter: small tiles, few programs
-        return LaunchConfig(16, 128, 64, 128, 4, 1)
+        return LaunchConfig(16, 128, 64, 128, 4, 1, 4, 1, 8)
     if not w8a8:
-        return (LaunchConfig(16, 64, 128, 128, 4, 4) if per_expert <= 32 else
-                LaunchConfig(64, 64, 128, 128, 4, 3))
+        return (LaunchConfig(16, 64, 128, 128, 4, 4, 4, 4, 8) if per_expert <= 32 else
+                LaunchConfig(64, 64, 128, 128, 4, 3, 4, 3, 8))
     if per_expert <= 8:
-        return LaunchConfig(16, 128, 128, 128, 4, 4)
-    if per_expert <= 64:
-        return LaunchConfig(32, 128, 128, 128, 4, 4)
-    return LaunchConfig(64, 128, 128, 128, 8, 3)
+        return LaunchConfig(16, 128, 128, 128, 4, 4, 4, 4, 8)
+    if per_expert <= 16:
+        return LaunchConfig(32, 128, 128, 128, 4, 4, 4, 4, 8)
+    return LaunchConfig(64, 128, 128, 128, 8, 3, 4, 4, 8)
 
 
 def max_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -184,6 +202,7 @@ def _scale_args(scale, quant: int, ref: torch.Tensor):
 def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -> None:
     from . import _moe_kernels
 
+    ids = ids.contiguous()  # finalize reads slot s of token t at t * top_k + s
     num_tokens, top_k = ids.shape
     num_experts, hidden, inter = w2.shape
     num_pairs = num_tokens * top_k
@@ -212,29 +231,47 @@ def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -
         mid_s = (torch.empty((rows, -(-inter // 128)), dtype=torch.float32, device=x.device)
                  if w8a8 else flat_w)
         s1, s1e, s1n, s1k = _scale_args(w1_scale, quant, flat_w)
-        _moe_kernels.gemm1_kernel[(grid_m, -(-inter // cfg.block_n1))](
+        grid_n1 = -(-inter // cfg.block_n1)
+        _moe_kernels.gemm1_kernel[(grid_m * grid_n1,)](
             a, xs, w1, s1, mid, mid_s, sorted_pairs, block_expert, num_blocks, flat_w,
-            num_pairs, hidden, inter,
+            num_pairs, hidden, inter, grid_m,
             a.stride(0), xs_t, xs_k, w1.stride(0), w1.stride(1), s1e, s1n, s1k, mid.stride(0),
             mid_s.stride(0),
             TOP_K=top_k, ACTIVATION=int(spec.activation), QUANT=quant,
             SCALES_ON_INPUT=bool(spec.scales_on_input), BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n1, BLOCK_K=cfg.block_k, EVEN_K=hidden % cfg.block_k == 0,
-            DOT_F32=not on_gpu,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            DOT_F32=not on_gpu, GRID_N=grid_n1, GROUP_M=cfg.group_m,
+            num_warps=cfg.warps1, num_stages=cfg.stages1,
         )
-        result = torch.zeros((num_tokens, top_k, hidden), dtype=torch.float32, device=x.device)
+        # one row per pair, never zero-filled: finalize skips the pairs of other ranks
+        result = torch.empty((num_pairs, hidden), dtype=_partial_dtype(out), device=x.device)
         s2, s2e, s2n, s2k = _scale_args(w2_scale, quant, flat_w)
-        _moe_kernels.gemm2_kernel[(grid_m, -(-hidden // cfg.block_n2))](
+        grid_n2 = -(-hidden // cfg.block_n2)
+        _moe_kernels.gemm2_kernel[(grid_m * grid_n2,)](
             mid, mid_s, w2, s2, result, sorted_pairs, block_expert, num_blocks, flat_w,
-            num_pairs, hidden, inter,
-            mid.stride(0), mid_s.stride(0), w2.stride(0), w2.stride(1), s2e, s2n, s2k, hidden,
+            num_pairs, hidden, inter, grid_m,
+            mid.stride(0), mid_s.stride(0), w2.stride(0), w2.stride(1), s2e, s2n, s2k,
+            result.stride(0),
             QUANT=quant, SCALES_ON_INPUT=bool(spec.scales_on_input), BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n2, BLOCK_K=cfg.block_k, EVEN_K=inter % cfg.block_k == 0,
-            DOT_F32=not on_gpu,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            DOT_F32=not on_gpu, GRID_N=grid_n2, GROUP_M=cfg.group_m,
+            num_warps=cfg.warps2, num_stages=cfg.stages2,
         )
-        out.copy_(result.sum(1))
+        if num_tokens:
+            block_h = 1024 if on_gpu else 128
+            _moe_kernels.finalize_kernel[(num_tokens, -(-hidden // block_h))](
+                result, ids, out, num_tokens, hidden, spec.expert_offset, result.stride(0),
+                out.stride(0), NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=block_h,
+                num_warps=4)
+
+
+def _partial_dtype(out: torch.Tensor) -> torch.dtype:
+    """Per-pair gemm2 rows: the output's half precision dtype on the GPU (as upstream's CUTLASS
+    MoE; finalize sums them in float32), float32 otherwise (and under the interpreter, whose
+    bfloat16 casts truncate)."""
+    if out.is_cuda and out.dtype in (torch.float16, torch.bfloat16):
+        return out.dtype
+    return torch.float32
 
 
 @KERNELS.check("fused_moe")
