@@ -350,10 +350,12 @@ def test_gpu_a_fresh_process_loads_the_kernels_from_disk(tmp_path):
     started = time.perf_counter()
     second = subprocess.run([sys.executable, "-c", _FRESH_CALLS], capture_output=True,
                             text=True, timeout=400, cwd=tmp_path, env=env)
+    took = time.perf_counter() - started
     assert second.returncode == 0, second.stderr[-2000:]
     assert "compiled" not in second.stderr, second.stderr[-2000:]
-    assert time.perf_counter() - started < 30
-    assert list(tmp_path.iterdir()) == []
+    # one nvcc compile takes 40-65 s on the H200; loading four kernels a few seconds
+    assert took < 40, f"the fresh process took {took:.0f} s: {second.stderr[-2000:]}"
+    assert list(tmp_path.iterdir()) == [], sorted(p.name for p in tmp_path.iterdir())
 
 
 def _fake_cache(path, rows: int) -> str:
