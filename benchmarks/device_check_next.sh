@@ -1,27 +1,36 @@
 #!/usr/bin/env bash
 # Next session's device calls.
-#   bash benchmarks/device_check_next.sh pack    (no carry) re-export the kernel pack, which now
-#                                                also takes the fp8 GEMM warm-up calls (batched
-#                                                bmm_fp8, 128x128 groupwise), check it (sampling
-#                                                and GEMM calls served from it, 0 compiled), first
-#                                                call with it; copy $OUT/packs/*.tar.xz into
-#                                                flashinfer/kernel_packs/ afterwards
-#   bash benchmarks/device_check_next.sh tests   (carry .whl, .whl_fa3, .whl_cutlass) every GPU
-#                                                test after the CUTLASS warm-up
-#   bash benchmarks/device_check_upstream_moe.sh (carry .whl, .anchor with aot/fused_moe_90.so)
-#                                                issue 5's MoE target: upstream's cutlass_fused_moe
-#                                                (minimal AOT build) against ours, DeepSeek-V3 layer
-#   bash benchmarks/device_check_next.sh tune    (no carry) the top-p bracket kernel's launch
-#                                                shapes (106 registers at 16 warps: try 8)
+#   bash benchmarks/device_check_next.sh tests_a  (carry .whl, .whl_fa3, .whl_cutlass) CUTLASS
+#                                                 warm-up, then the GPU tests of tests/test_[a-c]*
+#   bash benchmarks/device_check_next.sh tests_b  (carry .whl, .whl_fa3) the GPU tests of tests/test_[d-z]*
+#                                                 (GEMM, MoE, sampling, Triton); the two halves
+#                                                 together are one full GPU pass (a single call
+#                                                 ran past its limit at 19:16)
+#   bash benchmarks/device_check_next.sh moe_small (no carry) launch shapes of the Triton MoE at
+#                                                 16 and 256 tokens (16 tokens: 1.72 ms against
+#                                                 upstream's 1.25 at 19:38), per-kernel times
+#   bash benchmarks/device_check_next.sh pack     (no carry) re-export the kernel pack and check it
+#   bash benchmarks/device_check_next.sh tune     (no carry) the top-p bracket kernel's launch
+#                                                 shapes (106 registers at 16 warps: try 8)
 source benchmarks/device_env.sh
 source benchmarks/device_lib.sh
-case "${1:-tests}" in
+case "${1:?mode: tests_a, tests_b, moe_small, pack or tune}" in
   pack)
     export_and_check_pack
     first_call_with_pack ;;
-  tests)
-    echo "== warmup --cutlass"; timeout 300 python3 -m flashinfer warmup --cutlass 2>&1 | tail -6
-    GPU_TESTS_TIMEOUT=420 gpu_tests -m gpu tests ;;
+  tests_a)
+    echo "== warmup --cutlass"; timeout 150 python3 -m flashinfer warmup --cutlass 2>&1 | tail -6
+    GPU_TESTS_TIMEOUT=420 gpu_tests -m gpu $(ls tests/test_[a-c]*.py) ;;
+  tests_b)
+    GPU_TESTS_TIMEOUT=550 gpu_tests -m gpu $(ls tests/test_[d-z]*.py) ;;
+  moe_small)
+    C="16,128,128,128,4,4,4,4,8;16,128,128,128,4,3,4,3,8;16,128,128,128,4,6,4,6,8"
+    C="$C;16,128,128,128,8,4,8,4,8;16,128,64,128,4,4,4,4,8;16,128,256,128,4,4,8,4,8"
+    C="$C;16,128,128,128,4,4,4,4,1;32,128,128,128,4,4,4,4,8"
+    for t in 16 256; do
+      (cd benchmarks && timeout 200 python3 profile_moe.py --tokens $t --plain-routing --bf16-only \
+        --configs "$C" 2>&1 | grep "^T=" | tee -a $OUT/profile_moe_small.txt | cut -c1-150)
+    done ;;
   tune)
     cd benchmarks && timeout 300 python3 tune_sampling.py --cases renorm_bracket --batches 1,16,256 \
       --out "$OUT/tune_sampling_bracket.json" 2>&1 | grep -v "^\[" | tail -6 ;;
