@@ -6,15 +6,17 @@
 #                                                 (GEMM, MoE, sampling, Triton); the two halves
 #                                                 together are one full GPU pass (a single call
 #                                                 ran past its limit at 19:16)
-#   bash benchmarks/device_check_next.sh moe_small (no carry) launch shapes of the Triton MoE at
-#                                                 16 and 256 tokens (16 tokens: 1.72 ms against
-#                                                 upstream's 1.25 at 19:38), per-kernel times
+#   bash benchmarks/device_check_next.sh moe_tune (no carry) launch shapes of the Triton MoE at
+#                                                 16 / 256 / 1,024 / 4,096 tokens, with and
+#                                                 without weight tiles through tensor descriptors
+#                                                 (TMA; never run on a GPU yet), per-kernel times
+#                                                 (16 tokens: 1.72 ms against upstream's 1.25)
 #   bash benchmarks/device_check_next.sh pack     (no carry) re-export the kernel pack and check it
 #   bash benchmarks/device_check_next.sh tune     (no carry) the top-p bracket kernel's launch
 #                                                 shapes (106 registers at 16 warps: try 8)
 source benchmarks/device_env.sh
 source benchmarks/device_lib.sh
-case "${1:?mode: tests_a, tests_b, moe_small, pack or tune}" in
+case "${1:?mode: tests_a, tests_b, moe_tune, pack or tune}" in
   pack)
     export_and_check_pack
     first_call_with_pack ;;
@@ -23,13 +25,18 @@ case "${1:?mode: tests_a, tests_b, moe_small, pack or tune}" in
     GPU_TESTS_TIMEOUT=420 gpu_tests -m gpu $(ls tests/test_[a-c]*.py) ;;
   tests_b)
     GPU_TESTS_TIMEOUT=550 gpu_tests -m gpu $(ls tests/test_[d-z]*.py) ;;
-  moe_small)
-    C="16,128,128,128,4,4,4,4,8;16,128,128,128,4,3,4,3,8;16,128,128,128,4,6,4,6,8"
-    C="$C;16,128,128,128,8,4,8,4,8;16,128,64,128,4,4,4,4,8;16,128,256,128,4,4,8,4,8"
-    C="$C;16,128,128,128,4,4,4,4,1;32,128,128,128,4,4,4,4,8"
+  moe_tune)
+    # LaunchConfig fields; a tenth field 1 loads the weight tiles through tensor descriptors
+    S="16,128,128,128,4,4,4,4,8;16,128,128,128,4,4,4,4,8,1;16,128,128,128,4,6,4,6,8"
+    S="$S;16,128,128,128,8,4,8,4,8;16,128,64,128,4,4,4,4,8;16,128,128,128,4,3,4,3,8,1"
+    L="64,128,128,128,8,3,4,4,8;64,128,128,128,8,3,4,4,8,1;64,128,128,128,4,3,4,4,8,1"
     for t in 16 256; do
-      (cd benchmarks && timeout 200 python3 profile_moe.py --tokens $t --plain-routing --bf16-only \
-        --configs "$C" 2>&1 | grep "^T=" | tee -a $OUT/profile_moe_small.txt | cut -c1-150)
+      (cd benchmarks && timeout 120 python3 profile_moe.py --tokens $t --plain-routing --bf16-only \
+        --configs "$S" 2>&1 | grep "^T=" | tee -a $OUT/profile_moe_tune.txt | cut -c1-150)
+    done
+    for t in 1024 4096; do
+      (cd benchmarks && timeout 100 python3 profile_moe.py --tokens $t --plain-routing --bf16-only \
+        --configs "$L" 2>&1 | grep "^T=" | tee -a $OUT/profile_moe_tune.txt | cut -c1-150)
     done ;;
   tune)
     cd benchmarks && timeout 300 python3 tune_sampling.py --cases renorm_bracket --batches 1,16,256 \

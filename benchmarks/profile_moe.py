@@ -4,7 +4,8 @@
         [--configs "32,128,128,128,4,4,4,4,8;..."]
 
 For each token count and launch configuration (the fields of ``LaunchConfig``: block_m,
-block_n1, block_n2, block_k, warps1, stages1, warps2, stages2, group_m): GPU time of each kernel
+block_n1, block_n2, block_k, warps1, stages1, warps2, stages2, group_m, and optionally
+weights_tma as 0 / 1): GPU time of each kernel
 of one call (torch profiler), with bfloat16 input (quantised per 1x128 group first) and with
 the input already fp8 with its 1x128 scales. The weight bytes of the experts used over the
 4.8 TB/s HBM peak give the floor. ``--plain-routing``: torch's top-k of the sigmoid scores
@@ -68,7 +69,8 @@ def main() -> None:
         floor_ms = weight_bytes * used / LAYER["experts"] / 4.8e12 * 1e3
         for cfg in configs or [None]:
             if cfg is not None:
-                tmoe.launch_config = lambda *a, _c=cfg: tmoe.LaunchConfig(*_c)
+                tmoe.launch_config = lambda *a, _c=cfg: tmoe.LaunchConfig(
+                    *_c[:9], *(bool(v) for v in _c[9:]))
             inputs = (("bf16 in", x, None),) + (() if args.bf16_only else (("fp8 in", xq, xs),))
             for label, a, a_s in inputs:
                 try:

@@ -2,6 +2,8 @@
 under TRITON_INTERPRET=1 at tiny shapes against a float64 per-(token, slot) loop written here,
 the SM 8.9 fp8 check, and (GPU) DeepSeek-like scaled-down layers against the reference."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -322,6 +324,62 @@ def test_triton_candidate_reasons(sm, weight):
 # GPU
 
 
+def _with_descriptors(monkeypatch, run):
+    """``run()`` with every launch configuration's ``weights_tma`` set: the weight tiles loaded
+    through tensor descriptors (Triton's interpreter emulates them on the CPU)."""
+    from flashinfer.backends.triton_kernels import moe as tmoe
+
+    chosen = tmoe.launch_config
+    with monkeypatch.context() as patch:
+        patch.setattr(tmoe, "launch_config",
+                      lambda *a: dataclasses.replace(chosen(*a), weights_tma=True))
+        assert tmoe.launch_config(7, 4, True, True).weights_tma
+        return run()
+
+
+@pytest.mark.parametrize("t,hidden,inter", [(7, 128, 128), (33, 192, 64), (5, 320, 192)])
+def test_fp8_block_scale_weights_through_descriptors(monkeypatch, t, hidden, inter):
+    """Bit-identical to the pointer loads (tested against float64 above), with hidden and
+    intermediate sizes off the 128 tiles: the descriptors' zero fill past H and the rows of the
+    next half or expert in an edge tile (never stored)."""
+    torch.manual_seed(t + 40)
+    x = torch.randn(t, hidden, dtype=torch.bfloat16)
+    q1, s1 = _blocks(torch.randn(4, 2 * inter, hidden) / hidden ** 0.5)
+    q2, s2 = _blocks(torch.randn(4, hidden, inter) / inter ** 0.5)
+    ids, weights = _route(t, 2, 4)
+
+    def run():
+        return _run(x, q1, q2, ids, weights, _spec("fp8_block_scale"), s1=s1, s2=s2)
+
+    assert torch.equal(_with_descriptors(monkeypatch, run), run())
+
+
+@pytest.mark.parametrize("t,k,e,hidden,inter", [(7, 2, 8, 128, 64), (33, 2, 8, 96, 80)])
+def test_unquantised_through_descriptors(monkeypatch, t, k, e, hidden, inter):
+    torch.manual_seed(t + 41)
+    x = torch.randn(t, hidden, dtype=torch.bfloat16)
+    w1, w2 = _experts(e, hidden, inter, torch.bfloat16)
+    ids, weights = _route(t, k, e)
+
+    def run():
+        return _run(x, w1, w2, ids, weights, _spec(), out_dtype=torch.bfloat16)
+
+    got = _with_descriptors(monkeypatch, run)
+    assert torch.equal(got, run())
+    assert rel_error(got, _naive(x, w1, w2, ids, weights)) < TOLERANCE[torch.bfloat16]
+
+
+def test_unaligned_weights_fall_back_to_pointer_loads():
+    from flashinfer.backends.triton_kernels.moe import LaunchConfig, _weight_descriptors
+
+    cfg = LaunchConfig(16, 128, 64, 128, 4, 1, 4, 1, 8, True)
+    w1, w2 = _experts(2, 24, 16, torch.bfloat16)  # 32-byte rows: usable
+    assert all(d is not None for d in _weight_descriptors(w1, w2, cfg))
+    odd1, odd2 = _experts(2, 20, 12, torch.bfloat16)  # 24-byte rows of w2: not 16-byte multiples
+    assert _weight_descriptors(odd1, odd2, cfg) == (None, None)
+    assert _weight_descriptors(w1.transpose(1, 2), w2, cfg) == (None, None)  # not packed
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("t", [1, 7, 128, 4096])
@@ -350,6 +408,26 @@ def test_gpu_fp8_block_scale_vs_reference(t):
     got = cutlass_fused_moe(*args, use_deepseek_fp8_block_scale=True, backend="triton")[0]
     # W8A8: the fp8 rounding of the input and the intermediate, against bf16 activations
     assert rel_error(got, ref) < 8e-2
+    expected = _naive_w8a8(x, _dequant(q1, s1), _dequant(q2, s2), ids, weights)
+    assert rel_error(got, expected) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [7, 4096])
+def test_gpu_fp8_block_scale_through_descriptors(monkeypatch, t):
+    """The descriptor (TMA) loads on the H200 against the pointer loads and float64."""
+    torch.manual_seed(t + 1)
+    e, hidden, inter, k = 64, 1024, 256, 8
+    x = torch.randn(t, hidden, device="cuda", dtype=torch.bfloat16)
+    q1, s1 = _blocks(torch.randn(e, 2 * inter, hidden, device="cuda") / hidden ** 0.5)
+    q2, s2 = _blocks(torch.randn(e, hidden, inter, device="cuda") / inter ** 0.5)
+    ids, weights = _route(t, k, e, "cuda")
+
+    def run():
+        return _run(x, q1, q2, ids, weights, _spec("fp8_block_scale"), s1=s1, s2=s2)
+
+    got = _with_descriptors(monkeypatch, run)
+    assert rel_error(got, run()) < 1e-3
     expected = _naive_w8a8(x, _dequant(q1, s1), _dequant(q2, s2), ids, weights)
     assert rel_error(got, expected) < 1e-2
 

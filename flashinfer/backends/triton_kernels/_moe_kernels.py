@@ -226,7 +226,7 @@ def _tile_of(GRID_M, GRID_N: tl.constexpr, GROUP_M: tl.constexpr):
 # for every token count)
 @triton.jit(do_not_specialize=["NUM_PAIRS", "GRID_M"])
 def gemm1_kernel(
-    x_ptr, xs_ptr, w1_ptr, s1_ptr, inter_ptr, inter_s_ptr, sorted_ptr, block_expert_ptr,
+    x_ptr, xs_ptr, w1_ptr, w1_desc, s1_ptr, inter_ptr, inter_s_ptr, sorted_ptr, block_expert_ptr,
     num_blocks_ptr, weights_ptr,
     NUM_PAIRS, HIDDEN, INTER, GRID_M,
     stride_xt, stride_xst, stride_xsk, stride_we, stride_wn, stride_se, stride_sn, stride_sk,
@@ -234,12 +234,15 @@ def gemm1_kernel(
     TOP_K: tl.constexpr, ACTIVATION: tl.constexpr, QUANT: tl.constexpr,
     SCALES_ON_INPUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
-    GRID_N: tl.constexpr, GROUP_M: tl.constexpr,
+    GRID_N: tl.constexpr, GROUP_M: tl.constexpr, W_TMA: tl.constexpr,
 ):
     """QUANT: 0 none, 1 fp8 128x128 block scales ``s1 [E, ceil(2I/128), ceil(H/128)]`` (W8A8,
     ``BLOCK_K == BLOCK_N == 128``; x is float8_e4m3fn with 1x128 scales ``xs [T, ceil(H/128)]``;
     the intermediate is written in fp8 with scales ``inter_s [R, ceil(I/128)]``), 2 fp8
-    per-tensor ``s1 [E, 2]`` (up, gate). ``EVEN_K``: ``HIDDEN % BLOCK_K == 0``."""
+    per-tensor ``s1 [E, 2]`` (up, gate). ``EVEN_K``: ``HIDDEN % BLOCK_K == 0``. ``W_TMA``: the
+    weight tiles come through ``w1_desc``, a tensor descriptor of w1 as ``[E * 2I, H]`` with
+    ``[BLOCK_N, BLOCK_K]`` blocks (the copy engine fills past H with zeros), else through
+    pointers."""
     b, tile_n = _tile_of(GRID_M, GRID_N, GROUP_M)
     if b >= tl.load(num_blocks_ptr):
         return
@@ -261,10 +264,18 @@ def gemm1_kernel(
     if QUANT == 1:
         s_up = s1_ptr + expert * stride_se + (n_w // 128) * stride_sn
         s_gate = s1_ptr + expert * stride_se + ((n_w + INTER) // 128) * stride_sn
+    up_row = (expert * 2 * INTER + tile_n * BLOCK_N).to(tl.int32)  # W_TMA: the tile's first row
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, HIDDEN, BLOCK_K):
-        if EVEN_K:
+        if W_TMA:  # rows past the tile's I columns belong to gate / the next expert: not stored
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+            else:
+                a = tl.load(a_ptrs, mask=(kk < HIDDEN - k0)[None, :], other=0.0)
+            wu = w1_desc.load([up_row, k0]).T
+            wg = w1_desc.load([up_row + INTER, k0]).T
+        elif EVEN_K:
             a = tl.load(a_ptrs)
             wu = tl.load(up_ptrs)
             wg = tl.load(gate_ptrs)
@@ -317,17 +328,18 @@ def gemm1_kernel(
 
 @triton.jit(do_not_specialize=["NUM_PAIRS", "GRID_M"])
 def gemm2_kernel(
-    inter_ptr, inter_s_ptr, w2_ptr, s2_ptr, result_ptr, sorted_ptr, block_expert_ptr,
+    inter_ptr, inter_s_ptr, w2_ptr, w2_desc, s2_ptr, result_ptr, sorted_ptr, block_expert_ptr,
     num_blocks_ptr, weights_ptr,
     NUM_PAIRS, HIDDEN, INTER, GRID_M,
     stride_ir, stride_isr, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_rp,
     QUANT: tl.constexpr, SCALES_ON_INPUT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
-    GRID_N: tl.constexpr, GROUP_M: tl.constexpr,
+    GRID_N: tl.constexpr, GROUP_M: tl.constexpr, W_TMA: tl.constexpr,
 ):
     """QUANT: 0 none, 1 fp8 128x128 block scales ``s2 [E, ceil(H/128), ceil(I/128)]`` (W8A8,
     ``BLOCK_K == 128``: the intermediate is fp8 with scales ``inter_s [R, ceil(I/128)]``), 2 fp8
-    per-tensor ``s2 [E]``. ``EVEN_K``: ``INTER % BLOCK_K == 0``."""
+    per-tensor ``s2 [E]``. ``EVEN_K``: ``INTER % BLOCK_K == 0``. ``W_TMA``: the weight tiles
+    come through ``w2_desc``, w2 as ``[E * H, I]`` in ``[BLOCK_N, BLOCK_K]`` blocks."""
     b, tile_n = _tile_of(GRID_M, GRID_N, GROUP_M)
     if b >= tl.load(num_blocks_ptr):
         return
@@ -345,9 +357,16 @@ def gemm2_kernel(
     w_ptrs = w2_ptr + expert * stride_we + n_w[None, :].to(tl.int64) * stride_wn + kk[:, None]
     if QUANT == 1:
         s_ptrs = s2_ptr + expert * stride_se + (n_w // 128) * stride_sn
+    w_row = (expert * HIDDEN + tile_n * BLOCK_N).to(tl.int32)  # W_TMA: the tile's first row
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, INTER, BLOCK_K):
-        if EVEN_K:
+        if W_TMA:  # rows past H belong to the next expert: not stored
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            else:
+                a = tl.load(a_ptrs, mask=row_ok[:, None] & (kk < INTER - k0)[None, :], other=0.0)
+            w = w2_desc.load([w_row, k0]).T
+        elif EVEN_K:
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
             w = tl.load(w_ptrs)
         else:

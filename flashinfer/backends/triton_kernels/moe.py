@@ -24,6 +24,9 @@ buffer sized from the shapes alone:
 Both GEMM grids are 1-D and walk groups of ``group_m`` M-blocks across all column tiles
 (``_moe_kernels._tile_of``): without it, gemm2's intermediate rows (75 MB at 4,096 tokens of
 DeepSeek-V3, more than L2) were read from memory again for each of the 56 column tiles.
+A launch configuration with ``weights_tma`` loads the weight tiles through tensor descriptors
+(the copy engine, SM 9.0+) instead of pointers; bit-identical under the interpreter, not yet
+measured on a GPU, so no entry of the launch table sets it.
 
 FP8 128x128 block-scaled experts run W8A8 (DeepSeek-V3's recipe, as upstream's CUTLASS MoE):
 the input is quantised to fp8 per token and 128-wide group in one launch (``quantise_groups``;
@@ -61,6 +64,7 @@ class LaunchConfig:
     warps2: int    # gemm2 warps and pipeline stages
     stages2: int
     group_m: int   # M-blocks walked together across the column tiles (see ``_tile_of``)
+    weights_tma: bool = False  # weight tiles through tensor descriptors (``_weight_descriptors``)
 
 
 def launch_config(num_pairs: int, num_experts: int, on_gpu: bool, w8a8: bool) -> LaunchConfig:
@@ -231,16 +235,17 @@ def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -
         mid_s = (torch.empty((rows, -(-inter // 128)), dtype=torch.float32, device=x.device)
                  if w8a8 else flat_w)
         s1, s1e, s1n, s1k = _scale_args(w1_scale, quant, flat_w)
+        w1_desc, w2_desc = _weight_descriptors(w1, w2, cfg) if cfg.weights_tma else (None, None)
         grid_n1 = -(-inter // cfg.block_n1)
         _moe_kernels.gemm1_kernel[(grid_m * grid_n1,)](
-            a, xs, w1, s1, mid, mid_s, sorted_pairs, block_expert, num_blocks, flat_w,
+            a, xs, w1, w1_desc, s1, mid, mid_s, sorted_pairs, block_expert, num_blocks, flat_w,
             num_pairs, hidden, inter, grid_m,
             a.stride(0), xs_t, xs_k, w1.stride(0), w1.stride(1), s1e, s1n, s1k, mid.stride(0),
             mid_s.stride(0),
             TOP_K=top_k, ACTIVATION=int(spec.activation), QUANT=quant,
             SCALES_ON_INPUT=bool(spec.scales_on_input), BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n1, BLOCK_K=cfg.block_k, EVEN_K=hidden % cfg.block_k == 0,
-            DOT_F32=not on_gpu, GRID_N=grid_n1, GROUP_M=cfg.group_m,
+            DOT_F32=not on_gpu, GRID_N=grid_n1, GROUP_M=cfg.group_m, W_TMA=w1_desc is not None,
             num_warps=cfg.warps1, num_stages=cfg.stages1,
         )
         # one row per pair, never zero-filled: finalize skips the pairs of other ranks
@@ -248,13 +253,13 @@ def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -
         s2, s2e, s2n, s2k = _scale_args(w2_scale, quant, flat_w)
         grid_n2 = -(-hidden // cfg.block_n2)
         _moe_kernels.gemm2_kernel[(grid_m * grid_n2,)](
-            mid, mid_s, w2, s2, result, sorted_pairs, block_expert, num_blocks, flat_w,
+            mid, mid_s, w2, w2_desc, s2, result, sorted_pairs, block_expert, num_blocks, flat_w,
             num_pairs, hidden, inter, grid_m,
             mid.stride(0), mid_s.stride(0), w2.stride(0), w2.stride(1), s2e, s2n, s2k,
             result.stride(0),
             QUANT=quant, SCALES_ON_INPUT=bool(spec.scales_on_input), BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n2, BLOCK_K=cfg.block_k, EVEN_K=inter % cfg.block_k == 0,
-            DOT_F32=not on_gpu, GRID_N=grid_n2, GROUP_M=cfg.group_m,
+            DOT_F32=not on_gpu, GRID_N=grid_n2, GROUP_M=cfg.group_m, W_TMA=w2_desc is not None,
             num_warps=cfg.warps2, num_stages=cfg.stages2,
         )
         if num_tokens:
@@ -263,6 +268,29 @@ def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -
                 result, ids, out, num_tokens, hidden, spec.expert_offset, result.stride(0),
                 out.stride(0), NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=block_h,
                 num_warps=4)
+
+
+def _weight_descriptors(w1: torch.Tensor, w2: torch.Tensor, cfg: LaunchConfig):
+    """Tensor descriptors of ``w1`` as ``[E * 2I, H]`` and ``w2`` as ``[E * H, I]`` with
+    ``[block_n, block_k]`` blocks, for the copy engine (TMA) to load the weight tiles; ``(None,
+    None)`` where the hardware's rules do not hold (packed weights, 16-byte aligned base and
+    rows) or the GPU has no TMA (before SM 9.0). Triton's interpreter emulates them."""
+    def usable(w: torch.Tensor) -> bool:
+        row_bytes = w.shape[2] * w.element_size()
+        return w.is_contiguous() and w.data_ptr() % 16 == 0 and row_bytes % 16 == 0
+
+    on_gpu = w1.is_cuda
+    if not (usable(w1) and usable(w2)) or (on_gpu and torch.cuda.get_device_capability(
+            w1.device) < (9, 0)):
+        return None, None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    def describe(w: torch.Tensor, block_n: int) -> "TensorDescriptor":
+        rows = w.view(-1, w.shape[2])
+        return TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [block_n,
+                                                                             cfg.block_k])
+
+    return describe(w1, cfg.block_n1), describe(w2, cfg.block_n2)
 
 
 def _partial_dtype(out: torch.Tensor) -> torch.dtype:
