@@ -394,15 +394,21 @@ def test_gpu_unquantised_vs_reference(dtype, t):
     assert rel_error(got, ref) < TOLERANCE[dtype]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("t", [1, 7, 128, 4096])
-def test_gpu_fp8_block_scale_vs_reference(t):
-    torch.manual_seed(t + 1)
+def _gpu_fp8_layer(t: int, seed: int):
+    """A DeepSeek-like layer scaled down (64 experts, top-8, hidden 1024, intermediate 256) with
+    fp8 128x128 experts on the GPU: ``(x, q1, s1, q2, s2, ids, weights)``."""
+    torch.manual_seed(seed)
     e, hidden, inter, k = 64, 1024, 256, 8
     x = torch.randn(t, hidden, device="cuda", dtype=torch.bfloat16)
     q1, s1 = _blocks(torch.randn(e, 2 * inter, hidden, device="cuda") / hidden ** 0.5)
     q2, s2 = _blocks(torch.randn(e, hidden, inter, device="cuda") / inter ** 0.5)
-    ids, weights = _route(t, k, e, "cuda")
+    return (x, q1, s1, q2, s2, *_route(t, k, e, "cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 7, 128, 4096])
+def test_gpu_fp8_block_scale_vs_reference(t):
+    x, q1, s1, q2, s2, ids, weights = _gpu_fp8_layer(t, t + 1)
     args = (x, ids, weights, q1, q2, torch.bfloat16, [s1, s2])
     ref = cutlass_fused_moe(*args, use_deepseek_fp8_block_scale=True, backend="reference")[0]
     got = cutlass_fused_moe(*args, use_deepseek_fp8_block_scale=True, backend="triton")[0]
@@ -416,12 +422,7 @@ def test_gpu_fp8_block_scale_vs_reference(t):
 @pytest.mark.parametrize("t", [7, 4096])
 def test_gpu_fp8_block_scale_through_descriptors(monkeypatch, t):
     """The descriptor (TMA) loads on the H200 against the pointer loads and float64."""
-    torch.manual_seed(t + 1)
-    e, hidden, inter, k = 64, 1024, 256, 8
-    x = torch.randn(t, hidden, device="cuda", dtype=torch.bfloat16)
-    q1, s1 = _blocks(torch.randn(e, 2 * inter, hidden, device="cuda") / hidden ** 0.5)
-    q2, s2 = _blocks(torch.randn(e, hidden, inter, device="cuda") / inter ** 0.5)
-    ids, weights = _route(t, k, e, "cuda")
+    x, q1, s1, q2, s2, ids, weights = _gpu_fp8_layer(t, t + 1)
 
     def run():
         return _run(x, q1, q2, ids, weights, _spec("fp8_block_scale"), s1=s1, s2=s2)
