@@ -11,12 +11,15 @@
 #                                                 without weight tiles through tensor descriptors
 #                                                 (TMA; never run on a GPU yet), per-kernel times
 #                                                 (16 tokens: 1.72 ms against upstream's 1.25)
+#   bash benchmarks/device_check_next.sh tune_bmm (carry .whl) launch shapes of the Triton batched
+#                                                 fp8 GEMM at MLA shapes, M 1 / 16, against cuDNN
+#                                                 (W_UV: 0.89 / 0.92x cuDNN's graph time at 17:50)
 #   bash benchmarks/device_check_next.sh pack     (no carry) re-export the kernel pack and check it
 #   bash benchmarks/device_check_next.sh tune     (no carry) the top-p bracket kernel's launch
 #                                                 shapes (106 registers at 16 warps: try 8)
 source benchmarks/device_env.sh
 source benchmarks/device_lib.sh
-case "${1:?mode: tests_a, tests_b, moe_tune, pack or tune}" in
+case "${1:?mode: tests_a, tests_b, moe_tune, tune_bmm, pack or tune}" in
   pack)
     export_and_check_pack
     first_call_with_pack ;;
@@ -38,6 +41,8 @@ case "${1:?mode: tests_a, tests_b, moe_tune, pack or tune}" in
       (cd benchmarks && timeout 100 python3 profile_moe.py --tokens $t --plain-routing --bf16-only \
         --configs "$L" 2>&1 | grep "^T=" | tee -a $OUT/profile_moe_tune.txt | cut -c1-150)
     done ;;
+  tune_bmm)
+    cd benchmarks && timeout 300 python3 tune_bmm_fp8.py --out "$OUT/tune_bmm_fp8.json" 2>&1 | tail -8 ;;
   tune)
     cd benchmarks && timeout 300 python3 tune_sampling.py --cases renorm_bracket --batches 1,16,256 \
       --out "$OUT/tune_sampling_bracket.json" 2>&1 | grep -v "^\[" | tail -6 ;;

@@ -139,6 +139,22 @@ def test_bmm_fp8_128_row_tiles():
     assert rel_error(out, expected) < TOLERANCE[torch.float16]
 
 
+@pytest.mark.parametrize("launch", [(16, 64, 256, 4, 1), (16, 32, 512, 2, 1)])
+def test_bmm_fp8_other_launch_shapes(monkeypatch, launch):
+    """The tile shapes ``benchmarks/tune_bmm_fp8.py`` tries: K steps past K (masked) and
+    column tiles narrower than N."""
+    from flashinfer.backends.triton_kernels import gemm as tgemm
+
+    torch.manual_seed(10)
+    A, A_s = Q.quantize_fp8_per_tensor(torch.randn(3, 5, 200))
+    B, B_s = Q.quantize_fp8_per_tensor(torch.randn(3, 72, 200).transpose(1, 2))
+    monkeypatch.setattr(tgemm, "bmm_fp8_launch", lambda *a: launch)
+    out = poison(torch.empty(3, 5, 72, dtype=torch.float16))
+    bmm_fp8(A, B, A_s, B_s, torch.float16, out=out, backend="triton")
+    expected = torch.bmm(A.double(), B.double()) * A_s.double() * B_s.double()
+    assert rel_error(out, expected) < TOLERANCE[torch.float16]
+
+
 def test_mixed_fp8_pair_is_refused_with_reason():
     A, A_s = Q.quantize_fp8_per_tensor(torch.randn(1, 4, 32), E4M3)
     B, B_s = Q.quantize_fp8_per_tensor(torch.randn(1, 32, 16), E5M2)

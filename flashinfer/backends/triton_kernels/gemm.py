@@ -102,16 +102,25 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
 
     batch, m, k = A.shape
     n = B.shape[2]
-    block_m, warps, stages = launch_config(m, A.device)
-    grid = (_cdiv(m, block_m) * _cdiv(n, BLOCK_N), batch)
+    block_m, block_n, block_k, warps, stages = bmm_fp8_launch(m, n, k, A.device)
+    grid = (_cdiv(m, block_m) * _cdiv(n, block_n), batch)
     with _device_of(A):
         _gemm_kernels.bmm_fp8_kernel[grid](
             A, B, A_scale, B_scale, out, m, n, k,
             A.stride(0), A.stride(1), A.stride(2), B.stride(0), B.stride(1), B.stride(2),
             out.stride(0), out.stride(1),
-            BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
             DOT_F32=not A.is_cuda, num_warps=warps, num_stages=stages,
         )
+
+
+def bmm_fp8_launch(m: int, n: int, k: int, device: torch.device) -> tuple[int, int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` of the per-tensor-scaled batched
+    kernel: :func:`launch_config`'s rows, warps and stages with 128 x 128 tiles of N and K (its
+    scales are per tensor, so K steps need not follow scale blocks;
+    ``benchmarks/tune_bmm_fp8.py`` tries other shapes)."""
+    block_m, warps, stages = launch_config(m, device)
+    return block_m, BLOCK_N, BLOCK_K, warps, stages
 
 
 @KERNELS.check("bmm_fp8")

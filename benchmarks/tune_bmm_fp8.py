@@ -1,0 +1,71 @@
+"""Launch shapes of the Triton batched fp8 GEMM (``bmm_fp8``) at DeepSeek-V3's MLA products
+(batch 128: W_UK 512x128, W_UV 128x512) and decode-size M, against cuDNN's graph, GPU time of
+CUDA graphs replayed in turn (``gemm.py``'s inputs and timing).
+
+    python benchmarks/tune_bmm_fp8.py --out tune_bmm_fp8.json
+
+At M = 1 and 16 ``auto`` (triton) took 6.4 / 6.6 us at W_UV against cuDNN's 5.7 / 6.0
+(benchmarks/results/gemm_bmm_fp8_rules_h200_2026-11-30_1750utc.json): each candidate below is
+a ``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` for ``bmm_fp8_launch``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+
+import torch
+
+from bench_timing import capture, interleaved_graph_ms
+from gemm import BATCHED, _call, _inputs
+
+from flashinfer.backends.triton_kernels import gemm as tgemm
+
+CANDIDATES = [
+    (16, 128, 128, 4, 4), (16, 64, 128, 4, 4), (16, 32, 128, 4, 4), (16, 128, 256, 4, 3),
+    (16, 64, 256, 4, 3), (16, 128, 512, 4, 2), (16, 64, 128, 2, 4), (16, 128, 128, 8, 4),
+]
+MS = (1, 16)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    original = tgemm.bmm_fp8_launch
+    doc = {"command": "python " + " ".join(sys.argv),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "device": torch.cuda.get_device_name(), "timing": "us of GPU time per call, CUDA "
+           "graphs of 8 calls on rotated inputs, replayed in turn, median of --iters",
+           "results": []}
+    for name, (batch, n, k) in BATCHED.items():
+        for m in MS:
+            sets = [_inputs("bmm_fp8", m, n, k, "cuda", batch) for _ in range(8)]
+            graphs = {"cudnn": capture(sets, lambda a, b: _call("bmm_fp8", a, b), "cudnn")}
+            for cand in CANDIDATES:
+                tgemm.bmm_fp8_launch = lambda *a, _c=cand: _c
+                try:
+                    graphs[str(cand)] = capture(sets, lambda a, b: _call("bmm_fp8", a, b),
+                                                "triton")
+                except Exception as exc:  # noqa: BLE001 - a shape that does not compile
+                    print(f"{name} m={m} {cand}: {type(exc).__name__}: {str(exc)[:80]}")
+                finally:
+                    tgemm.bmm_fp8_launch = original
+            us = {c: v * 1e3 for c, v in interleaved_graph_ms(
+                {c: g for c, g in graphs.items() if g is not None}, len(sets), args.iters).items()}
+            best = min((c for c in us if c != "cudnn"), key=us.get)
+            print(f"{name} m={m:<3d} cudnn {us.get('cudnn', float('nan')):.2f} us, default "
+                  f"{us.get(str(CANDIDATES[0]), float('nan')):.2f}, best {best} {us[best]:.2f}",
+                  flush=True)
+            doc["results"].append({"shape": name, "m": m, "n": n, "k": k, "batch": batch,
+                                   "us": us})
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
