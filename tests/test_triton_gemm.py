@@ -155,6 +155,17 @@ def test_bmm_fp8_other_launch_shapes(monkeypatch, launch):
     assert rel_error(out, expected) < TOLERANCE[torch.float16]
 
 
+def test_bmm_fp8_launch_narrows_tiles_for_narrow_decode_outputs():
+    """64-wide column tiles for decode-size M and N <= 128 (MLA's W_UV), 128 elsewhere."""
+    from flashinfer.backends.triton_kernels import gemm as tgemm
+
+    gpu = torch.device("cuda")
+    assert tgemm.bmm_fp8_launch(1, 128, 512, gpu)[:3] == (16, 64, 128)
+    assert tgemm.bmm_fp8_launch(16, 72, 512, gpu)[:3] == (16, 64, 128)
+    assert tgemm.bmm_fp8_launch(16, 512, 128, gpu)[:3] == (16, 128, 128)
+    assert tgemm.bmm_fp8_launch(64, 128, 512, gpu)[:3] == (64, 128, 128)
+
+
 def test_mixed_fp8_pair_is_refused_with_reason():
     A, A_s = Q.quantize_fp8_per_tensor(torch.randn(1, 4, 32), E4M3)
     B, B_s = Q.quantize_fp8_per_tensor(torch.randn(1, 32, 16), E5M2)

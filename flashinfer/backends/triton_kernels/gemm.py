@@ -10,7 +10,8 @@ Kernel signatures and semantics: :mod:`flashinfer.gemm`. The @triton.jit code li
 
 Both take fp8 operands of one dtype (e4m3 x e4m3 or e5m2 x e5m2; a mixed pair is rejected by
 the checks below) and write bf16 / fp16. Launch shape, from M: ``BLOCK_M`` 16 (decode-size M,
-mma.sync), 64 or 128 (wgmma on SM 9.0); ``BLOCK_N = BLOCK_K = 128``; tiles grouped 8 tile rows
+mma.sync), 64 or 128 (wgmma on SM 9.0); ``BLOCK_N = BLOCK_K = 128`` (``bmm_fp8`` narrows
+BLOCK_N to 64 for decode-size M and N <= 128); tiles grouped 8 tile rows
 at a time for L2 reuse. The groupwise kernel stops at 64 rows: it holds two 128-wide fp32 tiles
 (the step's product and the accumulator), and at 128 x 128 with 8 warps ptxas (sm_90a) spills.
 Pipeline depth: 4 stages for small tiles, 3 for 128-row tiles where shared memory is large
@@ -116,11 +117,15 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
 
 def bmm_fp8_launch(m: int, n: int, k: int, device: torch.device) -> tuple[int, int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` of the per-tensor-scaled batched
-    kernel: :func:`launch_config`'s rows, warps and stages with 128 x 128 tiles of N and K (its
-    scales are per tensor, so K steps need not follow scale blocks;
-    ``benchmarks/tune_bmm_fp8.py`` tries other shapes)."""
+    kernel: :func:`launch_config`'s rows, warps and stages with 128-deep K steps (its scales are
+    per tensor, so K steps need not follow scale blocks). Tiles are 128 columns wide, except
+    for decode-size M with at most 128 columns: there 64-wide tiles give each batch entry two
+    programs. On the H200 at MLA's W_UV (N 128, K 512, batch 128) that took M = 1 / 16 from
+    6.24 / 6.32 us to 5.62 / 5.75 us, past cuDNN's 5.69 / 6.05; 64-wide tiles were slower at
+    W_UK (N 512, K 128): ``benchmarks/results/tune_bmm_fp8_h200_2026-11-30_2013utc.json``."""
     block_m, warps, stages = launch_config(m, device)
-    return block_m, BLOCK_N, BLOCK_K, warps, stages
+    block_n = 64 if block_m == 16 and n <= 128 else BLOCK_N
+    return block_m, block_n, BLOCK_K, warps, stages
 
 
 @KERNELS.check("bmm_fp8")
