@@ -93,11 +93,14 @@ def _chain_call(probs, logits, ks, ps):
 def gemm_calls() -> list[tuple[str, Callable]]:
     """The GEMM warm-up calls: ``(name, fn(device, backend) -> output)``, inputs drawn from a
     fixed seed (so a checker can run the same call on the reference). ``bmm_fp8``: batch 2 of
-    DeepSeek-V3's MLA W_UK product (512 x 128), e4m3, bf16 out, at M = 16 / 64 / 512 (the Triton
-    kernel's 16-, 64- and 128-row tiles); ``gemm_fp8_nt_groupwise``: 128x128 activation blocks,
-    512 x 512, at M = 16 and 64 (its two tile heights)."""
+    DeepSeek-V3's MLA W_UK product (N 512, K 128), e4m3, bf16 out, at M = 16 / 64 / 512 (the
+    Triton kernel's 16-, 64- and 128-row tiles), and its W_UV product (N 128, K 512) at M = 16
+    (64-wide column tiles: ``bmm_fp8_launch``); ``gemm_fp8_nt_groupwise``: 128x128 activation
+    blocks, 512 x 512, at M = 16 and 64 (its two tile heights)."""
     calls = [(f"bmm_fp8[m{m}]", lambda device, backend, m=m: _bmm_fp8_call(device, backend, m))
              for m in (16, 64, 512)]
+    calls.append(("bmm_fp8[m16,n128,k512]",
+                  lambda device, backend: _bmm_fp8_call(device, backend, 16, n=128, k=512)))
     calls += [(f"gemm_fp8_nt_groupwise[128x128,m{m}]",
                lambda device, backend, m=m: _groupwise_call(device, backend, m)) for m in (16, 64)]
     return calls
@@ -107,11 +110,11 @@ def _fp8(shape, gen, device) -> torch.Tensor:
     return torch.randn(*shape, generator=gen, device=device).to(torch.float8_e4m3fn)
 
 
-def _bmm_fp8_call(device, backend: str, m: int) -> torch.Tensor:
+def _bmm_fp8_call(device, backend: str, m: int, n: int = 512, k: int = 128) -> torch.Tensor:
     from .gemm import bmm_fp8
 
-    gen = torch.Generator(device=device).manual_seed(m)
-    a, b = _fp8((2, m, 128), gen, device), _fp8((2, 512, 128), gen, device).transpose(1, 2)
+    gen = torch.Generator(device=device).manual_seed(m + n)
+    a, b = _fp8((2, m, k), gen, device), _fp8((2, n, k), gen, device).transpose(1, 2)
     scale = torch.full((1,), 0.5, device=device)
     return bmm_fp8(a, b, scale, scale, torch.bfloat16, backend=backend)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import TOLERANCE, capture_cuda_graph, poison, rel_error
-from flashinfer.backends.triton_kernels.moe import align, fused_moe, max_rows
+from flashinfer.backends.triton_kernels.moe import ONE_PROGRAM_PAIRS, fused_moe, max_rows, prepare
 from flashinfer.device import simulated
 from flashinfer.dispatch import Problem, select
 from flashinfer.fused_moe import cutlass_fused_moe
@@ -118,17 +118,21 @@ def _spec(quant="none", activation=SWIGLU, offset=0, on_input=False):
 
 
 # --------------------------------------------------------------------------------------------
-# alignment (align_kernel)
+# alignment and input quantisation (prepare)
 
 
 @pytest.mark.parametrize("t,k,e,block_m,offset", [(1, 1, 4, 16, 0), (7, 2, 8, 16, 0),
                                                    (33, 2, 6, 32, 0), (33, 2, 6, 16, 4),
+                                                   (16, 8, 256, 16, 0), (43, 3, 9, 16, 0),
                                                    (300, 8, 256, 16, 0), (50, 3, 5, 64, 0)])
 def test_align_groups_and_pads_by_expert(t, k, e, block_m, offset):
+    """One program up to ONE_PROGRAM_PAIRS pairs (16 x 8 is the last), three launches past it
+    (43 x 3 the first)."""
     torch.manual_seed(t * 10 + k)
     # global ids, some of other ranks (below the offset or past the local experts)
     ids = torch.randint(offset - 2, offset + e + 2, (t, k), dtype=torch.int32)
-    sorted_pairs, block_expert, num_blocks = align(ids, offset, e, block_m)
+    sorted_pairs, block_expert, num_blocks, x_q, x_scale = prepare(ids, offset, e, block_m)
+    assert x_q is None and x_scale is None
     rows = max_rows(t * k, e, block_m)
     assert sorted_pairs.shape == (rows,) and block_expert.shape == (rows // block_m,)
     # the exact list: each expert's pairs ascending (stable), padded to a block multiple
@@ -156,15 +160,19 @@ def test_launch_configs_keep_w8a8_tiles_one_scale_group(tokens):
     assert w8a8.block_m <= 16 or tokens >= 256  # few rows per expert: little padding
 
 
-@pytest.mark.parametrize("tokens,hidden", [(1, 128), (19, 320)])
-def test_quantise_groups_per_token_and_128_group(tokens, hidden):
-    from flashinfer.backends.triton_kernels.moe import quantise_groups
-
+@pytest.mark.parametrize("tokens,hidden,top_k", [(1, 128, 2), (19, 320, 2), (19, 320, 8)])
+def test_prepare_quantises_per_token_and_128_group(tokens, hidden, top_k):
+    """In the alignment's launch: spare programs of align_kernel (up to ONE_PROGRAM_PAIRS
+    pairs) or of align_count_kernel (19 x 8 pairs); the alignment is the one without."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator(device="cpu").manual_seed(tokens)
     x = (torch.randn(tokens, hidden, generator=gen, device="cpu") * 3).to(torch.bfloat16)
     x[0, :128] = 0  # an all-zero group: scale 0, values 0
-    q, s = quantise_groups(x.to(dev))
+    ids = torch.randint(0, 12, (tokens, top_k), generator=gen, dtype=torch.int32).to(dev)
+    assert (tokens * top_k <= ONE_PROGRAM_PAIRS) == (top_k == 2)
+    *aligned, q, s = prepare(ids, 0, 10, 16, quantise=x.to(dev))
+    for got, want in zip(aligned, prepare(ids, 0, 10, 16)[:3]):  # every element is written
+        assert torch.equal(got, want)
     groups = -(-hidden // 128)
     assert q.shape == (tokens, hidden) and s.shape == (tokens, groups)
     q, s = q.float().cpu(), s.cpu()
@@ -238,8 +246,10 @@ def test_scales_on_input():
     assert rel_error(got, _naive(x, w1, w2, ids, weights, on_input=True)) < 1e-2
 
 
-@pytest.mark.parametrize("t,hidden,inter", [(7, 128, 128), (33, 192, 64)])
+@pytest.mark.parametrize("t,hidden,inter", [(7, 128, 128), (33, 192, 64), (70, 128, 64)])
 def test_fp8_block_scale_weights(t, hidden, inter):
+    """The input quantised in align_kernel's spare programs, and (70 x 2 pairs, past
+    ONE_PROGRAM_PAIRS) in align_count_kernel's."""
     torch.manual_seed(t)
     x = torch.randn(t, hidden, dtype=torch.bfloat16)
     q1, s1 = _blocks(torch.randn(4, 2 * inter, hidden) / hidden ** 0.5)

@@ -6,12 +6,14 @@ sentinel ``NUM_PAIRS`` in padding. M-block ``b`` (rows ``[b * BLOCK_M, (b + 1) *
 belongs to one local expert, ``block_expert[b]``; the grid is launched for the largest possible
 number of blocks and blocks at or past ``num_blocks[0]`` (a device scalar) return at once.
 
-* ``align_kernel`` (one program): builds that list, a counting sort of the pair indices by
+* ``align_kernel`` (program 0): builds that list, a counting sort of the pair indices by
   local expert (stable: ascending within an expert), each expert's segment padded to a multiple
-  of ``BLOCK_M``, the expert of every block and the number of used blocks; for more than one
-  chunk of pairs the same list comes from ``align_count_kernel`` (per-chunk counts, one program
-  per chunk), ``align_offsets_kernel`` (one program: segment starts, blocks) and
-  ``align_scatter_kernel`` (one program per chunk);
+  of ``BLOCK_M``, the expert of every block and the number of used blocks; for more pairs the
+  same list comes from ``align_count_kernel`` (per-chunk counts, one program per chunk),
+  ``align_offsets_kernel`` (one program: segment starts, blocks, the padding fill) and
+  ``align_scatter_kernel`` (one program per chunk). Under W8A8 with a half-precision input the
+  programs past those of ``align_kernel`` / ``align_count_kernel`` quantise it
+  (``_quantise_tile``), saving a launch;
 * ``gemm1_kernel``: ``inter[r, n] = act(x[p // TOP_K] @ w1[e, I + n]) * (x[p // TOP_K] @
   w1[e, n])`` for ``n`` in the program's column tile (up ``[:I]``, gate ``[I:]``, two
   accumulators), written in the activation dtype (W8A8: fp8 with 1x128 scales);
@@ -25,7 +27,7 @@ tiles), so an M-block's input rows are read from memory once, not once per colum
 
 FP8 128x128 block-scaled experts (``QUANT = 1``) run W8A8, DeepSeek-V3's recipe (and what
 upstream's CUTLASS MoE does): the input arrives in fp8 with 1x128 scales, or
-``quantise_groups_kernel`` quantises it once per token and 128-wide group (``scale = amax /
+``_quantise_tile`` quantises it once per token and 128-wide group (``scale = amax /
 448``, per row); gemm1's epilogue quantises its ``BLOCK_M x 128`` intermediate tile (one scale
 group) the same way and writes it in fp8 with its scales, which gemm2 reads as they are.
 ``tl.dot`` multiplies fp8 by fp8; the product is scaled by ``a_scale[row] * w_scale[column
@@ -62,14 +64,22 @@ def _local_experts(ids_ptr, i, NUM_PAIRS, OFFSET, NUM_EXPERTS: tl.constexpr, EP:
 
 
 # the pair count changes every call: not specialised on its value
-@triton.jit(do_not_specialize=["NUM_PAIRS", "OFFSET", "ROWS"])
+@triton.jit(do_not_specialize=["NUM_PAIRS", "OFFSET", "ROWS", "TOKENS"])
 def align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr, NUM_PAIRS, OFFSET, ROWS,
+                 x_ptr, q_ptr, s_ptr, TOKENS, HIDDEN, stride_x, stride_q, stride_st, stride_sk,
                  NUM_EXPERTS: tl.constexpr, EP: tl.constexpr, BLOCK_M: tl.constexpr,
-                 CHUNK: tl.constexpr):
+                 CHUNK: tl.constexpr, QUANTISE: tl.constexpr, BLOCK_T: tl.constexpr,
+                 DOT_F32: tl.constexpr):
     """``ids [NUM_PAIRS]`` global expert ids -> ``sorted [ROWS]`` (pair indices by local expert,
     each expert's run starting on a multiple of BLOCK_M, padding ``NUM_PAIRS``), ``block_expert
-    [ROWS / BLOCK_M]`` and ``num_blocks [1]``. One program; ``EP`` = NUM_EXPERTS rounded up to a
-    power of two. Ranks inside a chunk come from a cumulative sum over a one-hot [CHUNK, EP]."""
+    [ROWS / BLOCK_M]`` and ``num_blocks [1]``. Program 0; ``EP`` = NUM_EXPERTS rounded up to a
+    power of two. Ranks inside a chunk come from a cumulative sum over a one-hot [CHUNK, EP].
+    ``QUANTISE``: programs 1, 2, ... quantise the input's tiles (``_quantise_tile``)."""
+    if QUANTISE:
+        if tl.program_id(0) > 0:
+            _quantise_tile(x_ptr, q_ptr, s_ptr, tl.program_id(0) - 1, TOKENS, HIDDEN, stride_x,
+                           stride_q, stride_st, stride_sk, BLOCK_T, DOT_F32)
+            return
     e = tl.arange(0, EP)
     lane = tl.arange(0, CHUNK)
     counts = tl.zeros([EP], tl.int32)
@@ -103,23 +113,39 @@ def align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr, NUM_PAIR
 # Many chunks: three launches instead of one program walking every pair twice (0.6 ms for 8,192
 # pairs on the H200). The scratch ``base [n_chunks, EP]`` first holds each chunk's per-expert
 # counts, then (in place) where each chunk's pairs of each expert start in the sorted list.
-@triton.jit(do_not_specialize=["NUM_PAIRS", "OFFSET"])
-def align_count_kernel(ids_ptr, base_ptr, NUM_PAIRS, OFFSET, NUM_EXPERTS: tl.constexpr,
-                       EP: tl.constexpr, CHUNK: tl.constexpr):
-    """Program ``c``: ``base[c, e]`` = pairs of chunk ``c`` routed to local expert ``e``."""
+@triton.jit(do_not_specialize=["NUM_PAIRS", "OFFSET", "TOKENS"])
+def align_count_kernel(ids_ptr, base_ptr, NUM_PAIRS, OFFSET,
+                       x_ptr, q_ptr, s_ptr, TOKENS, HIDDEN, stride_x, stride_q, stride_st,
+                       stride_sk, NUM_EXPERTS: tl.constexpr, EP: tl.constexpr,
+                       CHUNK: tl.constexpr, QUANTISE: tl.constexpr, BLOCK_T: tl.constexpr,
+                       DOT_F32: tl.constexpr):
+    """Program ``c`` below the chunk count: ``base[c, e]`` = pairs of chunk ``c`` routed to
+    local expert ``e``. ``QUANTISE``: the programs past it quantise the input's tiles."""
     c = tl.program_id(0)
+    if QUANTISE:
+        n_chunks = tl.cdiv(NUM_PAIRS, CHUNK)
+        if c >= n_chunks:
+            _quantise_tile(x_ptr, q_ptr, s_ptr, c - n_chunks, TOKENS, HIDDEN, stride_x,
+                           stride_q, stride_st, stride_sk, BLOCK_T, DOT_F32)
+            return
     e = tl.arange(0, EP)
     key = _local_experts(ids_ptr, c * CHUNK + tl.arange(0, CHUNK), NUM_PAIRS, OFFSET,
                          NUM_EXPERTS, EP)
     tl.store(base_ptr + c * EP + e, tl.sum((key[:, None] == e[None, :]).to(tl.int32), axis=0))
 
 
-@triton.jit(do_not_specialize=["N_CHUNKS", "ROWS"])
-def align_offsets_kernel(base_ptr, block_expert_ptr, num_blocks_ptr, N_CHUNKS, ROWS,
-                         NUM_EXPERTS: tl.constexpr, EP: tl.constexpr, BLOCK_M: tl.constexpr,
-                         CHUNK: tl.constexpr, GROUP: tl.constexpr):
+@triton.jit(do_not_specialize=["N_CHUNKS", "ROWS", "NUM_PAIRS"])
+def align_offsets_kernel(base_ptr, block_expert_ptr, num_blocks_ptr, sorted_ptr, N_CHUNKS, ROWS,
+                         NUM_PAIRS, NUM_EXPERTS: tl.constexpr, EP: tl.constexpr,
+                         BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, GROUP: tl.constexpr,
+                         FILL: tl.constexpr):
     """One program: expert segment starts (padded to BLOCK_M), ``block_expert``, ``num_blocks``,
-    and ``base[c, e]`` = start of expert ``e``'s segment + the pairs of ``e`` in chunks ``< c``."""
+    and ``base[c, e]`` = start of expert ``e``'s segment + the pairs of ``e`` in chunks ``< c``;
+    every row of ``sorted [ROWS]`` set to the padding sentinel ``NUM_PAIRS`` (the scatter launch
+    after it overwrites the used rows), FILL rows at a time."""
+    for r0 in range(0, ROWS, FILL):
+        r = r0 + tl.arange(0, FILL)
+        tl.store(sorted_ptr + r, tl.zeros([FILL], tl.int32) + NUM_PAIRS, mask=r < ROWS)
     e = tl.arange(0, EP)
     g = tl.arange(0, GROUP)
     counts = tl.zeros([EP], tl.int32)
@@ -192,20 +218,22 @@ def _quantise_rows(a, FP8: tl.constexpr, DOT_F32: tl.constexpr):
     return q, amax * (1.0 / 448.0)
 
 
-@triton.jit(do_not_specialize=["TOKENS"])
-def quantise_groups_kernel(x_ptr, q_ptr, s_ptr, TOKENS, HIDDEN, stride_x, stride_q, stride_st,
-                           stride_sk, BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr):
-    """``x [T, H]`` (half precision) -> ``q [T, H]`` fp8 and ``s [T, ceil(H/128)]`` float32,
-    exactly as ``_quantise_rows`` does inside gemm1 (program: BLOCK_T tokens x one 128 group),
-    once per token instead of once per (token, slot) pair and column tile."""
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    k = tl.program_id(1) * 128 + tl.arange(0, 128)
+@triton.jit
+def _quantise_tile(x_ptr, q_ptr, s_ptr, tile, TOKENS, HIDDEN, stride_x, stride_q, stride_st,
+                   stride_sk, BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr):
+    """Tile ``tile`` of ``x [T, H]`` (half precision; tiles of BLOCK_T tokens x one 128-wide
+    group, token blocks outer) -> ``q`` fp8 and ``s [T, ceil(H/128)]`` float32, exactly as
+    ``_quantise_rows`` quantises gemm1's output tiles: once per token, not per (token, slot)
+    pair and column tile."""
+    groups = tl.cdiv(HIDDEN, 128)
+    t = (tile // groups) * BLOCK_T + tl.arange(0, BLOCK_T)
+    group = tile % groups
+    k = group * 128 + tl.arange(0, 128)
     ok = (t < TOKENS)[:, None] & (k < HIDDEN)[None, :]
     a = tl.load(x_ptr + t[:, None].to(tl.int64) * stride_x + k[None, :], mask=ok, other=0.0)
     q, scale = _quantise_rows(a, q_ptr.dtype.element_ty, DOT_F32)
     tl.store(q_ptr + t[:, None].to(tl.int64) * stride_q + k[None, :], q, mask=ok)
-    tl.store(s_ptr + t.to(tl.int64) * stride_st + tl.program_id(1) * stride_sk, scale,
-             mask=t < TOKENS)
+    tl.store(s_ptr + t.to(tl.int64) * stride_st + group * stride_sk, scale, mask=t < TOKENS)
 
 
 @triton.jit
@@ -284,7 +312,7 @@ def gemm1_kernel(
             a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
             wu = tl.load(up_ptrs, mask=k_ok[:, None], other=0.0)
             wg = tl.load(gate_ptrs, mask=k_ok[:, None], other=0.0)
-        if QUANT == 1:  # x is fp8 with 1x128 scales (quantise_groups_kernel or the caller)
+        if QUANT == 1:  # x is fp8 with 1x128 scales (``_quantise_tile`` or the caller)
             a_s = tl.load(xs_ptr + token.to(tl.int64) * stride_xst + (k0 // 128) * stride_xsk)
             if SCALES_ON_INPUT:  # linear: the routing weight folds into the row scale
                 a_s = a_s * route_w

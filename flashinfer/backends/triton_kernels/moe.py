@@ -6,12 +6,13 @@ in ``_moe_kernels.py`` and is imported on first use (this module must import wit
 One call, never synchronising with the host (so it can be captured in a CUDA graph), and every
 buffer sized from the shapes alone:
 
-1. ``align`` (``align_kernel``, or three parallel launches past one chunk of pairs): the
+1. ``prepare`` (``align_kernel``, or three launches past ``ONE_PROGRAM_PAIRS`` pairs): the
    ``P = T * top_k`` (token, slot) pairs are
    stably sorted by local expert id (pairs of other ranks are dropped) and each expert's
    segment is padded to a multiple of ``BLOCK_M`` in a list of ``max_rows(P, E, BLOCK_M)`` rows
    (the sentinel ``P`` marks padding), with the expert of each M-block and the number of used
-   blocks as a one-element device tensor;
+   blocks as a one-element device tensor; W8A8 quantises the input in spare programs of the
+   same first launch;
 2. ``gemm1_kernel`` (grid: every possible M-block x column tiles of ``I``): gather the block's
    token rows, ``x @ w1[e].T`` for the up and gate halves at once, the gated activation, the
    intermediate ``[rows, I]`` in the activation dtype;
@@ -25,12 +26,21 @@ Both GEMM grids are 1-D and walk groups of ``group_m`` M-blocks across all colum
 (``_moe_kernels._tile_of``): without it, gemm2's intermediate rows (75 MB at 4,096 tokens of
 DeepSeek-V3, more than L2) were read from memory again for each of the 56 column tiles.
 A launch configuration with ``weights_tma`` loads the weight tiles through tensor descriptors
-(the copy engine, SM 9.0+) instead of pointers; bit-identical under the interpreter, not yet
-measured on a GPU, so no entry of the launch table sets it.
+(the copy engine, SM 9.0+) instead of pointers; bit-identical under the interpreter, and on the
+H200 within 1 % of the pointer loads at 16 to 4,096 tokens (gemm2 faster, gemm1 slower at
+4,096; ``profile_moe_tune_h200_2026-11-30_2011utc.txt``), which does not pay for building two
+descriptors on the host every call, so no entry of the launch table sets it.
+
+Host time matters as much as GPU time below a few hundred tokens: an eager call from an idle
+GPU waits for every Python step before gemm1's launch (on the H200's host a Triton launch costs
+25-70 us and a torch allocation 5-30 us; at 16 tokens gemm1 started 0.47 ms into the call,
+``probe_moe_timeline_h200_2026-11-30_2017utc.txt``). So the W8A8 input is quantised inside the
+alignment's launch, small pair counts align in one program, and the alignment's three outputs
+share one allocation.
 
 FP8 128x128 block-scaled experts run W8A8 (DeepSeek-V3's recipe, as upstream's CUTLASS MoE):
-the input is quantised to fp8 per token and 128-wide group in one launch (``quantise_groups``;
-taken as given when it is fp8 with 1x128 scales), the intermediate tile by tile inside gemm2,
+the input is quantised to fp8 per token and 128-wide group once (in ``prepare``; taken as
+given when it is fp8 with 1x128 scales), the intermediate tile by tile inside gemm2,
 and both GEMMs multiply fp8 by fp8 (``_moe_kernels``).
 So results differ from the torch backend and the reference, which keep bf16 activations, by the
 fp8 rounding of the input and of the intermediate (a few percent, relative). Per-tensor fp8
@@ -42,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -51,6 +62,10 @@ from . import KERNELS
 _QUANT = {"none": 0, "fp8_block_scale": 1, "fp8_per_tensor": 2}
 #: pairs ranked at a time by ``align_kernel`` (a [ALIGN_CHUNK, experts] one-hot per step)
 ALIGN_CHUNK = 64
+#: up to this many pairs (16 tokens of top-8) one program aligns them, in one launch
+ONE_PROGRAM_PAIRS = 2 * ALIGN_CHUNK
+#: tokens per program when ``prepare`` quantises the input (one 128-wide group each)
+QUANTISE_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -107,45 +122,72 @@ def max_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
     return -(-rows // block_m) * block_m
 
 
-def align(ids: torch.Tensor, expert_offset: int, num_experts: int, block_m: int):
-    """``(sorted_pairs [R] int32, block_expert [R / block_m] int32, num_blocks [1] int32)`` for
-    ``ids [T, k]`` int32 global expert ids, ``R = max_rows(T * k, num_experts, block_m)``; one
-    launch of ``align_kernel`` (no host sync).
+class Prepared(NamedTuple):
+    """gemm1's inputs besides the weights (``prepare``)."""
+
+    sorted_pairs: torch.Tensor  # [R] int32: pair indices by expert, blocks padded with T * k
+    block_expert: torch.Tensor  # [R / block_m] int32: local expert of each M-block
+    num_blocks: torch.Tensor    # [1] int32: M-blocks in use
+    x_q: Optional[torch.Tensor]      # quantise: x in fp8 [T, H] (float32 under the interpreter)
+    x_scale: Optional[torch.Tensor]  # quantise: its 1x128 scales, float32 [T, ceil(H/128)]
+
+
+def prepare(ids: torch.Tensor, expert_offset: int, num_experts: int, block_m: int,
+            quantise: Optional[torch.Tensor] = None) -> Prepared:
+    """Align the ``(token, slot)`` pairs of ``ids [T, k]`` (int32 global expert ids) by local
+    expert, ``R = max_rows(T * k, num_experts, block_m)`` rows, without a host sync; with
+    ``quantise`` (W8A8: the half-precision input ``[T, H]``), also quantise it to fp8 per token
+    and 128-wide group, in spare programs of the first launch (a launch from Python costs
+    25-70 us of host time on the H200's host, so a decode step pays for each one).
 
     ``sorted_pairs`` holds flat pair indices ``token * k + slot`` grouped by expert (stable:
     ascending within an expert), each expert's group starting on a multiple of ``block_m``;
-    padding and unused rows hold ``T * k``. Blocks ``>= num_blocks[0]`` are unused."""
+    padding and unused rows hold ``T * k``. Blocks ``>= num_blocks[0]`` are unused. Up to
+    ``ONE_PROGRAM_PAIRS`` pairs one program aligns (``align_kernel``), past it three launches
+    (count, offsets, scatter); the three outputs share one int32 allocation."""
     from . import _moe_kernels
 
     dev = ids.device
     num_pairs = ids.numel()
     rows = max_rows(num_pairs, num_experts, block_m)
-    block_expert = torch.empty(rows // block_m, dtype=torch.int32, device=dev)
-    num_blocks = torch.zeros(1, dtype=torch.int32, device=dev)
-    if num_pairs == 0:
-        return torch.empty(rows, dtype=torch.int32, device=dev), block_expert, num_blocks
+    meta = torch.empty(rows + rows // block_m + 1, dtype=torch.int32, device=dev)
+    sorted_pairs, block_expert = meta[:rows], meta[rows:-1]
+    num_blocks = meta[-1:]
+    x_q = x_scale = None
+    q_args, q_tiles = (ids, ids, ids, 0, 0, 0, 0, 0, 0), 0
+    on_gpu = ids.is_cuda
+    if quantise is not None:
+        tokens, hidden = quantise.shape
+        x_q = torch.empty((tokens, hidden), device=dev,
+                          dtype=torch.float8_e4m3fn if on_gpu else torch.float32)
+        x_scale = torch.empty((tokens, -(-hidden // 128)), dtype=torch.float32, device=dev)
+        q_args = (quantise, x_q, x_scale, tokens, hidden, quantise.stride(0), x_q.stride(0),
+                  x_scale.stride(0), x_scale.stride(1))
+        q_tiles = -(-tokens // QUANTISE_TOKENS) * x_scale.shape[1]
+    quant_kw = dict(QUANTISE=q_tiles > 0, BLOCK_T=QUANTISE_TOKENS, DOT_F32=not on_gpu)
     flat = ids.contiguous().view(-1)
     ep = _pow2(num_experts)
-    n_chunks = -(-num_pairs // ALIGN_CHUNK)
-    if n_chunks == 1:  # one program does it all in one launch
-        sorted_pairs = torch.empty(rows, dtype=torch.int32, device=dev)
-        _moe_kernels.align_kernel[(1,)](
+    if num_pairs == 0:  # no M-block in use: nothing reads the other outputs
+        num_blocks.zero_()
+    elif num_pairs <= ONE_PROGRAM_PAIRS:
+        _moe_kernels.align_kernel[(1 + q_tiles,)](
             flat, sorted_pairs, block_expert, num_blocks, num_pairs, expert_offset, rows,
-            NUM_EXPERTS=num_experts, EP=ep, BLOCK_M=block_m, CHUNK=ALIGN_CHUNK, num_warps=8,
-        )
-        return sorted_pairs, block_expert, num_blocks
-    sorted_pairs = torch.full((rows,), num_pairs, dtype=torch.int32, device=dev)
-    base = torch.empty((n_chunks, ep), dtype=torch.int32, device=dev)
-    _moe_kernels.align_count_kernel[(n_chunks,)](
-        flat, base, num_pairs, expert_offset, NUM_EXPERTS=num_experts, EP=ep, CHUNK=ALIGN_CHUNK,
-        num_warps=4)
-    _moe_kernels.align_offsets_kernel[(1,)](
-        base, block_expert, num_blocks, n_chunks, rows, NUM_EXPERTS=num_experts, EP=ep,
-        BLOCK_M=block_m, CHUNK=ALIGN_CHUNK, GROUP=16, num_warps=8)
-    _moe_kernels.align_scatter_kernel[(n_chunks,)](
-        flat, base, sorted_pairs, num_pairs, expert_offset, NUM_EXPERTS=num_experts, EP=ep,
-        CHUNK=ALIGN_CHUNK, num_warps=4)
-    return sorted_pairs, block_expert, num_blocks
+            *q_args, NUM_EXPERTS=num_experts, EP=ep, BLOCK_M=block_m, CHUNK=ALIGN_CHUNK,
+            **quant_kw, num_warps=8)
+    else:
+        n_chunks = -(-num_pairs // ALIGN_CHUNK)
+        base = torch.empty((n_chunks, ep), dtype=torch.int32, device=dev)
+        _moe_kernels.align_count_kernel[(n_chunks + q_tiles,)](
+            flat, base, num_pairs, expert_offset, *q_args, NUM_EXPERTS=num_experts, EP=ep,
+            CHUNK=ALIGN_CHUNK, **quant_kw, num_warps=4)
+        _moe_kernels.align_offsets_kernel[(1,)](
+            base, block_expert, num_blocks, sorted_pairs, n_chunks, rows, num_pairs,
+            NUM_EXPERTS=num_experts, EP=ep, BLOCK_M=block_m, CHUNK=ALIGN_CHUNK, GROUP=16,
+            FILL=1024, num_warps=8)
+        _moe_kernels.align_scatter_kernel[(n_chunks,)](
+            flat, base, sorted_pairs, num_pairs, expert_offset, NUM_EXPERTS=num_experts, EP=ep,
+            CHUNK=ALIGN_CHUNK, num_warps=4)
+    return Prepared(sorted_pairs, block_expert, num_blocks, x_q, x_scale)
 
 
 def _pow2(n: int) -> int:
@@ -170,25 +212,6 @@ def _activations(x: torch.Tensor, x_scale, w8a8: bool) -> torch.Tensor:
         return x.to(torch.bfloat16)
     full = x_scale.float().repeat_interleave(128, -1)[:, : x.shape[1]]
     return (x.float() * full).to(torch.bfloat16)
-
-
-def quantise_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """W8A8 input: ``x [T, H]`` half precision -> (fp8 ``[T, H]``, float32 1x128 scales ``[T,
-    ceil(H/128)]``), one launch, the rounding of gemm1's own on-the-fly quantisation. Under the
-    interpreter the fp8 values are held in float32 (see ``_moe_kernels``)."""
-    from . import _moe_kernels
-
-    tokens, hidden = x.shape
-    on_gpu = x.is_cuda
-    q = torch.empty((tokens, hidden), dtype=torch.float8_e4m3fn if on_gpu else torch.float32,
-                    device=x.device)
-    s = torch.empty((tokens, -(-hidden // 128)), dtype=torch.float32, device=x.device)
-    if tokens:
-        block_t = 16
-        _moe_kernels.quantise_groups_kernel[(-(-tokens // block_t), s.shape[1])](
-            x, q, s, tokens, hidden, x.stride(0), q.stride(0), s.stride(0), s.stride(1),
-            BLOCK_T=block_t, DOT_F32=not on_gpu, num_warps=4)
-    return q, s
 
 
 def _scale_args(scale, quant: int, ref: torch.Tensor):
@@ -218,17 +241,18 @@ def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -
         raise ValueError(f"W8A8 needs 128-deep K steps and 128-wide gemm1 tiles (one scale "
                          f"group), got {cfg}")
     a = _activations(x, x_scale, w8a8)
-    if w8a8 and a.dtype != torch.float8_e4m3fn:  # once per token, not per pair and column tile
-        with _device_of(x):
-            a, x_scale = quantise_groups(a)
+    # W8A8 with a half-precision input: quantised once per token, in the alignment's launch
+    quantise = a if w8a8 and a.dtype != torch.float8_e4m3fn else None
     # the W8A8 intermediate is fp8 with 1x128 scales (held in float32 under the interpreter)
     mid_dtype = (torch.float8_e4m3fn if on_gpu else torch.float32) if w8a8 else a.dtype
-    xs, xs_t, xs_k = (x_scale, x_scale.stride(0), x_scale.stride(1)) if w8a8 else (a, 0, 0)
     w1, w2 = _unit_stride(w1), _unit_stride(w2)
     flat_w = weights.reshape(-1).float().contiguous()
     with _device_of(x):
-        sorted_pairs, block_expert, num_blocks = align(ids, spec.expert_offset, num_experts,
-                                                       cfg.block_m)
+        sorted_pairs, block_expert, num_blocks, x_q, x_q_scale = prepare(
+            ids, spec.expert_offset, num_experts, cfg.block_m, quantise)
+        if quantise is not None:
+            a, x_scale = x_q, x_q_scale
+        xs, xs_t, xs_k = (x_scale, x_scale.stride(0), x_scale.stride(1)) if w8a8 else (a, 0, 0)
         rows = sorted_pairs.numel()
         grid_m = rows // cfg.block_m
         mid = torch.empty((rows, inter), dtype=mid_dtype, device=x.device)
