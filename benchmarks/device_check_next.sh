@@ -14,12 +14,17 @@
 #   bash benchmarks/device_check_next.sh tune_bmm (carry .whl) launch shapes of the Triton batched
 #                                                 fp8 GEMM at MLA shapes, M 1 / 16, against cuDNN
 #                                                 (W_UV: 0.89 / 0.92x cuDNN's graph time at 17:50)
+#   bash benchmarks/device_check_next.sh bmm      (carry .whl) the quick bmm_fp8 grid at MLA shapes,
+#                                                 every backend and `auto` (gemm.py)
 #   bash benchmarks/device_check_next.sh pack     (no carry) re-export the kernel pack and check it
 #   bash benchmarks/device_check_next.sh tune     (no carry) the top-p bracket kernel's launch
 #                                                 shapes (106 registers at 16 warps: try 8)
 source benchmarks/device_env.sh
 source benchmarks/device_lib.sh
-case "${1:?mode: tests_a, tests_b, moe_tune, tune_bmm, pack or tune}" in
+case "${1:?mode: tests_a, tests_b, moe_tune, tune_bmm, bmm, pack or tune}" in
+  bmm)
+    (cd benchmarks && timeout 200 python3 gemm.py --quick --only bmm_fp8 --iters 10 \
+      --out $OUT/gemm_bmm_fp8.json 2>&1 | grep -v "^\[" | tail -10) ;;
   pack)
     export_and_check_pack
     first_call_with_pack ;;

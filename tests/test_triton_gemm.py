@@ -258,8 +258,10 @@ def test_gpu_groupwise_vs_reference(m, n, k, granularity):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(1, 1, 4096, 4096), (4, 128, 4096, 4096),
-                                   (2, 333, 1000, 520), (16, 64, 512, 128)])
+                                   (2, 333, 1000, 520), (16, 64, 512, 128), (8, 16, 512, 128),
+                                   (3, 5, 200, 72)])
 def test_gpu_bmm_fp8_vs_reference(shape):
+    """(8, 16, 512, 128) and (3, 5, 200, 72): decode-size M with N <= 128, 64-wide column tiles."""
     batch, m, k, n = shape
     torch.manual_seed(m + k)
     A, A_s = Q.quantize_fp8_per_tensor(torch.randn(batch, m, k, device="cuda"))
