@@ -61,7 +61,10 @@ def graph_ms(sets: list, call: Callable, backend: str, iters: int,
 def interleaved_graph_ms(graphs: dict, calls: int, iters: int) -> dict:
     """Per-call GPU time in ms of each captured graph in ``graphs`` (name: graph of ``calls``
     calls), replayed in turn for ``iters`` rounds: clock ramp-up and power throttling within a
-    point hit every backend alike instead of whichever is timed first or last."""
+    point hit every backend alike instead of whichever is timed first or last. Switching graphs
+    costs each replay 1-2 us on the H200 (a short graph right after torch's 1,024-launch
+    per-batch loop read that much slower per call at 8 calls of 6 us), so runners give
+    microsecond-scale points many calls per graph (``gemm.py``'s ``SMALL_POINT_FLOPS``)."""
     times: dict = {name: [] for name in graphs}
     for _ in range(iters):
         for name, graph in graphs.items():

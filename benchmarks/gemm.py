@@ -139,6 +139,14 @@ def _chosen(fn, args) -> str | None:
     return "+".join(sorted({d.name for d in log})) or None
 
 
+#: points under this many flops (a few microseconds) are timed over GRAPH_PASSES passes of their
+#: input copies per graph: each replay pays 1-2 us for the switch from the previous backend's
+#: graph, which at 8 calls of 6 us decided which backend looked faster (the bmm_fp8 MLA points
+#: of 2026-11-30 swung from 0.79x to 1.22x cuDNN with the replay order)
+SMALL_POINT_FLOPS = 2e9
+GRAPH_PASSES = 8
+
+
 def bench_point(fn, m, n, k, backends, iters, device, experts: int = 0) -> dict:
     """One grid point: every backend's first call (plans, compiles, errors), eager time, and
     the GPU time of CUDA graphs of all backends replayed in turn (interleaved_graph_ms)."""
@@ -149,6 +157,7 @@ def bench_point(fn, m, n, k, backends, iters, device, experts: int = 0) -> dict:
     point = {"function": fn, "m": m, "n": n, "k": k,
              ("batch" if fn == "bmm_fp8" else "experts"): experts, "backends": {}}
     flops = 2 * m * n * k * max(experts, 1)
+    calls = sets * (GRAPH_PASSES if flops < SMALL_POINT_FLOPS else 1)
     graphs = {}
     for backend in backends:
         if (backend == "triton" and fn not in TRITON_FUNCTIONS
@@ -159,14 +168,14 @@ def bench_point(fn, m, n, k, backends, iters, device, experts: int = 0) -> dict:
             _call(fn, one, backend)
             entry = {"eager_ms": _eager_ms(sets, fn, backend, iters)}
             if device == "cuda":
-                graphs[backend] = capture(sets, lambda a, b: _call(fn, a, b), backend)
+                graphs[backend] = capture(calls, lambda a, b: _call(fn, a, b), backend)
             if backend == "auto":
                 entry["chosen"] = _chosen(fn, one)
         except Exception as exc:  # noqa: BLE001 - a backend that cannot run a point is a finding
             entry = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
         point["backends"][backend] = entry
     captured = {b: g for b, g in graphs.items() if g is not None}
-    graph_times = interleaved_graph_ms(captured, len(sets), iters) if captured else {}
+    graph_times = interleaved_graph_ms(captured, len(calls), iters) if captured else {}
     for backend, entry in point["backends"].items():
         if "eager_ms" in entry:
             entry["graph_ms"] = graph_times.get(backend)
