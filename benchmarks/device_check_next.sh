@@ -23,7 +23,7 @@ source benchmarks/device_env.sh
 source benchmarks/device_lib.sh
 case "${1:?mode: tests_a, tests_b, moe_tune, tune_bmm, bmm, pack or tune}" in
   bmm)
-    (cd benchmarks && timeout 200 python3 gemm.py --quick --only bmm_fp8 --iters 10 \
+    (cd benchmarks && timeout 200 python3 gemm.py --quick --only bmm_fp8 --iters 40 \
       --out $OUT/gemm_bmm_fp8.json 2>&1 | grep -v "^\[" | tail -10) ;;
   pack)
     export_and_check_pack

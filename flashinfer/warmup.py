@@ -95,7 +95,7 @@ def gemm_calls() -> list[tuple[str, Callable]]:
     fixed seed (so a checker can run the same call on the reference). ``bmm_fp8``: batch 2 of
     DeepSeek-V3's MLA W_UK product (N 512, K 128), e4m3, bf16 out, at M = 16 / 64 / 512 (the
     Triton kernel's 16-, 64- and 128-row tiles), and its W_UV product (N 128, K 512) at M = 16
-    (64-wide column tiles: ``bmm_fp8_launch``); ``gemm_fp8_nt_groupwise``: 128x128 activation
+    (four K steps: 4 pipeline stages where W_UK's single step takes 3, ``bmm_fp8_launch``); ``gemm_fp8_nt_groupwise``: 128x128 activation
     blocks, 512 x 512, at M = 16 and 64 (its two tile heights)."""
     calls = [(f"bmm_fp8[m{m}]", lambda device, backend, m=m: _bmm_fp8_call(device, backend, m))
              for m in (16, 64, 512)]

@@ -139,10 +139,10 @@ def test_bmm_fp8_128_row_tiles():
     assert rel_error(out, expected) < TOLERANCE[torch.float16]
 
 
-@pytest.mark.parametrize("launch", [(16, 64, 256, 4, 1), (16, 32, 512, 2, 1)])
+@pytest.mark.parametrize("launch", [(16, 64, 256, 4, 1), (16, 32, 512, 2, 1), (16, 64, 64, 4, 1)])
 def test_bmm_fp8_other_launch_shapes(monkeypatch, launch):
-    """The tile shapes ``benchmarks/tune_bmm_fp8.py`` tries: K steps past K (masked) and
-    column tiles narrower than N."""
+    """The tile shapes ``benchmarks/tune_bmm_fp8.py`` tries: K steps past K (masked), 64-deep
+    steps, and column tiles narrower than N."""
     from flashinfer.backends.triton_kernels import gemm as tgemm
 
     torch.manual_seed(10)
@@ -155,14 +155,13 @@ def test_bmm_fp8_other_launch_shapes(monkeypatch, launch):
     assert rel_error(out, expected) < TOLERANCE[torch.float16]
 
 
-def test_bmm_fp8_launch_narrows_tiles_for_narrow_decode_outputs():
-    """64-wide column tiles for decode-size M and N <= 128 (MLA's W_UV), 128 elsewhere."""
+def test_bmm_fp8_launch_narrows_tiles_for_decode_size_m():
+    """64-wide column tiles for decode-size M (3 stages when K is one step), 128 beyond."""
     from flashinfer.backends.triton_kernels import gemm as tgemm
 
     gpu = torch.device("cuda")
-    assert tgemm.bmm_fp8_launch(1, 128, 512, gpu)[:3] == (16, 64, 128)
-    assert tgemm.bmm_fp8_launch(16, 72, 512, gpu)[:3] == (16, 64, 128)
-    assert tgemm.bmm_fp8_launch(16, 512, 128, gpu)[:3] == (16, 128, 128)
+    assert tgemm.bmm_fp8_launch(1, 128, 512, gpu) == (16, 64, 128, 4, 4)
+    assert tgemm.bmm_fp8_launch(16, 512, 128, gpu) == (16, 64, 128, 4, 3)
     assert tgemm.bmm_fp8_launch(64, 128, 512, gpu)[:3] == (64, 128, 128)
 
 
@@ -261,7 +260,8 @@ def test_gpu_groupwise_vs_reference(m, n, k, granularity):
                                    (2, 333, 1000, 520), (16, 64, 512, 128), (8, 16, 512, 128),
                                    (3, 5, 200, 72)])
 def test_gpu_bmm_fp8_vs_reference(shape):
-    """(8, 16, 512, 128) and (3, 5, 200, 72): decode-size M with N <= 128, 64-wide column tiles."""
+    """(8, 16, 512, 128), (3, 5, 200, 72) and (1, 1, 4096, 4096): decode-size M, 64-wide column
+    tiles."""
     batch, m, k, n = shape
     torch.manual_seed(m + k)
     A, A_s = Q.quantize_fp8_per_tensor(torch.randn(batch, m, k, device="cuda"))

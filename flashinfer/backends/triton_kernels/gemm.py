@@ -11,7 +11,7 @@ Kernel signatures and semantics: :mod:`flashinfer.gemm`. The @triton.jit code li
 Both take fp8 operands of one dtype (e4m3 x e4m3 or e5m2 x e5m2; a mixed pair is rejected by
 the checks below) and write bf16 / fp16. Launch shape, from M: ``BLOCK_M`` 16 (decode-size M,
 mma.sync), 64 or 128 (wgmma on SM 9.0); ``BLOCK_N = BLOCK_K = 128`` (``bmm_fp8`` narrows
-BLOCK_N to 64 for decode-size M and N <= 128); tiles grouped 8 tile rows
+BLOCK_N to 64 for decode-size M); tiles grouped 8 tile rows
 at a time for L2 reuse. The groupwise kernel stops at 64 rows: it holds two 128-wide fp32 tiles
 (the step's product and the accumulator), and at 128 x 128 with 8 warps ptxas (sm_90a) spills.
 Pipeline depth: 4 stages for small tiles, 3 for 128-row tiles where shared memory is large
@@ -118,14 +118,16 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
 def bmm_fp8_launch(m: int, n: int, k: int, device: torch.device) -> tuple[int, int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` of the per-tensor-scaled batched
     kernel: :func:`launch_config`'s rows, warps and stages with 128-deep K steps (its scales are
-    per tensor, so K steps need not follow scale blocks). Tiles are 128 columns wide, except
-    for decode-size M with at most 128 columns: there 64-wide tiles give each batch entry two
-    programs. On the H200 at MLA's W_UV (N 128, K 512, batch 128) that took M = 1 / 16 from
-    6.24 / 6.32 us to 5.62 / 5.75 us, past cuDNN's 5.69 / 6.05; 64-wide tiles were slower at
-    W_UK (N 512, K 128): ``benchmarks/results/tune_bmm_fp8_h200_2026-11-30_2013utc.json``."""
+    per tensor, so K steps need not follow scale blocks) and 128-wide column tiles, except for
+    decode-size M: 64-wide tiles (twice the programs on a weight-bound product), and 3 stages
+    where K is one step. On the H200 at MLA's batch-128 products, us at M = 1 / 16 (cuDNN's
+    graph in brackets): W_UV (N 128, K 512) 4.91 / 5.05 (4.99 / 5.32; 128-wide tiles 5.44 /
+    5.58), W_UK (N 512, K 128) 4.83 / 4.96 (5.12 / 5.36; 128-wide 5.02 / 5.17, 64-wide with 4
+    stages 6.14 / 6.29): ``benchmarks/results/tune_bmm_fp8_h200_2026-11-30_2043utc.json``."""
     block_m, warps, stages = launch_config(m, device)
-    block_n = 64 if block_m == 16 and n <= 128 else BLOCK_N
-    return block_m, block_n, BLOCK_K, warps, stages
+    if block_m > 16:
+        return block_m, BLOCK_N, BLOCK_K, warps, stages
+    return block_m, 64, BLOCK_K, warps, 3 if k <= BLOCK_K else stages
 
 
 @KERNELS.check("bmm_fp8")
