@@ -1,27 +1,31 @@
 #!/usr/bin/env bash
-# Next session's device calls.
-#   bash benchmarks/device_check_next.sh tests_a  (carry .whl, .whl_fa3, .whl_cutlass) CUTLASS
-#                                                 warm-up, then the GPU tests of tests/test_[a-c]*
-#   bash benchmarks/device_check_next.sh tests_b  (carry .whl, .whl_fa3) the GPU tests of tests/test_[d-z]*
-#                                                 (GEMM, MoE, sampling, Triton); the two halves
-#                                                 together are one full GPU pass (a single call
-#                                                 ran past its limit at 19:16)
-#   bash benchmarks/device_check_next.sh moe_tune (no carry) launch shapes of the Triton MoE at
-#                                                 16 / 256 / 1,024 / 4,096 tokens, with and
-#                                                 without weight tiles through tensor descriptors
-#                                                 (TMA; never run on a GPU yet), per-kernel times
-#                                                 (16 tokens: 1.72 ms against upstream's 1.25)
-#   bash benchmarks/device_check_next.sh tune_bmm (carry .whl) launch shapes of the Triton batched
-#                                                 fp8 GEMM at MLA shapes, M 1 / 16, against cuDNN
-#                                                 (W_UV: 0.89 / 0.92x cuDNN's graph time at 17:50)
-#   bash benchmarks/device_check_next.sh bmm      (carry .whl) the quick bmm_fp8 grid at MLA shapes,
-#                                                 every backend and `auto` (gemm.py)
-#   bash benchmarks/device_check_next.sh pack     (no carry) re-export the kernel pack and check it
-#   bash benchmarks/device_check_next.sh tune     (no carry) the top-p bracket kernel's launch
-#                                                 shapes (106 registers at 16 warps: try 8)
+# Next session's device calls (each mode is one call).
+#   bash benchmarks/device_check_next.sh tests_a   (carry .whl, .whl_fa3, .whl_cutlass) CUTLASS
+#                                                  warm-up, then the GPU tests of tests/test_[a-c]*
+#                                                  (not run on 2026-11-30 after 19:16)
+#   bash benchmarks/device_check_next.sh tests_b   (carry .whl, .whl_fa3) the GPU tests of
+#                                                  tests/test_[d-z]* (646 passed at 20:37)
+#   bash benchmarks/device_check_next.sh bmm       (carry .whl) the quick bmm_fp8 grid at MLA
+#                                                  shapes, every backend and `auto` (gemm.py)
+#   bash benchmarks/device_check_next.sh bmm_short (carry .whl) the same grid without torch's
+#                                                  per-batch loop graphs (auto, triton, cudnn
+#                                                  only): does a long graph before a short one
+#                                                  still bias the short one? (W_UV: gemm.py read
+#                                                  Triton 0.96-0.97x cuDNN at 20:44, the
+#                                                  tile-shape run 1.02-1.05x at 20:43)
+#   bash benchmarks/device_check_next.sh tune_bmm  (carry .whl) launch shapes of the Triton batched
+#                                                  fp8 GEMM at MLA shapes, M 1 / 16, against cuDNN
+#   bash benchmarks/device_check_next.sh moe_tune  (no carry) launch shapes of the Triton MoE at
+#                                                  16 / 256 / 1,024 / 4,096 tokens, per kernel
+#   bash benchmarks/device_check_next.sh pack      (no carry) re-export the kernel pack and check it
+#   bash benchmarks/device_check_next.sh tune      (no carry) the top-p bracket kernel's launch
+#                                                  shapes (106 registers at 16 warps: try 8)
 source benchmarks/device_env.sh
 source benchmarks/device_lib.sh
-case "${1:?mode: tests_a, tests_b, moe_tune, tune_bmm, bmm, pack or tune}" in
+case "${1:?mode: tests_a, tests_b, bmm, bmm_short, tune_bmm, moe_tune, pack or tune}" in
+  bmm_short)
+    (cd benchmarks && timeout 200 python3 gemm.py --quick --only bmm_fp8 --iters 40 \
+      --backends auto,triton,cudnn --out $OUT/gemm_bmm_fp8_short.json 2>&1 | grep -v "^\[" | tail -10) ;;
   bmm)
     (cd benchmarks && timeout 200 python3 gemm.py --quick --only bmm_fp8 --iters 40 \
       --out $OUT/gemm_bmm_fp8.json 2>&1 | grep -v "^\[" | tail -10) ;;

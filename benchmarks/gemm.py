@@ -190,6 +190,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="target points only")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes")
     ap.add_argument("--only", default="", help="substring filter on function names")
+    ap.add_argument("--backends", default="",
+                    help="comma-separated subset of the backends (default: all)")
     args = ap.parse_args()
     device = "cpu" if args.smoke else "cuda"
     if args.smoke:
@@ -202,6 +204,11 @@ def main() -> None:
         if args.quick:
             grid += [(fn, m, *LAYERS["dsv3.gate_up"]) for fn in FUNCTIONS for m in (16, 1024)]
         backends = BACKENDS
+    if args.backends:
+        unknown = set(args.backends.split(",")) - set(backends)
+        if unknown:
+            ap.error(f"--backends: unknown {sorted(unknown)}; choose from {list(backends)}")
+        backends = tuple(b for b in backends if b in args.backends.split(","))
     grid = [g + (0,) for g in grid]
     if not args.smoke:
         grid += [("bmm_fp8", m, n, k, batch) for batch, n, k in BATCHED.values()
