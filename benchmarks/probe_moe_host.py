@@ -25,6 +25,7 @@ import warnings
 
 import torch
 
+from bench_timing import graph_ms
 from moe import LAYER, _layer_call, _route, _weights
 from profile_moe import kernel_times
 
@@ -46,26 +47,6 @@ def _median_ms(fn, iters: int = 15) -> tuple[float, float]:
         end.synchronize()
         events.append(start.elapsed_time(end))
     return statistics.median(events), statistics.median(hosts)
-
-
-def _graph_ms(fn, iters: int = 20) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def _cprofile(label: str, fn, calls: int = 200) -> None:
@@ -154,12 +135,10 @@ def main() -> None:
             fn()
             event_ms, host_ms = _median_ms(fn)
             kernels_ms = sum(kernel_times(fn).values())
-            try:
-                graph_ms = f"{_graph_ms(fn):.3f}"
-            except Exception as exc:  # noqa: BLE001 - a call that cannot be captured is a finding
-                graph_ms = f"{type(exc).__name__}: {str(exc)[:60]}"
+            replay_ms = graph_ms([None], lambda _args, _backend: fn(), "triton", 20)
+            replay = "not capturable" if replay_ms is None else f"{replay_ms:.3f}"
             rows.append(f"T={tokens:<5d} {name:6s} event {event_ms:.3f} ms  host {host_ms:.3f} ms  "
-                        f"kernels {kernels_ms:.3f} ms  graph {graph_ms}")
+                        f"kernels {kernels_ms:.3f} ms  graph {replay}")
             print(rows[-1], flush=True)
         fn = calls["facade"]
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
