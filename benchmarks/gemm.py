@@ -49,6 +49,7 @@ BATCHED_MS = (1, 16, 128, 1024)
 #: grouped bf16 GEMM (``grouped_mm_bf16``): experts x (N, K) of one expert, tokens per expert
 GROUPED = [(e, 2048, 7168, m) for e in (8, 64, 256) for m in (16, 128)]
 BACKENDS = ("auto", "torch", "triton", "cudnn", "cutlass", "vendor")
+VENDOR_BACKENDS = ("torch", "cudnn", "cutlass", "vendor")
 #: functions the cudnn matmul graphs serve (mm_fp8 runs op bmm_fp8)
 CUDNN_FUNCTIONS = ("mm_bf16", "mm_fp8", "bmm_fp8")
 #: functions the CUTLASS adapter serves (backends/cutlass/)
@@ -140,9 +141,9 @@ def _chosen(fn, args) -> str | None:
 
 
 #: points under this many flops (a few microseconds) are timed over GRAPH_PASSES passes of their
-#: input copies per graph: each replay pays 1-2 us for the switch from the previous backend's
-#: graph, which at 8 calls of 6 us decided which backend looked faster (the bmm_fp8 MLA points
-#: of 2026-11-30 swung from 0.79x to 1.22x cuDNN with the replay order)
+#: input copies per graph, so that one replay spans tens of microseconds: a CUDA event pair
+#: resolves about 0.5 us, and a replay's fixed launch cost is spread over many calls (the switch
+#: between backends' graphs is kept out by interleaved_graph_ms's untimed replay)
 SMALL_POINT_FLOPS = 2e9
 GRAPH_PASSES = 8
 
@@ -183,6 +184,33 @@ def bench_point(fn, m, n, k, backends, iters, device, experts: int = 0) -> dict:
             entry["tflops"] = flops / entry["ms"] / 1e9
     return point
 
+def merge_repeats(points: list) -> dict:
+    """One point from ``bench_point``'s repeats (fresh inputs and graphs each): every time is the
+    median over the repeats, which are kept under ``ms_repeats``. A backend-to-backend ratio of a
+    few-microsecond point moved by up to 10 % between processes on the H200 (the bmm_fp8 W_UV
+    point at M = 128: Triton 0.89x to 1.13x cuDNN in the runs of 2026-11-30), more than within one
+    set of graphs."""
+    merged = points[0]
+    for backend, entry in merged["backends"].items():
+        if "ms" not in entry:
+            continue
+        runs = [p["backends"][backend] for p in points if "ms" in p["backends"].get(backend, {})]
+        flops = entry["tflops"] * entry["ms"] * 1e9
+        entry["ms_repeats"] = [r["ms"] for r in runs]
+        for key in ("eager_ms", "graph_ms", "ms"):
+            if entry.get(key) is not None:
+                entry[key] = statistics.median(r[key] for r in runs)
+        entry["tflops"] = flops / entry["ms"] / 1e9
+    return merged
+
+
+def best_vendor(point: dict) -> tuple[str, float] | None:
+    """The fastest single vendor kernel of a point (cuBLAS through torch or called directly,
+    cuDNN, CUTLASS): ``(backend, ms)``, or ``None`` when none ran."""
+    times = [(e["ms"], b) for b, e in point["backends"].items() if b in VENDOR_BACKENDS and "ms" in e]
+    return (min(times)[1], min(times)[0]) if times else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -190,6 +218,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="target points only")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes")
     ap.add_argument("--only", default="", help="substring filter on function names")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="measure each point this many times (fresh inputs and graphs), report "
+                         "the median")
     ap.add_argument("--backends", default="",
                     help="comma-separated subset of the backends (default: all)")
     args = ap.parse_args()
@@ -223,10 +254,12 @@ def main() -> None:
            "torch": torch.__version__, "layers": LAYERS,
            "timing": "median of --iters; graph_ms = CUDA-graph replay over copies rotated past "
                      "the L2, the graphs of all backends of a point replayed in turn; eager_ms = "
-                     "back-to-back calls; ms = graph_ms when capturable",
+                     "back-to-back calls; ms = graph_ms when capturable; with --repeats, medians over "
+                     "repeats (ms_repeats)",
            "results": []}
     for i, (fn, m, n, k, experts) in enumerate(grid):
-        point = bench_point(fn, m, n, k, backends, args.iters, device, experts)
+        point = merge_repeats([bench_point(fn, m, n, k, backends, args.iters, device, experts)
+                               for _ in range(args.repeats)])
         doc["results"].append(point)
         cells = " ".join(f"{b}:{e['tflops']:.0f}" if "tflops" in e else f"{b}:ERR"
                          for b, e in point["backends"].items())
@@ -235,12 +268,13 @@ def main() -> None:
               flush=True)
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
-    print("\nauto / vendor (target >= 0.97):")
+    print("\nauto / best single vendor kernel (target >= 0.97):")
     for point in doc["results"]:
-        auto, vendor = point["backends"].get("auto", {}), point["backends"].get("vendor", {})
-        if "ms" in auto and "ms" in vendor:
+        auto, best = point["backends"].get("auto", {}), best_vendor(point)
+        if "ms" in auto and best:
             print(f"  {point['function']:22s} M={point['m']:<5d} N={point['n']:<6d} "
-                  f"K={point['k']:<6d} {vendor['ms'] / auto['ms']:.2f} ({auto.get('chosen')})")
+                  f"K={point['k']:<6d} {best[1] / auto['ms']:.2f} (auto: {auto.get('chosen')}; "
+                  f"best vendor: {best[0]})")
 
 
 if __name__ == "__main__":
