@@ -95,14 +95,21 @@ def gemm_calls() -> list[tuple[str, Callable]]:
     fixed seed (so a checker can run the same call on the reference). ``bmm_fp8``: batch 2 of
     DeepSeek-V3's MLA W_UK product (N 512, K 128), e4m3, bf16 out, at M = 16 / 64 / 512 (the
     Triton kernel's 16-, 64- and 128-row tiles), and its W_UV product (N 128, K 512) at M = 16
-    (four K steps: 4 pipeline stages where W_UK's single step takes 3, ``bmm_fp8_launch``); ``gemm_fp8_nt_groupwise``: 128x128 activation
-    blocks, 512 x 512, at M = 16 and 64 (its two tile heights)."""
+    (four K steps: 4 pipeline stages where W_UK's single step takes 3, ``bmm_fp8_launch``);
+    ``gemm_fp8_nt_groupwise``: 128x128 activation blocks, 512 x 512, at M = 16 and 64 (its two
+    tile heights), and DeepSeek-V3's 1x128 activation blocks at M = 16, K 896 (seven scale
+    blocks per row: Triton compiles one variant for scale strides that are multiples of 16 and
+    one for the others, such as K 7,168's 56), which SM 9.0 sends to Triton at decode sizes
+    (``dispatch_rules/gemm_fp8_groupwise.toml``)."""
     calls = [(f"bmm_fp8[m{m}]", lambda device, backend, m=m: _bmm_fp8_call(device, backend, m))
              for m in (16, 64, 512)]
     calls.append(("bmm_fp8[m16,n128,k512]",
                   lambda device, backend: _bmm_fp8_call(device, backend, 16, n=128, k=512)))
     calls += [(f"gemm_fp8_nt_groupwise[128x128,m{m}]",
                lambda device, backend, m=m: _groupwise_call(device, backend, m)) for m in (16, 64)]
+    calls.append(("gemm_fp8_nt_groupwise[1x128,m16]",
+                  lambda device, backend: _groupwise_call(device, backend, 16, rows_per_scale=1,
+                                                          k=896)))
     return calls
 
 
@@ -119,14 +126,15 @@ def _bmm_fp8_call(device, backend: str, m: int, n: int = 512, k: int = 128) -> t
     return bmm_fp8(a, b, scale, scale, torch.bfloat16, backend=backend)
 
 
-def _groupwise_call(device, backend: str, m: int) -> torch.Tensor:
+def _groupwise_call(device, backend: str, m: int, rows_per_scale: int = 128,
+                    k: int = 512) -> torch.Tensor:
     from .gemm import gemm_fp8_nt_groupwise
 
-    gen = torch.Generator(device=device).manual_seed(m)
-    a, b = _fp8((m, 512), gen, device), _fp8((512, 512), gen, device)
-    a_scale = torch.rand(-(-m // 128), 4, generator=gen, device=device) + 0.5
-    b_scale = torch.rand(4, 4, generator=gen, device=device) + 0.5
-    return gemm_fp8_nt_groupwise(a, b, a_scale, b_scale, "K", 1, (128, 128, 128),
+    gen = torch.Generator(device=device).manual_seed(m + rows_per_scale)
+    a, b = _fp8((m, k), gen, device), _fp8((512, k), gen, device)
+    a_scale = torch.rand(-(-m // rows_per_scale), k // 128, generator=gen, device=device) + 0.5
+    b_scale = torch.rand(4, k // 128, generator=gen, device=device) + 0.5
+    return gemm_fp8_nt_groupwise(a, b, a_scale, b_scale, "K", 1, (rows_per_scale, 128, 128),
                                  backend=backend)
 
 
