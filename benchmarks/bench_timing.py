@@ -66,7 +66,6 @@ def _rounds_ms(graphs: dict, calls: int, iters: int) -> dict:
     times: dict = {name: [] for name in graphs}
     for _ in range(iters):
         for name, graph in graphs.items():
-            graph.replay()
             times[name].append(_replay_ms(graph, calls))
     return {name: statistics.median(t) for name, t in times.items()}
 
@@ -74,15 +73,17 @@ def _rounds_ms(graphs: dict, calls: int, iters: int) -> dict:
 def interleaved_graph_ms(graphs: dict, calls: int, iters: int) -> dict:
     """Per-call GPU time in ms of each captured graph in ``graphs`` (name: graph of ``calls``
     calls), replayed in turn for ``iters`` rounds: clock ramp-up and power throttling within a
-    point hit every backend alike instead of whichever is timed first or last. Each timed replay
-    follows an untimed replay of the same graph.
+    point hit every backend alike instead of whichever is timed first or last.
 
     Graphs ``LONG_GRAPH_RATIO`` times slower than the fastest (torch's per-batch loop of
     bmm_fp8: 8,192 small launches, 24 ms) get rounds of their own: a graph replayed after that
-    loop read up to 13 % slower on the H200 even after an untimed replay of its own (cuDNN's
-    W_UV graph at M = 1,024 37.0 against 33.0 us when it followed the loop as ``auto``;
-    ``gemm_bmm_fp8_h200_2026-11-30_2109utc.json`` against the same grid without torch,
-    ``..._short_...2111utc.json``)."""
+    loop read up to 13 % slower on the H200, even when an untimed replay of its own came in
+    between (cuDNN's W_UV graph at M = 1,024 37.0 against 33.0 us when it followed the loop as
+    ``auto``; ``gemm_bmm_fp8_h200_2026-11-30_2109utc.json`` against the same grid without
+    torch, ``..._short_...2111utc.json``). Such an untimed replay is not used: it doubles the
+    back-to-back GPU time of a large point (two 0.75 ms fp8 8192^3 GEMMs), and the H200 read
+    1,245-1,367 TFLOP/s there with it (``gemm_fp8_h200_2026-11-30_2115utc.json``, ``_2126utc``)
+    against 1,480-1,492 without (``_2128utc``), for the direct cuBLASLt call as much as for ours."""
     first = {name: _replay_ms(graph, calls) for name, graph in graphs.items()}
     fastest = min(first.values(), default=0.0)
     long = {name for name, ms in first.items() if ms > LONG_GRAPH_RATIO * fastest}

@@ -53,8 +53,7 @@ def main() -> None:
     doc = {"command": "python " + " ".join(sys.argv),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name(), "timing": "us of GPU time per call, CUDA "
-           "graphs of 8 passes over 8 rotated inputs, replayed in turn (each timed replay after an "
-           "untimed one of the same graph), median of --iters",
+           "graphs of 8 passes over 8 rotated inputs, replayed in turn, median of --iters",
            "results": []}
     for name, (batch, n, k) in BATCHED.items():
         for m in (int(v) for v in args.ms.split(",")):

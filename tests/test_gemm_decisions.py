@@ -169,13 +169,30 @@ def test_groupwise_1x128(sm):
     assert "feature" in _reasons(decision, "torch:scaled_mm_rowwise")
 
 
-@pytest.mark.parametrize("k,n,field", [(7168 + 64, 2048, "k"), (7168, 2048 + 8, "n")])
+@pytest.mark.parametrize("k,n,field", [(7168 + 64, 2048, "k"), (7168, 2048 + 8, "n"),
+                                       (896, 2048, "k"), (640, 2048, "k")])
 def test_groupwise_1x128_misaligned_goes_to_triton(k, n, field):
+    """K not a multiple of 512 (a scale-block count not a multiple of 4: cuBLASLt computes
+    wrong values there) or N not a multiple of 16: triton serves."""
     decision = select(_groupwise("9.0", "scale_1x128", k=k, n=n), assume_installed=True)
     assert decision.backend == "triton"
     assert decision.order == ("triton", "reference")
     assert _reasons(decision, "torch:scaled_mm_blockwise") == {field}
     assert _reasons(decision, "triton") == set()
+
+
+@pytest.mark.parametrize("m,n,k,chosen", [
+    (1, 36864, 7168, "triton"), (16, 36864, 7168, "triton"),          # DeepSeek-V3 gate_up
+    (32, 36864, 7168, "torch:scaled_mm_blockwise"),                   # past decode sizes
+    (16, 57344, 8192, "torch:scaled_mm_blockwise"),                   # Llama-3.1-70B gate_up
+    (16, 7168, 18432, "torch:scaled_mm_blockwise"),                   # narrow N
+])
+def test_groupwise_1x128_decode_rule_on_sm90(m, n, k, chosen):
+    """SM 9.0's decode_wide_k7168_prefers_triton: Triton 1.1-1.25x cuBLASLt at DeepSeek-V3's
+    gate_up for M <= 16, not elsewhere."""
+    decision = select(_groupwise("9.0", "scale_1x128", m=m, n=n, k=k), assume_installed=True)
+    assert decision.name == chosen
+    assert (decision.rule == "decode_wide_k7168_prefers_triton") == (chosen == "triton")
 
 
 def test_groupwise_1x128_partial_weight_block_stays_on_cublaslt():
