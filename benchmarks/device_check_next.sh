@@ -20,9 +20,28 @@
 #   bash benchmarks/device_check_next.sh pack      (no carry) re-export the kernel pack and check it
 #   bash benchmarks/device_check_next.sh tune      (no carry) the top-p bracket kernel's launch
 #                                                  shapes (106 registers at 16 warps: try 8)
+#   bash benchmarks/device_check_next.sh fa2       (carry .whl_fa2src, .whl_fa2obj) FlashAttention-2
+#                                                  linked from kernel objects compiled without a GPU
+#                                                  (benchmarks/build_fa2.py), then the fa2 GPU tests
+#   bash benchmarks/device_check_next.sh fa2_build (carry .whl_fa2src) the same, every kernel
+#                                                  compiled there (about 8 minutes on 16 cores; a
+#                                                  second call within 30 s resumes it)
 source benchmarks/device_env.sh
 source benchmarks/device_lib.sh
-case "${1:?mode: tests_a, tests_b, bmm, bmm_short, tune_bmm, moe_tune, pack or tune}" in
+fa2_tests() {
+  export PYTHONPATH="$PWD/.whl_fa2src/src:$PWD/build/fa2:$PYTHONPATH"
+  python3 -c "import flash_attn, flash_attn_2_cuda; print('flash_attn', flash_attn.__version__)" || return
+  GPU_TESTS_TIMEOUT=240 gpu_tests -m gpu tests/test_flash_attn.py -k fa2
+}
+case "${1:?mode: tests_a, tests_b, bmm, bmm_short, tune_bmm, moe_tune, pack, tune, fa2 or fa2_build}" in
+  fa2)
+    mkdir -p build/fa2_objects && tar -xJf .whl_fa2obj/objects.tar.xz -C build/fa2_objects
+    timeout 300 python3 benchmarks/build_fa2.py --src .whl_fa2src/src --build build/fa2 \
+      --objects build/fa2_objects 2>&1 | tail -5
+    fa2_tests ;;
+  fa2_build)
+    timeout 560 python3 benchmarks/build_fa2.py --src .whl_fa2src/src --build build/fa2 --jobs 16 \
+      2>&1 | tail -5 && fa2_tests ;;
   bmm_short)
     (cd benchmarks && timeout 200 python3 gemm.py --quick --only bmm_fp8 --iters 40 \
       --backends auto,triton,cudnn --out $OUT/gemm_bmm_fp8_short.json 2>&1 | grep -v "^\[" | tail -10) ;;
