@@ -254,7 +254,8 @@ def main() -> None:
            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
            "torch": torch.__version__, "layers": LAYERS,
            "timing": "median of --iters; graph_ms = CUDA-graph replay over copies rotated past "
-                     "the L2, the graphs of all backends of a point replayed in turn; eager_ms = "
+                     "the L2, the graphs of all backends of a point replayed in turn (those over 4x "
+                     "the fastest in rounds of their own); eager_ms = "
                      "back-to-back calls; ms = graph_ms when capturable; with --repeats, medians over "
                      "repeats (ms_repeats)",
            "results": []}
