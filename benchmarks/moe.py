@@ -79,7 +79,15 @@ def _layer_call(x, ids, values, weights, backend: str | None):
                                         use_deepseek_fp8_block_scale=True, **kwargs)[0]
 
 
+#: untimed calls before each backend's timed ones: at 1 token the first backend timed read
+#: about twice its later time (``auto`` 0.61 ms against ``triton``'s 0.33 for the same kernels,
+#: moe_ours_plain_routing_h200_2026-11-30_2022utc.json)
+WARMUP_CALLS = 3
+
+
 def _time_ms(fn, iters: int, cuda: bool) -> float:
+    for _ in range(WARMUP_CALLS):
+        fn()
     times = []
     for _ in range(iters):
         if cuda:
@@ -122,7 +130,8 @@ def main() -> None:
            "torch": torch.__version__, "layer": layer, "skew": args.skew,
            "routing": "torch top-k of sigmoid scores" if args.plain_routing else
                       "fused_topk_deepseek",
-           "timing": "eager calls between CUDA events (perf_counter on CPU), median of --iters; "
+           "timing": "eager calls between CUDA events (perf_counter on CPU), median of --iters "
+                     f"after {WARMUP_CALLS} untimed calls; "
                      "first_call_s: the first call of the process (plans, JIT builds)",
            "results": []}
     flops_per_token = 2 * 3 * layer["top_k"] * layer["hidden"] * layer["inter"]
