@@ -20,7 +20,7 @@
 #   bash benchmarks/device_check_next.sh pack      (no carry) re-export the kernel pack and check it
 #   bash benchmarks/device_check_next.sh tune      (no carry) the top-p bracket kernel's launch
 #                                                  shapes (106 registers at 16 warps: try 8)
-#   bash benchmarks/device_check_next.sh fa2       (carry .whl_fa2src, .whl_fa2obj) FlashAttention-2
+#   bash benchmarks/device_check_next.sh fa2       (carry .whl_fa2src, .whl_fa2pack) FlashAttention-2
 #                                                  linked from kernel objects compiled without a GPU
 #                                                  (benchmarks/build_fa2.py), then the fa2 GPU tests
 #   bash benchmarks/device_check_next.sh fa2_build (carry .whl_fa2src) the same, every kernel
@@ -35,7 +35,7 @@ fa2_tests() {
 }
 case "${1:?mode: tests_a, tests_b, bmm, bmm_short, tune_bmm, moe_tune, pack, tune, fa2 or fa2_build}" in
   fa2)
-    mkdir -p build/fa2_objects && tar -xJf .whl_fa2obj/objects.tar.xz -C build/fa2_objects
+    mkdir -p build/fa2_objects && tar -xJf .whl_fa2pack/fa2_objects.tar.xz -C build/fa2_objects
     timeout 300 python3 benchmarks/build_fa2.py --src .whl_fa2src/src --build build/fa2 \
       --objects build/fa2_objects 2>&1 | tail -5
     fa2_tests ;;
