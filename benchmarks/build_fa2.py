@@ -107,15 +107,16 @@ def main() -> None:
     files = sources(args.src)
     objects = []
     if args.objects:
-        objects = sorted(str(p) for p in args.objects.glob("*.o"))
+        # absolute: ninja links from inside the build directory
+        objects = sorted(str(p.resolve()) for p in args.objects.glob("*.o"))
         if len(objects) != len(files) - 1:
             raise SystemExit(f"--objects: {len(objects)} objects for {len(files) - 1} kernel files")
         files = files[:1]
     print(f"building flash_attn_2_cuda from {len(files)} files and {len(objects)} objects, "
           f"{args.jobs} jobs", flush=True)
     start = time.perf_counter()
-    include = [str(args.src / d) for d in ("csrc/flash_attn", "csrc/flash_attn/src",
-                                           "cutlass/include")]
+    include = [str((args.src / d).resolve()) for d in ("csrc/flash_attn", "csrc/flash_attn/src",
+                                                       "cutlass/include")]
     load(name="flash_attn_2_cuda", sources=files, build_directory=str(args.build),
          extra_include_paths=include, extra_cflags=["-O3"] + DEFINES,
          extra_cuda_cflags=NVCC_FLAGS + DEFINES, extra_ldflags=objects, with_cuda=True,
