@@ -23,6 +23,14 @@
 #   bash benchmarks/device_check_next.sh fa2       (carry .whl_fa2src, .whl_fa2pack) FlashAttention-2
 #                                                  linked from kernel objects compiled without a GPU
 #                                                  (benchmarks/build_fa2.py), then the fa2 GPU tests
+#   bash benchmarks/device_check_next.sh plan      (carry .whl, .anchor, build/old) issue 3's plan()
+#                                                  with checked device page ids: its GPU tests,
+#                                                  plan() piece by piece (plan_timeline.py), the working
+#                                                  tree against HEAD's copy in one process
+#                                                  (build/old/flashinfer_old, plan_check_probe.py),
+#                                                  then plan_compare.py ours / upstream / ours
+#   bash benchmarks/device_check_next.sh moe       (carry .whl, .anchor) issue 5's MoE comparison
+#                                                  again, ours and upstream 0.7.2
 #   bash benchmarks/device_check_next.sh fa2_build (carry .whl_fa2src) the same, every kernel
 #                                                  compiled there (about 8 minutes on 16 cores; a
 #                                                  second call within 30 s resumes it)
@@ -33,7 +41,18 @@ fa2_tests() {
   python3 -c "import flash_attn, flash_attn_2_cuda; print('flash_attn', flash_attn.__version__)" || return
   GPU_TESTS_TIMEOUT=240 gpu_tests -m gpu tests/test_flash_attn.py -k fa2
 }
-case "${1:?mode: tests_a, tests_b, bmm, bmm_short, tune_bmm, moe_tune, pack, tune, fa2 or fa2_build}" in
+case "${1:?mode: tests_a, tests_b, plan, moe, bmm, bmm_short, tune_bmm, moe_tune, pack, tune, fa2 or fa2_build}" in
+  plan)
+    GPU_TESTS_TIMEOUT=200 gpu_tests -m gpu tests/test_plan_upload.py tests/test_batch_attention_gpu.py \
+      tests/test_cudnn_paged.py tests/test_triton_batch_decode.py
+    echo "== timeline"; timeout 100 python3 benchmarks/plan_timeline.py --reps 600 2>&1 | grep -v "^\[" \
+      | tee $OUT/plan_timeline.txt | grep "=="
+    echo "== A/B"; (cd benchmarks && PYTHONPATH=$PYTHONPATH:$PWD/../build/old timeout 150 python3 \
+      plan_check_probe.py --reps 400 --no-bare --against flashinfer_old 2>&1 | grep -v "^\[" \
+      | tee $OUT/plan_check_probe_ab.txt)
+    bash benchmarks/device_check_plan_compare.sh ;;
+  moe)
+    bash benchmarks/device_check_upstream_moe.sh ;;
   fa2)
     mkdir -p build/fa2_objects && tar -xJf .whl_fa2pack/fa2_objects.tar.xz -C build/fa2_objects
     timeout 300 python3 benchmarks/build_fa2.py --src .whl_fa2src/src --build build/fa2 \

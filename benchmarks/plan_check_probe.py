@@ -1,12 +1,10 @@
-"""Where the device page-id check spends plan() time (decode B=64, kv 4096, cuDNN and Triton).
+"""What the device page-id check adds to plan() (decode B=64, kv 4096, cuDNN and Triton).
 
     python benchmarks/plan_check_probe.py [--reps 300] [--against flashinfer_old]
 
 Times, with an idle GPU before each plan() (``torch.cuda.synchronize()``): plan() with host
-ids, trusted device ids and checked device ids; inside the checked plan, the host time of
-``PageBounds.start`` (copy launch + event record), of the plan work between start and resolve,
-and of ``resolve`` split into the event wait and the host reduction; then the bare GPU round
-trip of a 64 KiB device-to-host copy into pinned memory, waited for by an event, by a stream
+ids, trusted device ids and checked device ids (``benchmarks/plan_timeline.py`` splits a
+plan() into its pieces); then the bare GPU round trip of a 64 KiB device-to-host copy into pinned memory, waited for by an event, by a stream
 synchronisation and by polling ``event.query()``.
 
 ``--against NAME``: an older copy of the package importable as ``NAME`` (``git archive <rev>
@@ -27,43 +25,12 @@ import numpy as np
 import torch
 
 import flashinfer
-from flashinfer import batch_plan
 
 HQ, HKV, D, PAGE, KV, B = 32, 8, 128, 16, 4096, 64
 
 
 def med(xs):
     return statistics.median(xs) * 1e3
-
-
-class Timed:
-    """Wraps PageBounds.start / resolve and records their host times for each plan()."""
-
-    def __init__(self):
-        self.rows = []
-        self._start, self._resolve = batch_plan.PageBounds.start, batch_plan.PageBounds.resolve
-        probe = self
-
-        def start(bounds, ids, name):
-            t = time.perf_counter()
-            out = probe._start(bounds, ids, name)
-            probe.t_start = (t, time.perf_counter())
-            return out
-
-        def resolve(bounds):
-            t = time.perf_counter()
-            bounds._event.synchronize()
-            t_wait = time.perf_counter()
-            out = probe._resolve(bounds)  # waits again (done: well under a microsecond)
-            t_end = time.perf_counter()
-            s0, s1 = probe.t_start
-            probe.rows.append((s1 - s0, t - s1, t_wait - t, t_end - t_wait))
-            return out
-
-        batch_plan.PageBounds.start, batch_plan.PageBounds.resolve = start, resolve
-
-    def restore(self):
-        batch_plan.PageBounds.start, batch_plan.PageBounds.resolve = self._start, self._resolve
 
 
 def wrapper_and_plan(fi, backend, ids):
@@ -171,15 +138,8 @@ def main():
     for backend in ("cudnn", "triton"):
         for ids in ("host", "device-trusted", "device"):
             w, plan, run = wrapper_and_plan(flashinfer, backend, ids)
-            probe = Timed() if ids == "device" else None
             times = time_plan(plan, run, args.reps)
-            line = f"{backend:7s} ids {ids:15s} plan median {med(times):.3f} ms"
-            if probe is not None:
-                probe.restore()
-                cols = list(zip(*probe.rows[-args.reps:]))
-                names = ("start", "between", "wait", "reduce")
-                line += "  | " + "  ".join(f"{n} {med(c) * 1e3:.1f} us" for n, c in zip(names, cols))
-            print(line, flush=True)
+            print(f"{backend:7s} ids {ids:15s} plan median {med(times):.3f} ms", flush=True)
     for how, ms in ({} if args.no_bare else round_trips(args.reps)).items():
         print(f"bare round trip {how:20s} {ms * 1e3:.1f} us", flush=True)
 

@@ -132,8 +132,8 @@ class Prepared:
     and ``finish(views)``, which gets ``{name: device tensor}`` once they are queued and
     returns the :class:`Runner`.
 
-    ``kv_indices_tail > 0`` asks for the plan's page ids followed by that many copies of the
-    last id (zeros when there is none), as ``views["kv_indices_padded"]``: the wrapper uploads
+    ``kv_indices_tail > 0`` asks for the plan's page ids followed by that many zeros (page 0:
+    valid in any cache that has pages), as ``views["kv_indices_padded"]``: the wrapper uploads
     the ids once, with the tail, and ``plan.kv_indices`` is the head of the same buffer (a
     CUDA-graph wrapper's fixed id buffer gets a separate padded copy)."""
 

@@ -125,7 +125,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         check_indptr("indptr", indptr_np, batch)
         n_pages = int(indptr_np[-1])
         indices_d, max_page = page_indices("indices", index_array("indices", indices), n_pages,
-                                           bounds=self._page_bounds)
+                                           deferred=True)
         kv_lens_h = paged_kv_lens(indptr_np, last_np, page_size)
         kv_lens_np = kv_lens_h.numpy()
         if q_len_per_req > 1 and bool((kv_lens_np < q_len_per_req).any()):

@@ -7,12 +7,12 @@ request with no page), page indices ``>= 0``. An index array given on the host i
 device-to-host copy); all of a plan's host arrays reach the device in one non-blocking copy
 (:mod:`flashinfer.plan_upload`). An indptr / last_page_len given on the device is copied to the
 host once (a synchronisation, as upstream does for ``indptr``) so that it can be checked; page
-ids kept on the device stay there (copied device to device into the plan); to check them, a
-copy goes to pinned host memory, started early in plan() and checked at its end
-(:class:`PageBounds`), so the GPU round trip overlaps the host work in between — still a wait
-for the work already queued before plan(); ``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1`` skips it,
-and the check, as upstream does. Page indices
-are checked against the *cache size* in ``run()``: plan() does not see the cache, so it keeps
+ids kept on the device reach the plan's device buffer through the upload's pinned buffer (a
+device-to-host copy, then the plan's one host-to-device copy: see :mod:`flashinfer.plan_upload`),
+and plan() checks that host copy at its end (:class:`DeviceIdsCheck`), so the GPU round trip
+overlaps the host work in between — still a wait for the work already queued before plan();
+``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1`` skips the wait and the check, as upstream does. Page
+indices are checked against the *cache size* in ``run()``: plan() does not see the cache, so it keeps
 the largest index (a Python int) and every run() compares it with ``k_cache.shape[0]`` — an int
 comparison, no device work.
 
@@ -37,6 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -136,14 +137,13 @@ def paged_kv_lens(indptr, last_page_len, page_size: int) -> torch.Tensor:
 
 
 def page_indices(name: str, t: torch.Tensor, n_pages: int, indptr_name: str = "indptr",
-                 bounds: "PageBounds | None" = None) -> tuple[torch.Tensor, "int | PageBounds"]:
+                 deferred: bool = False) -> tuple[torch.Tensor, "int | DeviceIdsCheck"]:
     """The first ``n_pages`` entries of a validated int32 page-id array (a view, on its own
     device; the plan's upload copies it), checked ``>= 0``, and their largest id (-1 when
-    empty, or when not known: see below). A device array is checked on a host copy: with
-    ``bounds`` (a wrapper's :class:`PageBounds`) the copy is started and ``bounds`` returned in
-    place of the id, to be resolved at the end of plan() (the GPU round trip then overlaps the
-    rest of plan()); without, one synchronisation here. With
-    ``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1`` a device array is not checked (-1)."""
+    empty, or when not known: see below). A device array, ``deferred`` (a wrapper's plan(),
+    whose upload brings the ids to the host): a :class:`DeviceIdsCheck` in place of the id,
+    resolved at the end of plan(); not deferred: checked on a host copy, one synchronisation
+    here. With ``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1`` a device array is not checked (-1)."""
     if t.shape[0] < n_pages:
         raise ValueError(f"{name} must hold {indptr_name}[-1]={n_pages} page ids, got {t.shape[0]}")
     ids = t if t.shape[0] == n_pages else t[:n_pages]
@@ -153,8 +153,8 @@ def page_indices(name: str, t: torch.Tensor, n_pages: int, indptr_name: str = "i
         return ids, largest_page_id(ids.numpy(), name)
     if envs.TRUST_DEVICE_PAGE_IDS.get():
         return ids, -1
-    if bounds is not None:
-        return ids, bounds.start(ids, name)
+    if deferred:
+        return ids, DeviceIdsCheck(name)
     return ids, largest_page_id(ids.cpu().numpy(), name)
 
 
@@ -167,48 +167,15 @@ def largest_page_id(ids: np.ndarray, name: str) -> int:
     return hi
 
 
-class PageBounds:
-    """A plan's device page ids on their way to the host for the bounds check: ``start()``
-    queues a non-blocking copy into pinned memory (one launch, no reduction on the device),
-    ``resolve()`` waits for it (normally long done) and reduces on the host. One per wrapper (a
-    plan resolves before the next starts); the pinned buffer grows to the largest id count.
-    The event is recorded on the stream the wrapper's
-    :class:`~flashinfer.plan_upload.PlanUpload` caches (``Event.record()`` without a stream
-    looks the current stream up again: several microseconds), so the ids must live on the
-    wrapper's device."""
+class DeviceIdsCheck(NamedTuple):
+    """The bounds check of device page ids, left to the end of plan(): the plan's upload
+    copies them to the host on their way (``PlanUpload.host_copy("kv_indices")``)."""
 
-    def __init__(self, upload: PlanUpload):
-        self._upload = upload
-        self._host: torch.Tensor | None = None
-        self._host_np: np.ndarray | None = None
-        self._views: dict[int, torch.Tensor] = {}  # host[:n] by n
-        self._event: torch.cuda.Event | None = None
-        self._name = ""
-        self._count = 0
+    name: str  # the argument, for the error
 
-    def start(self, ids: torch.Tensor, name: str) -> "PageBounds":
-        if ids.device != self._upload.device:
-            raise ValueError(f"{name} is on {ids.device} but the workspace buffer is on "
-                             f"{self._upload.device}")
-        n = ids.shape[0]
-        if self._host is None or self._host.shape[0] < n:
-            self._host = torch.empty(max(n, 1024) * 2, dtype=torch.int32, pin_memory=True)
-            self._host_np, self._views = self._host.numpy(), {}
-            self._event = torch.cuda.Event()
-        view = self._views.get(n)
-        if view is None:
-            if len(self._views) > 64:
-                self._views.clear()
-            view = self._views[n] = self._host[:n]
-        view.copy_(ids, non_blocking=True)
-        self._event.record(self._upload.current_stream())
-        self._name, self._count = name, n
-        return self
-
-    def resolve(self) -> int:
+    def resolve(self, upload: PlanUpload) -> int:
         """The largest id; ValueError when an id is negative."""
-        self._event.synchronize()
-        return largest_page_id(self._host_np[:self._count], self._name)
+        return largest_page_id(upload.host_copy("kv_indices"), self.name)
 
 
 def check_fixed_buffer(name: str, buf, device: torch.device, length: int | None = None) -> torch.Tensor:
@@ -283,7 +250,6 @@ class BatchWrapperBase:
         self._pin_memory_int_workspace_buffer = None
         self.device = float_workspace_buffer.device
         self._upload = PlanUpload(self.device)
-        self._page_bounds = PageBounds(self._upload)
         self._reusable: dict = {}  # planners' buffers kept across plans (BatchPlan.reusable)
         self._kv_layout = check_kv_layout(kv_layout)
         self._use_cuda_graph = bool(use_cuda_graph)
@@ -429,8 +395,8 @@ class BatchWrapperBase:
             if prep.kv_indices_tail:
                 mine["kv_indices_padded"] = views[padded]
             runners[key] = prep.finish(mine)
-        if isinstance(max_page, PageBounds):  # device page ids: their check ends here
-            max_page = max_page.resolve()
+        if isinstance(max_page, DeviceIdsCheck):  # device page ids: their check ends here
+            max_page = max_page.resolve(self._upload)
         self._plan, self._choices, self.decision = plan, choices, first
         self._runners = runners
         self._max_page = max_page
@@ -569,6 +535,6 @@ def set_plan_attributes(wrapper: BatchWrapperBase, plan: BatchPlan, window_left:
 
 __all__ = ["BatchWrapperBase", "canonical_dtype", "index_array", "host_index_arrays", "check_indptr",
            "paged_kv_lens",
-           "page_indices", "PageBounds",
+           "page_indices", "DeviceIdsCheck",
            "check_fixed_buffer", "planned_device_fields", "require_workspace", "unpack_segments",
            "set_plan_attributes"]

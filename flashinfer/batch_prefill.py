@@ -73,7 +73,7 @@ class _PrefillBase(BatchWrapperBase):
             page_size = positive_int("page_size", page_size)
             indices_h, max_page = page_indices(
                 "paged_kv_indices", index_array("paged_kv_indices", indices), int(kv_h.numpy()[-1]),
-                "paged_kv_indptr", bounds=self._page_bounds)
+                "paged_kv_indptr", deferred=True)
             kv_lens_h = paged_kv_lens(kv_h, last_h, page_size)
         else:
             page_size = 0

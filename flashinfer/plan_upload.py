@@ -7,9 +7,15 @@ the page-table source, see ``batch_attention_params.Prepared``). Copied one by o
 each: most of a plan's host time at batch 64. :class:`PlanUpload` packs the host arrays (numpy
 or CPU tensors) into a pinned buffer and copies them with one non-blocking copy into one device
 buffer the wrapper owns; the returned tensors are views of it (cached: a serving loop repeats
-its layout). Arrays already on the device (page ids kept there by the caller) are copied into
-their slot device to device, which also snapshots them: a later change to the caller's tensor
-does not change the planned batch.
+its layout).
+
+Arrays already on the device (page ids kept there by the caller) travel through the same pinned
+buffer: one device-to-host copy into their slot, queued before the host-to-device copy on the
+same stream (so it lands first). That snapshots them (a later change to the caller's tensor
+does not change the planned batch) and leaves a host copy that plan() bounds-checks
+(:meth:`PlanUpload.host_copy`), for the price of one copy launch: a device-to-device copy, and
+a second one for a tail, plus a separate copy to the host for the check, cost about three
+times that in plan() on the H200's host (``benchmarks/plan_timeline.py``).
 
 Lifetime: the views stay valid until the wrapper's next plan(), which overwrites the buffer, as
 upstream's plan() overwrites its int workspace. The copy is queued on the current stream, after
@@ -51,76 +57,72 @@ class PlanUpload:
         # views by (which buffer, offset, length): a serving loop plans the same layout over
         # and over, and a tensor slice costs a few microseconds of host time on slow hosts
         self._views: dict[tuple, torch.Tensor] = {}
+        self._host_copies: dict[str, np.ndarray] = {}  # the last upload's arrays from the device
 
     def upload(self, arrays: dict, fixed: dict, non_blocking: bool) -> dict[str, torch.Tensor]:
-        """``arrays``: 1-D int32 arrays — numpy, CPU tensors or :class:`Tail` (host), or tensors
-        already on ``self.device``; ``fixed``: the fixed buffer of a name, or None / absent (a
-        view of this wrapper's buffer is returned)."""
+        """``arrays``: 1-D int32 arrays — numpy, CPU tensors, tensors on ``self.device``, or a
+        :class:`Tail` of one; ``fixed``: the fixed buffer of a name, or None / absent (a view of
+        this wrapper's buffer is returned)."""
         if self.device.type != "cuda":
             return {name: _into(fixed.get(name), _tensor(t)) for name, t in arrays.items()}
-        host, length, loose_remote, fixed_host = {}, {}, [], []
+        parts, length = {}, {}
         for name, t in arrays.items():
-            if isinstance(t, Tail):
-                if isinstance(t.array, torch.Tensor) and t.array.device.type == "cpu":
-                    t = Tail(t.array.numpy(), t.count)
-                a, n = (t if isinstance(t.array, np.ndarray) else None), t.array.shape[0] + t.count
-            else:
-                a = t if isinstance(t, np.ndarray) else (t.numpy() if t.device.type == "cpu" else None)
-                n = t.shape[0]
-            length[name] = n
-            if a is not None:
-                host[name] = a
-                if fixed.get(name) is not None:
-                    fixed_host.append(name)
-            elif fixed.get(name) is None:
-                loose_remote.append(name)
-        # order: loose host arrays, loose device arrays | fixed host arrays. The loose host
-        # arrays then sit at the same offsets in the pinned and the device buffer: one copy.
-        loose_host = [n for n in host if fixed.get(n) is None]
-        offset, total = {}, 0
-        for name in loose_host + loose_remote + fixed_host:
+            array, count = (t.array, t.count) if isinstance(t, Tail) else (t, 0)
+            if isinstance(array, torch.Tensor):
+                if array.device.type == "cpu":
+                    array = array.numpy()
+                elif array.device.type != "cuda" or array.device.index != self._index():
+                    # its copy to the host would run on another device's stream
+                    raise ValueError(f"{name} is on {array.device} but the workspace buffer is "
+                                     f"on {self.device}")
+            parts[name] = (array, count)
+            length[name] = array.shape[0] + count
+        # the loose arrays first: they sit at the same offsets in the pinned and the device
+        # buffer, so one copy moves them all; then the fixed ones (copied into their buffers)
+        order = ([n for n in arrays if fixed.get(n) is None]
+                 + [n for n in arrays if fixed.get(n) is not None])
+        offset, total, loose_end = {}, 0, 0
+        for name in order:
             offset[name] = total
+            if fixed.get(name) is None:
+                loose_end = total + length[name]
             total += -(-length[name] // ALIGN) * ALIGN
         pinned, flat, event = self._staging(total)
-        for name, a in host.items():
-            start = offset[name]
-            if isinstance(a, Tail):
-                n = a.array.shape[0]
-                flat[start:start + n] = a.array
-                flat[start + n:start + n + a.count] = a.array[-1] if n else 0
-            else:
-                flat[start:start + a.shape[0]] = a
-
+        self._host_copies = {}
+        for name, (array, count) in parts.items():
+            start, n = offset[name], array.shape[0]
+            if isinstance(array, np.ndarray):
+                flat[start:start + n] = array
+            else:  # from the device, through its pinned slot
+                self._view(pinned, start, n).copy_(array, non_blocking=non_blocking)
+                self._host_copies[name] = flat[start:start + n]
+            if count:
+                flat[start + n:start + n + count] = 0
         out = {}
-        loose = loose_host + loose_remote
-        if loose:
-            last = loose[-1]
-            self._device_buffer(offset[last] + length[last])
-            if loose_host:
-                end = offset[loose_host[-1]] + length[loose_host[-1]]
-                self._view("device", 0, end).copy_(self._view(pinned, 0, end),
-                                                   non_blocking=non_blocking)
-            for name in loose:
-                view = self._view("device", offset[name], length[name])
-                if name not in host:  # device to device
-                    _copy_device(view, arrays[name], non_blocking)
-                out[name] = view
-        for name, target in fixed.items():
-            if target is None or name not in arrays:
+        if loose_end:
+            self._device_buffer(loose_end)
+            self._view("device", 0, loose_end).copy_(self._view(pinned, 0, loose_end),
+                                                     non_blocking=non_blocking)
+        for name in order:
+            target, n = fixed.get(name), length[name]
+            if target is None:
+                out[name] = self._view("device", offset[name], n)
                 continue
-            n = length[name]
             if n > target.shape[0]:
                 raise ValueError(f"the fixed buffer for {name} holds {target.shape[0]} entries, "
                                  f"the plan needs {n}")
-            if name in host:
-                target[:n].copy_(self._view(pinned, offset[name], n), non_blocking=non_blocking)
-            else:
-                _copy_device(target[:n], arrays[name], non_blocking)
+            target[:n].copy_(self._view(pinned, offset[name], n), non_blocking=non_blocking)
             out[name] = target[:n]
         if event is None:
             event = self._ring[self._slot][2] = torch.cuda.Event()
         event.record(self.current_stream())
         return out
+
+    def host_copy(self, name: str) -> np.ndarray:
+        """The host copy of the last upload's array ``name`` that came from the device (its
+        tail left out), once its copy has landed: waits for that upload."""
+        self._ring[self._slot][2].synchronize()
+        return self._host_copies[name]
 
     def _view(self, which, start: int, n: int) -> torch.Tensor:
         """``which[start:start + n]`` for ``"device"`` (the wrapper's buffer) or a pinned
@@ -134,10 +136,13 @@ class PlanUpload:
             view = self._views[key] = buf[start:start + n]
         return view
 
+    def _index(self) -> int:
+        return self.device.index if self.device.index is not None else torch.cuda.current_device()
+
     def current_stream(self) -> torch.cuda.Stream:
         """The current stream, rebuilt only when it changed (``torch.cuda.current_stream()``
         builds a Python object per call: several microseconds a plan on a slow host)."""
-        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        index = self._index()
         raw = torch._C._cuda_getCurrentStream(index)
         if self._stream is None or self._stream[0] != raw:
             self._stream = (raw, torch.cuda.current_stream(index))
@@ -174,10 +179,10 @@ class PlanUpload:
 
 
 class Tail(NamedTuple):
-    """An array followed by ``count`` copies of its last value (zeros when it is empty),
-    uploaded as one array without first being copied into a longer one. ``array``: a host
-    numpy array (written into the pinned buffer with its tail) or a device tensor (copied
-    device to device, then its last value spread over the tail: one more copy)."""
+    """An array followed by ``count`` zeros, uploaded as one array without first being copied
+    into a longer one. ``array``: on the host or on the device (the zeros are written in the
+    pinned buffer either way). The cuDNN decode page table pads with it: page 0, a valid page
+    of any cache that has pages, in entries no kernel reads."""
 
     array: "np.ndarray | torch.Tensor"
     count: int
@@ -185,25 +190,10 @@ class Tail(NamedTuple):
     def joined(self) -> "np.ndarray | torch.Tensor":
         n = self.array.shape[0]
         if isinstance(self.array, torch.Tensor):
-            fill = self.array[n - 1:] if n else self.array.new_zeros(1)
-            return torch.cat((self.array, fill.expand(self.count)))
-        out = np.empty(n + self.count, dtype=self.array.dtype)
+            return torch.cat((self.array, self.array.new_zeros(self.count)))
+        out = np.zeros(n + self.count, dtype=self.array.dtype)
         out[:n] = self.array
-        out[n:] = self.array[-1] if n else 0
         return out
-
-
-def _copy_device(dst: torch.Tensor, src, non_blocking: bool) -> None:
-    """``dst`` ← a device tensor, or a device :class:`Tail` (the ids, then the last one)."""
-    if not isinstance(src, Tail):
-        dst.copy_(src, non_blocking=non_blocking)
-        return
-    n = src.array.shape[0]
-    if not n:
-        dst.zero_()
-        return
-    dst[:n].copy_(src.array, non_blocking=non_blocking)
-    dst[n:].copy_(dst[n - 1:n].expand(src.count), non_blocking=non_blocking)
 
 
 def _tensor(t) -> torch.Tensor:

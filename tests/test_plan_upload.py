@@ -117,54 +117,51 @@ def test_host_index_arrays_bring_gpu_arrays_in_one_copy():
     assert all(torch.equal(o, t.cpu()) for o, t in zip(out, (a, host, b)))
 
 
-def test_tail_pads_with_the_last_value_or_zeros():
+def test_tail_pads_with_zeros():
     up = PlanUpload(torch.device("cpu"))
     out = up.upload({"a": Tail(np.array([4, 9, 2], dtype=np.int32), 3),
                      "b": Tail(np.zeros(0, dtype=np.int32), 2)}, {}, True)
-    assert out["a"].tolist() == [4, 9, 2, 2, 2, 2] and out["b"].tolist() == [0, 0]
+    assert out["a"].tolist() == [4, 9, 2, 0, 0, 0] and out["b"].tolist() == [0, 0]
 
 
 def test_tail_of_a_tensor_joins_like_numpy():
     ids = torch.tensor([4, 9, 2], dtype=torch.int32)
-    assert Tail(ids, 3).joined().tolist() == [4, 9, 2, 2, 2, 2]
+    assert Tail(ids, 3).joined().tolist() == [4, 9, 2, 0, 0, 0]
     assert Tail(ids[:0], 2).joined().tolist() == [0, 0]
 
 
 @gpu
 @pytest.mark.parametrize("fixed", [False, True])
-def test_cuda_device_tail_copies_then_spreads_the_last_id(fixed):
-    """A device array with a tail (the cuDNN decode page table source): copied device to
-    device, its last value spread over the tail, in a loose slot or a fixed buffer."""
-    up = PlanUpload(torch.device("cuda"))
+def test_cuda_device_arrays_travel_through_pinned_memory(fixed):
+    """A device array (page ids kept on the GPU), with a tail or without, in a loose slot or a
+    fixed buffer: it lands on the device with its tail of zeros, and its host copy (the bounds
+    check's input) holds exactly its values."""
+    up = PlanUpload(torch.device("cuda", torch.cuda.current_device()))
     g = torch.Generator().manual_seed(5)
-    for seed, n in enumerate((1000, 3, 0, 64)):
+    for seed, n in enumerate((1000, 3, 0, 64, 70000)):  # the staging ring wraps and grows
         ids = torch.randint(0, 5000, (n,), generator=g, dtype=torch.int32).to("cuda")
-        target = torch.full((2048,), -9, dtype=torch.int32, device="cuda")
-        arrays = {"lens": np.arange(seed, seed + 7, dtype=np.int32), "ids": Tail(ids, 70)}
+        target = torch.full((80000,), -9, dtype=torch.int32, device="cuda")
+        tail = 70 if seed % 2 == 0 else 0
+        arrays = {"lens": np.arange(seed, seed + 7, dtype=np.int32),
+                  "ids": Tail(ids, tail) if tail else ids}
+        torch.cuda._sleep(1_000_000)  # the copies queue behind other work
         out = up.upload(arrays, {"ids": target} if fixed else {}, non_blocking=True)
+        assert torch.equal(torch.from_numpy(up.host_copy("ids")), ids.cpu()), n
         torch.cuda.synchronize()
-        want = torch.cat((ids.cpu(), (ids[-1:].cpu() if n else torch.zeros(1, dtype=torch.int32))
-                          .expand(70)))
+        want = torch.cat((ids.cpu(), torch.zeros(tail, dtype=torch.int32)))
         assert torch.equal(out["ids"].cpu(), want), n
         assert torch.equal(out["lens"].cpu(), torch.from_numpy(arrays["lens"]))
         if fixed:
-            assert out["ids"].data_ptr() == target.data_ptr() and (target[n + 70:] == -9).all()
+            assert out["ids"].data_ptr() == target.data_ptr() and (target[n + tail:] == -9).all()
 
 
-@gpu
-def test_page_bounds_reports_the_largest_id_or_a_negative_one():
-    from flashinfer.batch_plan import PageBounds
-
-    bounds = PageBounds(PlanUpload(torch.device("cuda", torch.cuda.current_device())))
-    g = torch.Generator().manual_seed(8)
-    for n in (5, 3000, 17, 70000):  # the pinned buffer grows, its views are reused
-        ids = torch.randint(0, 1 << 30, (n,), generator=g, dtype=torch.int32)
-        assert bounds.start(ids.to("cuda"), "indices").resolve() == int(ids.max())
-    ids[7] = -3
-    with pytest.raises(ValueError, match="indices must be >= 0"):
-        bounds.start(ids.to("cuda"), "indices").resolve()
-    with pytest.raises(ValueError, match="indices is on cpu but the workspace buffer is on cuda:"):
-        bounds.start(ids, "indices")
+def test_device_arrays_on_another_device_are_refused():
+    """Their copy to the host would be queued on that device's stream, unordered with the
+    upload's own copy (checked before any CUDA call: runs without a GPU)."""
+    up = PlanUpload(torch.device("cuda", 0))
+    with pytest.raises(ValueError, match="ids is on meta but the workspace buffer is on cuda:0"):
+        up.upload({"lens": np.arange(3, dtype=np.int32),
+                   "ids": torch.zeros(3, dtype=torch.int32, device="meta")}, {}, True)
 
 
 class _TailPlanner:
@@ -188,7 +185,7 @@ class _TailPlanner:
 
 @pytest.mark.parametrize("graph", [False, True])
 def test_a_planner_gets_the_page_ids_with_their_tail(monkeypatch, graph):
-    """Prepared.kv_indices_tail: the plan's ids uploaded once with Pb copies of the last one
+    """Prepared.kv_indices_tail: the plan's ids uploaded once with Pb zeros
     (plan.kv_indices is their head); a CUDA-graph wrapper's fixed id buffer gets a separate
     padded copy and keeps exactly the ids."""
     import types
@@ -214,7 +211,7 @@ def test_a_planner_gets_the_page_ids_with_their_tail(monkeypatch, graph):
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", **kwargs)
     w.plan(indptr, ids, last, 4, 2, 16, 8, q_data_type=torch.float16)
     padded = planner.seen["kv_indices_padded"]
-    assert padded.tolist() == ids.tolist() + [int(ids[-1])] * 5
+    assert padded.tolist() == ids.tolist() + [0] * 5
     assert torch.equal(w._plan.kv_indices, ids)
     if graph:
         assert w._plan.kv_indices.data_ptr() == kwargs["paged_kv_indices_buffer"].data_ptr()

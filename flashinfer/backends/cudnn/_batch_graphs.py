@@ -14,7 +14,7 @@ in :mod:`._graphs` (same handles and per-stream workspaces).
 
 Metadata: dense decode (one query row per request) makes ``seq_len_kv`` and each request's
 first page position on the host (:func:`~.batch_plan.decode_arrays`); they ride in the plan's
-one upload, with the page ids padded by ``Pb`` copies of the last one
+one upload, with the page ids padded by ``Pb`` zeros
 (``Prepared.kv_indices_tail``), and ``finish`` queues one gather into the page table; prefill
 and multi-query decode build their metadata on the host (:func:`~.batch_plan.build_metadata`)
 and upload it with one non-blocking copy of their own from pinned memory. A wrapper's next plan

@@ -300,13 +300,13 @@ def decode_arrays(spec: BatchSpec, plan) -> dict:
     * ``row_starts`` ``[Bb]``: each request's first position in ``kv_indices`` (0 for padded
       requests).
 
-    The page table is then the plan's page ids followed by ``Pb`` copies of the last one
-    (``Prepared.kv_indices_tail``: uploaded with the ids, on the host or device to device),
-    seen as overlapping windows of ``Pb`` and gathered at ``row_starts``
-    (:func:`gather_decode_table`: one gather on the device, no per-entry host work). Request
-    ``r``'s row is its pages, then (never read: past ``seq_len_kv``) the pages that follow it in
-    ``kv_indices``, the last one repeated: :func:`build_metadata`'s contract (the tests hold
-    them together); a padded request's row holds valid ids too."""
+    The page table is then the plan's page ids followed by ``Pb`` zeros
+    (``Prepared.kv_indices_tail``: uploaded with the ids), seen as overlapping windows of ``Pb``
+    and gathered at ``row_starts`` (:func:`gather_decode_table`: one gather on the device, no
+    per-entry host work). Request ``r``'s row is its pages, as in :func:`build_metadata` (the
+    tests hold them together), then (never read: past ``seq_len_kv``) the pages that follow it
+    in ``kv_indices`` and zeros: page 0, valid in any cache that has pages; a padded request's
+    row holds valid ids too."""
     b, bb = plan.batch_size, spec.batch_bucket
     seq_kv = np.ones(bb, dtype=np.int32)  # no key, or padded: runs on one key, then is cleared
     np.maximum(plan.kv_lens_host.numpy(), 1, out=seq_kv[:b])
@@ -318,7 +318,7 @@ def decode_arrays(spec: BatchSpec, plan) -> dict:
 def gather_decode_table(table: torch.Tensor, ids_padded: torch.Tensor,
                         row_starts: torch.Tensor) -> None:
     """``table [Bb, 1, Pb, 1]`` ← row ``r`` = ``ids_padded[row_starts[r] : row_starts[r] + Pb]``,
-    ``ids_padded`` being the page ids, then at least ``Pb`` copies of the last one: one
+    ``ids_padded`` being the page ids, then at least ``Pb`` zeros: one
     ``index_select`` over the overlapping windows (see :func:`decode_arrays`)."""
     pb = table.shape[2]
     torch.index_select(ids_padded.unfold(0, pb, 1), 0, row_starts, out=table.view(-1, pb))
