@@ -31,6 +31,9 @@
 #                                                  then plan_compare.py ours / upstream / ours
 #   bash benchmarks/device_check_next.sh moe       (carry .whl, .anchor) issue 5's MoE comparison
 #                                                  again, ours and upstream 0.7.2
+#   bash benchmarks/device_check_next.sh final     (carry .whl, .anchor) the batch-attention plan GPU
+#                                                  tests, plan_compare.py (repeated and growing
+#                                                  batches, ours / upstream / ours), then `moe`
 #   bash benchmarks/device_check_next.sh fa2_build (carry .whl_fa2src) the same, every kernel
 #                                                  compiled there (about 8 minutes on 16 cores; a
 #                                                  second call within 30 s resumes it)
@@ -41,7 +44,7 @@ fa2_tests() {
   python3 -c "import flash_attn, flash_attn_2_cuda; print('flash_attn', flash_attn.__version__)" || return
   GPU_TESTS_TIMEOUT=240 gpu_tests -m gpu tests/test_flash_attn.py -k fa2
 }
-case "${1:?mode: tests_a, tests_b, plan, moe, bmm, bmm_short, tune_bmm, moe_tune, pack, tune, fa2 or fa2_build}" in
+case "${1:?mode: tests_a, tests_b, plan, moe, final, bmm, bmm_short, tune_bmm, moe_tune, pack, tune, fa2 or fa2_build}" in
   plan)
     GPU_TESTS_TIMEOUT=200 gpu_tests -m gpu tests/test_plan_upload.py tests/test_batch_attention_gpu.py \
       tests/test_cudnn_paged.py tests/test_triton_batch_decode.py
@@ -52,6 +55,11 @@ case "${1:?mode: tests_a, tests_b, plan, moe, bmm, bmm_short, tune_bmm, moe_tune
       | tee $OUT/plan_check_probe_ab.txt)
     bash benchmarks/device_check_plan_compare.sh ;;
   moe)
+    bash benchmarks/device_check_upstream_moe.sh ;;
+  final)
+    GPU_TESTS_TIMEOUT=200 gpu_tests -m gpu tests/test_plan_upload.py tests/test_batch_attention_gpu.py \
+      tests/test_cudnn_paged.py
+    GROWING=1 bash benchmarks/device_check_plan_compare.sh 2>&1 | grep -v "WARNING: Target"
     bash benchmarks/device_check_upstream_moe.sh ;;
   fa2)
     mkdir -p build/fa2_objects && tar -xJf .whl_fa2pack/fa2_objects.tar.xz -C build/fa2_objects

@@ -13,6 +13,11 @@ host runs ahead of the GPU and a plan() that waits for the device pays for it. `
 plans after a warm-up; median, p10 and p90 in milliseconds. Run each implementation in its own
 process (both packages are named ``flashinfer``). The device host's speed varies between
 machine starts: compare implementations measured in one call.
+
+``--growing``: the plans of consecutive decode steps, as a serving loop makes them — request
+``r`` holds ``KV - 15 + (5 r + step) % 32`` tokens, so at every step some requests cross a page
+boundary and the page-id count changes (32 distinct steps, cycled). Without it every plan()
+repeats one batch.
 """
 
 from __future__ import annotations
@@ -38,27 +43,44 @@ def _stats(times: list[float]) -> dict:
     return {"median_ms": statistics.median(times), "p10_ms": pick(0.1), "p90_ms": pick(0.9)}
 
 
+def batch_at_step(batch: int, step: int | None, indices: torch.Tensor):
+    """(indptr, page ids, last_page_len) of decode step ``step`` (see ``--growing``); None:
+    every request holds ``KV`` tokens."""
+    if step is None:
+        lens = torch.full((batch,), KV)
+    else:
+        lens = KV - PAGE + 1 + (torch.arange(batch) * 5 + step) % (2 * PAGE)
+    pages = (lens + PAGE - 1) // PAGE
+    indptr = torch.zeros(batch + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(pages, 0)
+    last = (lens - (pages - 1) * PAGE).to(torch.int32)
+    return indptr, indices[:int(indptr[-1])], last
+
+
 def time_plans(batch: int, backend: str | None, ids: str, reps: int, run_every: int,
-               mode: str) -> dict:
+               mode: str, growing: bool = False) -> dict:
     """``ids``: where the page ids are — "host", "device" or "device-trusted" (device, with
     ``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1``: no bounds check, no synchronisation)."""
     os.environ["FLASHINFER_TRUST_DEVICE_PAGE_IDS"] = "1" if ids == "device-trusted" else "0"
-    ids_on_host = ids == "host"
-    pages = KV // PAGE
+    pages = KV // PAGE + 1  # room for the longest request of a growing batch
     total = batch * pages
     cache = torch.randn(total, 2, PAGE, HKV, D, device="cuda", dtype=torch.bfloat16)
     indices = torch.randperm(total, device="cuda", dtype=torch.int64).to(torch.int32)
-    if ids_on_host:
+    if ids == "host":
         indices = indices.cpu()
-    indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
-    last = torch.full((batch,), PAGE, dtype=torch.int32)
+    steps = [batch_at_step(batch, step, indices) for step in range(32)] if growing else [
+        batch_at_step(batch, None, indices)]
     q = torch.randn(batch, HQ, D, device="cuda", dtype=torch.bfloat16)
     ws = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     kwargs = {} if backend is None else {"backend": backend}
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", **kwargs)
+    step = 0
 
     def plan():
-        w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16)
+        nonlocal step
+        indptr, ids_now, last = steps[step % len(steps)]
+        step += 1
+        w.plan(indptr, ids_now, last, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16)
 
     for _ in range(20):
         plan()
@@ -76,7 +98,7 @@ def time_plans(batch: int, backend: str | None, ids: str, reps: int, run_every: 
     torch.cuda.synchronize()
     chosen = getattr(getattr(w, "decision", None), "name", None)
     return {"batch": batch, "backend": backend or "auto", "ids": ids, "mode": mode,
-            "chosen": chosen, **_stats(times)}
+            "growing": growing, "chosen": chosen, **_stats(times)}
 
 
 def main() -> None:
@@ -88,6 +110,7 @@ def main() -> None:
     ap.add_argument("--backends", default="auto,cudnn,triton")
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
     ap.add_argument("--mode", default="sync", help="sync, pipelined or both (comma list)")
+    ap.add_argument("--growing", action="store_true", help="consecutive decode steps (see above)")
     args = ap.parse_args()
     backends = [None] if args.impl == "upstream" else [
         None if b == "auto" else b for b in args.backends.split(",")]
@@ -97,14 +120,16 @@ def main() -> None:
         for batch in map(int, args.batches.split(",")):
             for backend in backends:
                 for ids in where:
-                    row = time_plans(batch, backend, ids, args.reps, args.run_every, mode)
+                    row = time_plans(batch, backend, ids, args.reps, args.run_every, mode,
+                                     args.growing)
                     rows.append(row)
                     print(f"{args.impl:8s} {mode:9s} B={batch:<4d} {row['backend']:7s} ids "
                           f"{ids:14s} plan median {row['median_ms']:.3f} "
                           f"ms (p10 {row['p10_ms']:.3f}, p90 {row['p90_ms']:.3f}) -> {row['chosen']}",
                           flush=True)
     doc = {"command": "python benchmarks/plan_compare.py " + " ".join(
-               f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+               f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+            if v is not False).replace(" True", ""),
            "impl": args.impl, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "flashinfer": getattr(flashinfer, "__version__", "?"),

@@ -380,6 +380,11 @@ class BatchWrapperBase:
         if tail:
             padded = "kv_indices" if targets.get("kv_indices") is None else "kv_indices_padded"
             sends[padded] = Tail(arrays["kv_indices"], tail)
+        for name in ("kv_indices", "kv_indices_padded"):
+            # last in the upload: the page ids' count changes nearly every step of a serving
+            # loop, so the arrays before them keep their offsets (and cached views)
+            if name in sends:
+                sends[name] = sends.pop(name)
         views = self._upload.upload(sends, targets, non_blocking)
         device = {name: views[name] for name in arrays}
         if padded == "kv_indices":
