@@ -20,9 +20,10 @@
 #   bash benchmarks/device_check_next.sh pack      (no carry) re-export the kernel pack and check it
 #   bash benchmarks/device_check_next.sh tune      (no carry) the top-p bracket kernel's launch
 #                                                  shapes (106 registers at 16 warps: try 8)
-#   bash benchmarks/device_check_next.sh fa2       (carry .whl_fa2src, .whl_fa2pack) FlashAttention-2
+#   bash benchmarks/device_check_next.sh fa2       (carry .whl, .whl_fa2src, .whl_fa2pack) FlashAttention-2
 #                                                  linked from kernel objects compiled without a GPU
 #                                                  (benchmarks/build_fa2.py), then the fa2 GPU tests
+#                                                  and pages of 256: FA2's block table against cuDNN
 #   bash benchmarks/device_check_next.sh plan      (carry .whl, .anchor, build/old) issue 3's plan()
 #                                                  with checked device page ids: its GPU tests,
 #                                                  plan() piece by piece (plan_timeline.py), the working
@@ -65,7 +66,9 @@ case "${1:?mode: tests_a, tests_b, plan, moe, final, bmm, bmm_short, tune_bmm, m
     mkdir -p build/fa2_objects && tar -xJf .whl_fa2pack/fa2_objects.tar.xz -C build/fa2_objects
     timeout 300 python3 benchmarks/build_fa2.py --src .whl_fa2src/src --build build/fa2 \
       --objects build/fa2_objects 2>&1 | tail -5
-    fa2_tests ;;
+    fa2_tests
+    (cd benchmarks && timeout 240 python3 probe_fa2_block_table.py --out $OUT/fa2_block_table.json \
+      2>&1 | grep -v "^\[") ;;
   fa2_build)
     timeout 560 python3 benchmarks/build_fa2.py --src .whl_fa2src/src --build build/fa2 --jobs 16 \
       2>&1 | tail -5 && fa2_tests ;;

@@ -19,8 +19,8 @@ then allows any of them, in the dispatch rules' order:
 spelling                  allowed kernels
 ========================  ============================================================
 ``auto``                  no override
-``fa2``                   ``flash_attn:fa2`` and torch's built-in FlashAttention-2
-                          (``torch:flash_varlen``) — upstream's
+``fa2``                   ``flash_attn:fa2``, ``flash_attn:fa2_block_table`` and torch's
+                          built-in FlashAttention-2 (``torch:flash_varlen``) — upstream's
                           "fa2" is its own FA2-style kernel, which this library does not
                           ship; these are the FA2 kernels that exist here
 ``fa3``                   ``flash_attn:fa3`` (FA3 package or the ``fa3_fwd`` wheel)
@@ -43,7 +43,7 @@ from .backends import BACKEND_NAMES
 from .op_catalog import FAMILIES
 
 ALIASES: dict[str, tuple[str, ...]] = {
-    "fa2": ("flash_attn:fa2", "torch:flash_varlen"),
+    "fa2": ("flash_attn:fa2", "flash_attn:fa2_block_table", "torch:flash_varlen"),
     "fa3": ("flash_attn:fa3",),
     "flash-attn": ("flash_attn",),
     "flashattention": ("flash_attn",),

@@ -27,9 +27,28 @@ SMS = ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0", None]
 # --- emulation of FlashAttention's varlen forward --------------------------------------------
 
 def emulated_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, causal, window, softcap,
-                    calls=None, out=None):
+                    calls=None, out=None, block_table=None):
     """FA2/FA3 ``flash_attn_varlen_func`` in float64 (mask.h semantics); like FA3's compiled
-    op, a given ``out`` is written and returned."""
+    op, a given ``out`` is written and returned; like FA2's, with ``block_table`` ``k`` / ``v``
+    are paged caches ``[pages, page_size, H, D]`` whose pages of multiples of 256 slots it reads
+    through the table."""
+    if block_table is not None:
+        assert block_table.dtype == torch.int32 and block_table.stride(-1) == 1
+        assert k.dim() == 4 and k.shape[1] % 256 == 0 and k.stride(-1) == 1
+        if calls is not None:
+            calls.append({"block_table": block_table, "k_cache": k, "v_cache": v})
+        lens = (cu_k[1:] - cu_k[:-1]).tolist()
+        assert max(lens, default=0) <= block_table.shape[1] * k.shape[1]
+        rows = [cache[block_table[b].long()].flatten(0, 1)[:n]
+                for cache in (k, v) for b, n in enumerate(lens)]
+        k, v = torch.cat(rows[:len(lens)]), torch.cat(rows[len(lens):])
+        result, lse = emulated_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale,
+                                      causal=causal, window=window, softcap=softcap, calls=calls,
+                                      out=out)
+        for b, n in enumerate(lens):  # like FA2's split-KV kernel: a finite lse for no key
+            if n == 0:
+                lse[:, int(cu_q[b]):int(cu_q[b + 1])] = 0.0
+        return result, lse
     if out is not None:
         result, lse = emulated_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale,
                                       causal=causal, window=window, softcap=softcap, calls=calls)
@@ -350,6 +369,42 @@ def test_paged_planner_plumbing(variant, page_size, layout, split5d, qo_lens, kv
     assert torch.equal(call["k"], k) and torch.equal(call["v"], v)
 
 
+@pytest.mark.parametrize("ids_on_host", [False, True])
+def test_block_table_index(ids_on_host):
+    plan, *_ = make_paged([1, 2, 3], [3, 0, 700], page_size=256)
+    if ids_on_host:
+        plan = dataclasses.replace(plan, kv_indices_host=plan.kv_indices.cpu().clone())
+    table, cu_k = fa.block_table_index(plan)
+    ids = plan.kv_indices.tolist()  # request 0: page 0; request 2: pages 1-3
+    assert table.dtype == cu_k.dtype == torch.int32 and table.is_contiguous()
+    assert table.tolist() == [[ids[0], ids[1], ids[2]], [ids[1], ids[2], ids[3]],
+                              [ids[1], ids[2], ids[3]]]
+    assert cu_k.tolist() == [0, 3, 3, 703]
+
+
+@pytest.mark.parametrize("layout, split5d", [("NHD", False), ("HND", False), ("HND", True)])
+@pytest.mark.parametrize("qo_lens, kv_lens, kw", [
+    ([5, 1, 7], [5, 300, 520], {}),
+    ([2, 3, 4], [0, 5, 257], {"causal": True}),  # a request with no pages
+    ([6, 2], [6, 600], {"causal": True, "soft_cap": 2.5, "num_qo_heads": 6, "num_kv_heads": 1}),
+])
+def test_fa2_block_table_plumbing(layout, split5d, qo_lens, kv_lens, kw, calls):
+    """Pages of 256: FA2 reads the cache in place (no gather) through the block table."""
+    plan, q, k_cache, v_cache, k, v = make_paged(qo_lens, kv_lens, page_size=256, layout=layout,
+                                                 split5d=split5d, spare_pages=1, **kw)
+    out, lse = run_paged("fa2_block_table", plan, q, k_cache, v_cache,
+                         scales=RunScales(q_scale=0.5, v_scale=2.0))
+    want_out, want_lse = naive_batch(q, k, v, qo_lens, kv_lens, sm_scale=plan.sm_scale,
+                                     causal=plan.causal, soft_cap=plan.logits_soft_cap,
+                                     q_scale=0.5, v_scale=2.0)
+    assert rel_error(out, want_out) < TOLERANCE[torch.float32]
+    assert_lse_close(lse, want_lse, TOLERANCE[torch.float32])
+    paged, varlen = calls
+    assert paged["k_cache"].data_ptr() == k_cache.data_ptr()  # the cache itself, no copy
+    assert paged["k_cache"].shape[1] == 256  # [pages, page, H, D], HND seen through a transpose
+    assert varlen["cu_k"].tolist() == [0] + torch.tensor(kv_lens).cumsum(0).tolist()
+
+
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_paged_unflattenable_strides(layout, calls):
     """A page stride that is no multiple of the slot stride takes the advanced-indexing path."""
@@ -504,12 +559,16 @@ def test_paged_records_per_sm(sm, layout, fa3_package):
             assert {r.field for r in cand.reasons} == {"device" if sm is None else "sm"}
 
 
-@pytest.mark.parametrize("page_size, ok", [(1, True), (16, True), (64, True), (128, False)])
-def test_paged_page_sizes(page_size, ok, fa3_package):
+@pytest.mark.parametrize("page_size, gathers, in_place", [
+    (1, True, False), (16, True, False), (64, True, False), (128, False, False),
+    (256, False, True), (384, False, False), (512, False, True)])
+def test_paged_page_sizes(page_size, gathers, in_place, fa3_package):
+    """Pages up to 64 are gathered (fa3, fa2); FA2 reads multiples of 256 in place."""
     d = select(paged_problem("9.0", page_size=page_size), assume_installed=True)
-    for name in ("flash_attn:fa3", "flash_attn:fa2"):
+    for name, ok in (("flash_attn:fa3", gathers), ("flash_attn:fa2", gathers),
+                     ("flash_attn:fa2_block_table", in_place)):
         cand = candidate(d, name)
-        assert cand.usable == ok
+        assert cand.usable == ok, name
         if not ok:
             assert {r.field for r in cand.reasons} == {"page_size"}
 
@@ -636,6 +695,25 @@ def test_gpu_paged(variant, page_size, layout, split5d):
         qo_lens, kv_lens, page_size=page_size, layout=layout, split5d=split5d, num_qo_heads=8,
         num_kv_heads=2, head_dim_qk=128, dtype=torch.bfloat16, device="cuda", causal=True)
     out, lse = run_paged(variant, plan, q, k_cache, v_cache, scales=RunScales(q_scale=1.25))
+    want_out, want_lse = naive_batch(q.cpu().float(), k.cpu().float(), v.cpu().float(), qo_lens,
+                                     kv_lens, sm_scale=plan.sm_scale, causal=True, q_scale=1.25)
+    assert rel_error(out.cpu(), want_out) < TOLERANCE[torch.bfloat16]
+    assert_lse_close(lse.cpu(), want_lse.float(), TOLERANCE[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout, split5d", [("NHD", False), ("HND", False), ("NHD", True)])
+@pytest.mark.parametrize("ids_on_host", [False, True])
+def test_gpu_fa2_block_table(layout, split5d, ids_on_host):
+    _skip_unless_imports("fa2")
+    qo_lens, kv_lens = [1, 17, 128, 300], [1, 400, 0, 1030]
+    plan, q, k_cache, v_cache, k, v = make_paged(
+        qo_lens, kv_lens, page_size=256, layout=layout, split5d=split5d, num_qo_heads=8,
+        num_kv_heads=2, head_dim_qk=128, dtype=torch.bfloat16, device="cuda", causal=True)
+    if ids_on_host:
+        plan = dataclasses.replace(plan, kv_indices_host=plan.kv_indices.cpu())
+    out, lse = run_paged("fa2_block_table", plan, q, k_cache, v_cache,
+                         scales=RunScales(q_scale=1.25))
     want_out, want_lse = naive_batch(q.cpu().float(), k.cpu().float(), v.cpu().float(), qo_lens,
                                      kv_lens, sm_scale=plan.sm_scale, causal=True, q_scale=1.25)
     assert rel_error(out.cpu(), want_out) < TOLERANCE[torch.bfloat16]

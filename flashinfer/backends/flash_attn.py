@@ -5,7 +5,8 @@ Two variants (capability_db/flash_attn.toml), each serving ``single_prefill``,
 whole batch in one launch, ``cu_seqlens`` = the plan's device ``qo_indptr`` / ``kv_indptr``) and
 ``batch_prefill_paged`` (each run gathers the requests' pages into plan-allocated contiguous K/V,
 one ``index_select`` per tensor, then the ragged launch; the (page, slot) of every token is
-built in plan() on the device):
+built in plan() on the device; variant ``fa2_block_table`` instead hands FA2 the paged cache
+and a block table, for pages that are multiples of 256, the only ones FA2 reads in place):
 
 * ``fa3`` — ``flash_attn_varlen_func`` of the FA3 module ``flash_attn_interface`` or, when only
   that is installed, of the ``fa3_fwd`` wheel's ``fa3_fwd_interface`` (same API). SM 9.0.
@@ -104,13 +105,17 @@ def fa3_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, causal, window, soft
     return result[0], result[1]
 
 
-def fa2_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, causal, window, softcap):
-    """``(out [total_q, H, D], lse [H, total_q] natural log)`` from the FA2 package."""
+def fa2_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, causal, window, softcap,
+               block_table=None):
+    """``(out [total_q, H, D], lse [H, total_q] natural log)`` from the FA2 package. With
+    ``block_table`` (int32 ``[B, max_pages]``), ``k`` / ``v`` are the paged caches
+    ``[num_pages, page_size, H, D]`` (page size a multiple of 256) read in place."""
     from flash_attn import flash_attn_varlen_func
 
+    extra = {} if block_table is None else {"block_table": block_table}
     result = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0,
                                     softmax_scale=scale, causal=causal, window_size=window,
-                                    softcap=softcap, return_attn_probs=True)
+                                    softcap=softcap, return_attn_probs=True, **extra)
     return result[0], result[1]
 
 
@@ -191,12 +196,15 @@ def _single(variant: str):
     return kernel
 
 
-def _varlen_runner(variant: str, plan: BatchPlan, cu_k: torch.Tensor, max_k: int):
+def _varlen_runner(variant: str, plan: BatchPlan, cu_k: torch.Tensor, max_k: int,
+                   block_table: torch.Tensor | None = None):
     """``run(q, k, v, out, lse, scales)``: one varlen launch, ``cu_seqlens_q = plan.qo_indptr``,
-    outputs stored per the contract. Nothing host-synchronising, nothing data-sized allocated."""
+    outputs stored per the contract. Nothing host-synchronising, nothing data-sized allocated.
+    ``block_table``: FA2 only, ``k`` / ``v`` are then paged caches (see :func:`fa2_varlen`)."""
     causal = plan.causal
     cu_q, max_q = plan.qo_indptr, plan.max_qo_len
     window = _window(plan.window_left, max_k, causal)
+    paged = {} if block_table is None else {"block_table": block_table}
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
             lse: torch.Tensor | None, scales: RunScales) -> None:
@@ -212,7 +220,7 @@ def _varlen_runner(variant: str, plan: BatchPlan, cu_k: torch.Tensor, max_k: int
         result, lse_nat = _vendor(variant)(
             aligned(q), aligned(k), aligned(v), cu_q, cu_k, max_q, max_k,
             scale=plan.sm_scale * scales.q_scale * scales.k_scale, causal=causal,
-            window=window, softcap=plan.logits_soft_cap, **direct)
+            window=window, softcap=plan.logits_soft_cap, **direct, **paged)
         store_outputs(out, lse, result, lse_nat, scales.v_scale)
 
     return run
@@ -314,6 +322,63 @@ def _paged_planner(variant: str):
     plan_paged.__name__ = f"{variant}_plan_paged"
     return plan_paged
 
+
+def block_table_index(plan: BatchPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(block_table, cu_seqlens_k)`` on ``plan.device``: int32 ``[B, max_pages]`` whose row
+    ``b`` is request ``b``'s page ids, then (never read: past its length) the ids that follow
+    it in ``kv_indices``, the last one repeated; and the int32 ``[B+1]`` token offsets. Built on
+    the host from the plan's host arrays and sent in one copy; page ids kept on the device are
+    then looked up there (one gather): no device sync."""
+    indptr = plan.kv_indptr_host.numpy()
+    lens = plan.kv_lens_host.numpy()
+    n_pages, batch = int(indptr[-1]), lens.shape[0]
+    width = max(int((indptr[1:] - indptr[:-1]).max(initial=0)), 1)
+    positions = indptr[:-1, None].astype(np.int64) + np.arange(width)
+    np.minimum(positions, max(n_pages - 1, 0), out=positions)
+    host_ids = plan.kv_indices_host
+    packed = np.empty(batch * width + batch + 1, dtype=np.int32)
+    if n_pages == 0:
+        packed[:batch * width] = 0
+    elif host_ids is not None:
+        packed[:batch * width] = host_ids.numpy()[positions].reshape(-1)
+    else:  # positions now, ids looked up on the device below
+        packed[:batch * width] = positions.reshape(-1)
+    packed[batch * width] = 0
+    np.cumsum(lens, out=packed[batch * width + 1:])
+    sent = torch.from_numpy(packed).to(plan.device, non_blocking=True)
+    table = sent[:batch * width].view(batch, width)
+    if host_ids is None and n_pages:
+        table = plan.kv_indices[table.long()]
+    return table, sent[batch * width:]
+
+
+def _fa2_block_table_planner(plan: BatchPlan):
+    """FA2 reading the paged cache in place: one varlen launch with a block table (pages that
+    are multiples of 256, FA2's own limit; smaller pages go through the gathering planner)."""
+    table, cu_k = block_table_index(plan)
+    varlen = _varlen_runner("fa2", plan, cu_k, plan.max_kv_len, block_table=table)
+    hnd = plan.kv_layout == "HND"
+    # FA2's paged (split-KV) kernel leaves a finite lse on the rows of a request without keys
+    # (seen on the H200); those rows are set to the contract's 0 / -inf after each launch
+    qo = plan.qo_indptr_host.numpy()
+    keyless = [np.arange(qo[b], qo[b + 1]) for b in np.flatnonzero(plan.kv_lens_host.numpy() == 0)]
+    rows = np.concatenate(keyless) if keyless else np.zeros(0, dtype=np.int64)
+    empty_rows = torch.from_numpy(rows.astype(np.int64)).to(plan.device) if rows.size else None
+
+    def run(q: torch.Tensor, kv: KVInput, out: torch.Tensor, lse: torch.Tensor | None,
+            scales: RunScales) -> None:
+        k, v = (kv.k.transpose(1, 2), kv.v.transpose(1, 2)) if hnd else (kv.k, kv.v)
+        varlen(q, k, v, out, lse, scales)
+        if empty_rows is not None and plan.max_kv_len:
+            out.index_fill_(0, empty_rows, 0.0)
+            if lse is not None:
+                lse.index_fill_(0, empty_rows, float("-inf"))
+
+    return run
+
+
+KERNELS.kernel("batch_prefill_paged", "fa2_block_table")(_fa2_block_table_planner)
+KERNELS.check("batch_prefill_paged", "fa2_block_table")(_fa2_reasons)
 
 for _variant, _reasons in (("fa3", _fa3_reasons), ("fa2", _fa2_reasons)):
     for _op in _SINGLE_OPS:
