@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import statistics
 import time
 from collections import defaultdict
@@ -23,8 +22,7 @@ import torch
 
 import flashinfer
 from flashinfer import batch_decode, batch_plan, dispatch, plan_upload
-
-HQ, HKV, D, PAGE, KV, B = 32, 8, 128, 16, 4096, 64
+from plan_check_probe import wrapper_and_plan  # the same wrapper and batch as the A/B probe
 
 SPENT: dict = defaultdict(float)
 CALLS: dict = defaultdict(int)
@@ -69,25 +67,7 @@ def wrap_all():
 
 
 def case(backend, ids, reps):
-    os.environ["FLASHINFER_TRUST_DEVICE_PAGE_IDS"] = "1" if ids == "device-trusted" else "0"
-    pages = KV // PAGE
-    total = B * pages
-    cache = torch.randn(total, 2, PAGE, HKV, D, device="cuda", dtype=torch.bfloat16)
-    indices = torch.randperm(total, device="cuda", dtype=torch.int64).to(torch.int32)
-    if ids == "host":
-        indices = indices.cpu()
-    indptr = torch.arange(B + 1, dtype=torch.int32) * pages
-    last = torch.full((B,), PAGE, dtype=torch.int32)
-    q = torch.randn(B, HQ, D, device="cuda", dtype=torch.bfloat16)
-    ws = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
-    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
-
-    def plan():
-        w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16)
-
-    for _ in range(20):
-        plan()
-        w.run(q, cache)
+    w, plan, run = wrapper_and_plan(flashinfer, backend, ids)  # 20 plans and runs done
     totals, pieces = [], defaultdict(list)
     for i in range(reps):
         torch.cuda.synchronize()
@@ -99,7 +79,7 @@ def case(backend, ids, reps):
         for name, s in SPENT.items():
             pieces[name].append((s, CALLS[name]))
         if i % 4 == 0:
-            w.run(q, cache)
+            run()
     torch.cuda.synchronize()
     print(f"== {backend} ids {ids}: plan median {statistics.median(totals) * 1e6:.1f} us "
           f"-> {w.decision.backend if w.decision else '?'}")
