@@ -99,8 +99,9 @@ class PlanUpload:
             if count:
                 flat[start + n:start + n + count] = 0
         out = {}
+        if order and fixed.get(order[0]) is None:  # loose arrays (first in the order)
+            self._device_buffer(max(loose_end, 1))
         if loose_end:
-            self._device_buffer(loose_end)
             self._view("device", 0, loose_end).copy_(self._view(pinned, 0, loose_end),
                                                      non_blocking=non_blocking)
         for name in order:

@@ -131,6 +131,14 @@ def test_tail_of_a_tensor_joins_like_numpy():
 
 
 @gpu
+def test_cuda_upload_of_empty_arrays_only():
+    up = PlanUpload(torch.device("cuda", torch.cuda.current_device()))
+    out = up.upload({"ids": torch.zeros(0, dtype=torch.int32, device="cuda"),
+                     "lens": np.zeros(0, dtype=np.int32)}, {}, True)
+    assert all(t.is_cuda and t.shape == (0,) for t in out.values())
+
+
+@gpu
 @pytest.mark.parametrize("fixed", [False, True])
 def test_cuda_device_arrays_travel_through_pinned_memory(fixed):
     """A device array (page ids kept on the GPU), with a tail or without, in a loose slot or a
