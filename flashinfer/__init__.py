@@ -20,6 +20,7 @@ from .dispatch import (  # noqa: F401
 from .norm import (  # noqa: F401
     fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, layernorm, rmsnorm,
 )
+from .index_checks import check_errors  # noqa: F401
 from .overrides import use_backend  # noqa: F401
 from .prefill import (  # noqa: F401
     single_prefill_with_kv_cache, single_prefill_with_kv_cache_return_lse,

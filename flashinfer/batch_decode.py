@@ -14,6 +14,7 @@ import warnings
 import numpy as np
 import torch
 
+from . import index_checks
 from .api_logging import flashinfer_api
 
 from .batch_attention_params import BatchPlan, KVInput
@@ -100,6 +101,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
                      q_data_type, kv_data_type, o_data_type, data_type, sm_scale, rope_scale,
                      rope_theta, non_blocking, block_tables, seq_lens, fixed_split_size,
                      disable_split_kv, q_len_per_req, replay) -> None:
+        index_checks.poll(self.device)  # index faults the kernels recorded since the last plan()
         self._check_unsupported(pos_encoding_mode, window_right=window_right)
         num_qo_heads = positive_int("num_qo_heads", num_qo_heads)
         num_kv_heads = positive_int("num_kv_heads", num_kv_heads)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from . import index_checks
 from .api_logging import flashinfer_api
 
 from .batch_attention_params import BatchPlan, KVInput
@@ -43,6 +44,7 @@ class _PrefillBase(BatchWrapperBase):
                       packed_custom_mask, causal, pos_encoding_mode, sm_scale, window_left,
                       logits_soft_cap, q_data_type, kv_data_type, o_data_type, non_blocking,
                       unsupported: dict, replay) -> None:
+        index_checks.poll(self.device)  # index faults the kernels recorded since the last plan()
         self._check_unsupported(pos_encoding_mode, **unsupported)
         num_qo_heads = positive_int("num_qo_heads", num_qo_heads)
         num_kv_heads = positive_int("num_kv_heads", num_kv_heads)

@@ -89,6 +89,10 @@ _VARS: list[EnvVar] = [
            "batch attention plan(): skip the bounds check of page ids given on the GPU (it costs "
            "one synchronisation, which waits for the work already queued); out-of-range ids then "
            "read out of bounds. Page ids on the host are always checked", _parse_bool),
+    EnvVar("FLASHINFER_CHECK_INDICES", "bool", False,
+           "debugging: calls whose index arrays live on the GPU read them back and check them "
+           "before launching (a synchronisation per call), so a bad entry raises at the call "
+           "itself instead of at the next check_errors() / plan()", _parse_bool),
     EnvVar("FLASHINFER_TUNED_RULES", "path", None,
            "JSON file of measured dispatch rules, consulted before the default rules", _parse_str),
     EnvVar("FLASHINFER_LOGLEVEL", "int", 0,
@@ -113,6 +117,7 @@ BACKEND = REGISTRY["FLASHINFER_BACKEND"]
 STRICT = REGISTRY["FLASHINFER_STRICT"]
 TUNED_RULES = REGISTRY["FLASHINFER_TUNED_RULES"]
 TRUST_DEVICE_PAGE_IDS = REGISTRY["FLASHINFER_TRUST_DEVICE_PAGE_IDS"]
+CHECK_INDICES = REGISTRY["FLASHINFER_CHECK_INDICES"]
 LOGLEVEL = REGISTRY["FLASHINFER_LOGLEVEL"]
 LOGDEST = REGISTRY["FLASHINFER_LOGDEST"]
 CACHE_DIR = REGISTRY["FLASHINFER_CACHE_DIR"]

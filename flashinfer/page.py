@@ -21,19 +21,30 @@ with the host.
 * ``page_size``: int; ``kv_layout``: ``"NHD"`` or ``"HND"``.
 
 Token ``t`` of request ``b`` at position ``p`` goes to page ``kv_indices[kv_indptr[b] + p //
-page_size]``, slot ``p % page_size``. The index values are not checked (that would need a host
-sync): like upstream, an index outside the cache is undefined behaviour.
+page_size]``, slot ``p % page_size``.
+
+Index arrays are data (the contract of :mod:`flashinfer.index_checks`): the rules of each
+function are :mod:`flashinfer.page_checks`'s. Arrays on the CPU are checked before anything is
+written, and a bad entry raises ``ValueError`` naming the argument, the entry and what is
+allowed. Arrays on a GPU are not read back: a kernel skips every bad entry (no write outside the
+cache, none into another request's pages) and records the first one in the device's error
+record, raised by ``flashinfer.check_errors()``, by the next batch-wrapper ``plan()``, or at the
+call itself with ``FLASHINFER_CHECK_INDICES=1``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import dispatch
+import numbers
+
+from . import dispatch, index_checks, page_checks
 from .api_logging import flashinfer_api
 from .custom_op import custom_op
 from .dispatch import Problem
 from .prefill import check_kv_layout
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
 
 __all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens",
            "unpack_paged_kv_cache"]
@@ -71,11 +82,51 @@ def unpack_paged_kv_cache(paged_kv_cache, kv_layout: str = "NHD") -> tuple[torch
                     f"got {type(paged_kv_cache).__name__}")
 
 
+def _index_tensor(name: str, t, device=None, length: int | None = None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _INDEX_DTYPES or t.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D int32 or int64 tensor, got {t.dtype} "
+                         f"{tuple(t.shape)}")
+    if length is not None and t.shape[0] != length:
+        raise ValueError(f"{name} must have {length} entries, got {t.shape[0]}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device} but the other index arrays are on {device}")
+    return t
+
+
+def _count(name: str, value, low: int) -> int:
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_floating_point:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if int(value) < low:
+        raise ValueError(f"{name}={int(value)} must be >= {low}")
+    return int(value)
+
+
+def _out_buffer(name: str, buf, nnz: int, device) -> None:
+    if buf is None:
+        return
+    _index_tensor(name, buf, device, nnz)
+
+
 @flashinfer_api
 def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
-    """kv length per request: ``clamp(pages - 1, 0) * page_size + last_page_len`` (int32)."""
-    pages = kv_indptr[1:] - kv_indptr[:-1]
-    return ((pages - 1).clamp_min(0) * page_size + kv_last_page_len).to(torch.int32)
+    """kv length per request, int32 ``[B]``: ``clamp(pages - 1, min=0) * page_size +
+    kv_last_page_len`` (upstream's formula), ``pages = kv_indptr[b + 1] - kv_indptr[b]``.
+
+    ``kv_indptr`` int32/int64 ``[B + 1]`` non-decreasing; ``kv_last_page_len`` int32/int64 ``[B]``
+    in ``[1, page_size]`` where the request has pages, ``[0, page_size]`` where it has none (as
+    the batch wrappers' plan() accepts). Bad values: see the module docstring."""
+    page_size = _count("page_size", page_size, 1)
+    _index_tensor("kv_indptr", kv_indptr)
+    if kv_indptr.shape[0] < 1:
+        raise ValueError("kv_indptr must have at least one entry (batch_size + 1)")
+    _index_tensor("kv_last_page_len", kv_last_page_len, kv_indptr.device, kv_indptr.shape[0] - 1)
+    checks, lens = page_checks.seq_lens_checks(kv_indptr, kv_last_page_len, page_size)
+    index_checks.enforce(checks, kv_indptr.device)
+    return lens.to(torch.int32)
 
 
 @flashinfer_api
@@ -83,15 +134,25 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
                                 batch_indices: torch.Tensor | None = None,
                                 positions: torch.Tensor | None = None
                                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """CSR -> COO for appended tokens: token ``j`` of request ``b`` (``L_b`` appended tokens, total
-    length ``seq_lens[b]`` after the append) gets ``batch_indices = b`` and
-    ``positions = seq_lens[b] - L_b + j``. Both int32 ``[nnz]``; written into the given buffers."""
+    """CSR -> COO for appended tokens: token ``j`` of request ``b`` (``L_b = append_indptr[b + 1] -
+    append_indptr[b]`` appended tokens, total length ``seq_lens[b]`` after the append) gets
+    ``batch_indices = b`` and ``positions = seq_lens[b] - L_b + j``.
+
+    ``append_indptr`` int32/int64 ``[B + 1]`` (``[0] == 0``, non-decreasing, ``[-1] == nnz``);
+    ``seq_lens`` int32/int64 ``[B]``, each ``>= L_b``; ``nnz`` int. Returns int32 ``[nnz]``
+    tensors, written into ``batch_indices`` / ``positions`` when given (int32/int64 ``[nnz]``).
+    Bad values: see the module docstring (on a GPU a token outside every request is given the
+    last request and a position computed from it; the fault is recorded)."""
+    nnz = _count("nnz", nnz, 0)
+    _index_tensor("append_indptr", append_indptr)
+    if append_indptr.shape[0] < 1:
+        raise ValueError("append_indptr must have at least one entry (batch_size + 1)")
     device = append_indptr.device
-    lens = (append_indptr[1:] - append_indptr[:-1]).long()
-    batch = torch.arange(lens.shape[0], device=device)
-    b = torch.repeat_interleave(batch, lens, output_size=int(nnz))
-    start = append_indptr.long()[b]
-    pos = torch.arange(int(nnz), device=device) - start + seq_lens.long()[b] - lens[b]
+    _index_tensor("seq_lens", seq_lens, device, append_indptr.shape[0] - 1)
+    _out_buffer("batch_indices", batch_indices, nnz, device)
+    _out_buffer("positions", positions, nnz, device)
+    checks, b, pos = page_checks.positions_checks(append_indptr, seq_lens, nnz)
+    index_checks.enforce(checks, device)
     if batch_indices is None:
         batch_indices = b.to(torch.int32)
     else:
@@ -114,6 +175,10 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
     ``positions[t] % page_size``. The page table must already include the appended tokens.
     ``append_key/value`` must have the cache dtype (quantise to fp8 before appending).
     ``kv_last_page_len`` is accepted for upstream compatibility and not read.
+
+    Index values (module docstring): checked before the copy on the CPU; on a GPU each bad token
+    is skipped and recorded (``flashinfer.check_errors()``); ``FLASHINFER_CHECK_INDICES=1``
+    checks on the host there too.
 
     Registered as the custom op ``flashinfer::append_paged_kv_cache`` (the cache as a list of
     one tensor or of the (k, v) pair, mutated), so ``torch.compile(fullgraph=True)`` traces it."""
@@ -152,6 +217,8 @@ def _check_append(append_key, append_value, batch_indices, positions, paged_kv_c
                              f"{tuple(getattr(t, 'shape', ()))}")
         if t.device != k_cache.device:
             raise ValueError(f"{name} is on {t.device} but the cache is on {k_cache.device}")
+    if kv_indptr.shape[0] < 1:
+        raise ValueError("kv_indptr must have at least one entry (batch_size + 1)")
     nnz = append_key.shape[0]
     if batch_indices.shape[0] != nnz or positions.shape[0] != nnz:
         raise ValueError(f"batch_indices and positions must have nnz={nnz} entries, "
@@ -175,6 +242,10 @@ def _append(append_key: torch.Tensor, append_value: torch.Tensor, batch_indices:
         shape={"num_kv_heads": heads, "head_dim": k_cache.shape[-1], "page_size": page_size,
                "num_tokens": dispatch.length_bucket(append_key.shape[0])},
         layout=kv_layout)
+    if index_checks.host_check_wanted(k_cache.device):
+        checks, _ = page_checks.append_checks(batch_indices, positions, kv_indices, kv_indptr,
+                                              page_size, k_cache.shape[0])
+        index_checks.raise_first(checks)
     decision = dispatch.decide(problem, backend)
     decision.kernel(append_key, append_value, batch_indices, positions, k_cache, v_cache,
                     kv_indices, kv_indptr, page_size, kv_layout)

@@ -72,3 +72,59 @@ def capture_cuda_graph(fn):
     with torch.cuda.graph(graph):
         fn()
     return graph
+
+
+# --------------------------------------------------------------------------------------------
+# the fuzz suite (tests/test_fuzz_*.py)
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+#: hypothesis settings of the fuzz suite: seeded (derandomize: the same examples every run, so a
+#: failure reproduces), no example database, no deadline (the interpreter is slow), few examples
+#: (the CPU suite has a time budget). ``FUZZ`` for cheap calls, ``FUZZ_SLOW`` for kernels.
+FUZZ = settings(derandomize=True, database=None, deadline=None, max_examples=25,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.function_scoped_fixture])
+FUZZ_SLOW = settings(FUZZ, max_examples=8)
+
+
+def usable_backends(problem) -> list[str]:
+    """``backend:variant`` of every kernel whose record can serve ``problem`` here (installed
+    packages, this device, the Triton interpreter on CPU), for parametrising a fuzz test."""
+    from flashinfer.dispatch import evaluate_candidates
+
+    return [c.name for c in evaluate_candidates(problem, triton_interpret=not HAS_CUDA)
+            if c.usable]
+
+
+def raises_naming(*words: str):
+    """``pytest.raises(ValueError)`` whose message must contain every one of ``words`` (the
+    argument the caller passed, the bad entry, ...)."""
+    return _RaisesNaming(words)
+
+
+class _RaisesNaming:
+    def __init__(self, words):
+        self.words, self._cm = words, pytest.raises(ValueError)
+
+    def __enter__(self):
+        self.info = self._cm.__enter__()
+        return self.info
+
+    def __exit__(self, *exc):
+        handled = self._cm.__exit__(*exc)
+        text = str(self.info.value)
+        missing = [w for w in self.words if w not in text]
+        assert not missing, f"error message lacks {missing}: {text}"
+        return handled
+
+
+@pytest.fixture
+def clean_error_record():
+    """Clears every device's index-fault record before and after the test (a fault left by one
+    test must not surface in the next)."""
+    from flashinfer import index_checks
+
+    index_checks.clear()
+    yield
+    index_checks.clear()

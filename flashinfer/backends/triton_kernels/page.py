@@ -7,7 +7,8 @@ Triton).
 Every tensor is reinterpreted as the integer type of its element width before the launch, so
 the kernel moves bits: any cache dtype (fp8 included, also on SMs without fp8 arithmetic) is
 copied exactly. Launch grid: ``(nnz, cdiv(H_kv, BLOCK_H))``, a tile of about ``TILE`` elements
-per program. Nothing is read back to the host.
+per program. Nothing is read back to the host: the kernel checks every index itself, skips a bad
+token and reports it into the device's error record (:mod:`flashinfer.index_checks`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import contextlib
 
 import torch
 
+from ... import page_checks
+from ...index_checks import record
 from . import KERNELS
 
 #: elements of K (and as many of V) each program copies, at most (one head may exceed it).
@@ -56,10 +59,13 @@ def append_paged_kv(append_key: torch.Tensor, append_value: torch.Tensor,
     device = torch.cuda.device(kc.device) if kc.is_cuda else contextlib.nullcontext()
     with device:
         _page_kernels.append_paged_kv_kernel[(nnz, -(-heads // block_h))](
-            k, v, batch_indices, positions, kc, vc, kv_indices, kv_indptr,
-            heads, head_dim, page_size,
+            k, v, batch_indices, positions, kc, vc, kv_indices, kv_indptr, record(kc.device),
+            heads, head_dim, page_size, kv_indptr.shape[0] - 1, kv_indices.shape[0],
+            k_cache.shape[0],
             *k.stride(), *v.stride(),
             *_cache_strides(kc, kv_layout), *_cache_strides(vc, kv_layout),
+            page_checks.APPEND_BATCH.code, page_checks.APPEND_INDPTR.code,
+            page_checks.APPEND_POSITION.code, page_checks.APPEND_PAGE.code,
             BLOCK_H=block_h, BLOCK_D=block_d,
             num_warps=4 if block_h * block_d >= 1024 else 1,
         )
