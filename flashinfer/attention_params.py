@@ -44,7 +44,18 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["AttentionParams", "get_alibi_slopes", "POS_ENCODING_MODES"]
+__all__ = ["AttentionParams", "get_alibi_slopes", "POS_ENCODING_MODES", "MAX_SOFTMAX_SCALE",
+           "check_softmax_scale", "check_rope_scalars"]
+
+#: The largest softmax scale (``sm_scale`` times ``q_scale`` and ``k_scale``) any attention entry
+#: point accepts. Every kernel here (FA2/FA3, cuDNN, torch SDPA, Triton, the reference) forms
+#: ``scale * q.k`` in float32 (fp16 in torch's math path, after ``sqrt(scale)`` on each side);
+#: a scaled score that overflows turns its whole row into NaN, although the exact softmax is
+#: finite (it tends to a one-hot on the largest score). Past ``|scale| ~ 100 / (score gap)`` the
+#: softmax is already that one-hot, so no model needs more than this bound, and at this bound the
+#: scaled scores stay finite for ``|q.k| <= 3e34`` (fp32) and for fp16 inputs with ``|q|, |k| <=
+#: 2.5`` per element at head dim 128 in torch's math path.
+MAX_SOFTMAX_SCALE = 1e4
 
 #: upstream ``PosEncodingMode`` names, in enum order (NONE=0, ROPE_LLAMA=1, ALIBI=2)
 POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
@@ -63,6 +74,33 @@ class AttentionParams:
     return_lse: bool = False
     o_dtype: torch.dtype = torch.float16
     alibi_slopes: torch.Tensor | None = None  # float32 [num_qo_heads] on q's device when ALIBI
+
+
+def check_softmax_scale(scale: float, what: str = "sm_scale") -> float:
+    """``scale`` if it is finite with ``|scale| <= MAX_SOFTMAX_SCALE``, else ``ValueError``
+    naming ``what`` (e.g. ``"sm_scale * q_scale * k_scale"``)."""
+    if not math.isfinite(scale) or abs(scale) > MAX_SOFTMAX_SCALE:
+        raise ValueError(f"{what} = {scale!r} is outside what the kernels compute without "
+                         f"overflow: it must be finite with |{what}| <= {MAX_SOFTMAX_SCALE:g} (a "
+                         "larger scale already makes the softmax a one-hot on the largest score, "
+                         "and its float32 products overflow into NaN rows)")
+    return scale
+
+
+def check_rope_scalars(rope_scale, rope_theta) -> tuple[float, float]:
+    """``(rope_scale, rope_theta)`` with upstream's defaults (1.0, 1e4) for None; each must be a
+    finite float > 0 (``ValueError`` / ``TypeError`` naming it otherwise)."""
+    out = []
+    for name, value, default in (("rope_scale", rope_scale, 1.0), ("rope_theta", rope_theta, 1e4)):
+        if value is None:
+            out.append(default)
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a float or None, got {type(value).__name__}")
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name}={value!r} must be a finite float > 0")
+        out.append(float(value))
+    return out[0], out[1]
 
 
 def get_alibi_slopes(n_heads: int, device: torch.device | str | None = None) -> torch.Tensor:

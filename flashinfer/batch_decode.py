@@ -17,6 +17,7 @@ import torch
 from . import index_checks
 from .api_logging import flashinfer_api
 
+from .attention_params import check_rope_scalars
 from .batch_attention_params import BatchPlan, KVInput
 from .batch_plan import (
     KV_DTYPES, Q_DTYPES, BatchWrapperBase, canonical_dtype, check_fixed_buffer, check_indptr,
@@ -118,6 +119,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         kv_dtype = canonical_dtype("kv_data_type", kv_data_type, q_dtype, KV_DTYPES)
         o_dtype = canonical_dtype("o_data_type", o_data_type, q_dtype, Q_DTYPES)
         window_left, cap, scale = self._common_scalars(window_left, logits_soft_cap, sm_scale, head_dim)
+        check_rope_scalars(rope_scale, rope_theta)
 
         indptr_h, last_h = host_index_arrays(("indptr", indptr), ("last_page_len", last_page_len))
         batch = last_h.shape[0]
@@ -180,7 +182,8 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         plan = self._check_run(q, window_left)
         if q_len_per_req is not None and q_len_per_req != plan.q_len_per_req:
             raise ValueError(f"q_len_per_req={q_len_per_req} differs from the planned {plan.q_len_per_req}")
-        k_cache, v_cache = paged_kv_pages(paged_kv_cache, plan, self._max_page, self._check_kv)
+        k_cache, v_cache = paged_kv_pages(paged_kv_cache, plan, self._max_page, self._check_kv,
+                                          "indices")
         return self._execute(plan, q, KVInput(k_cache, v_cache), q_scale, k_scale, v_scale, out,
                              lse, return_lse, sinks)
 
@@ -198,8 +201,9 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         return self.forward(q, paged_kv_cache, *args, **kwargs, return_lse=True)
 
 
-def paged_kv_pages(paged_kv_cache, plan: BatchPlan, max_page: int, check_kv):
-    """Split the cache into page views and check them against the plan (metadata only)."""
+def paged_kv_pages(paged_kv_cache, plan: BatchPlan, max_page: int, check_kv, indices_name: str):
+    """Split the cache into page views and check them against the plan (metadata only);
+    ``indices_name``: plan()'s page-id argument, for the message."""
     k_cache, v_cache = unpack_paged_kv_cache(paged_kv_cache, plan.kv_layout)
     check_kv("k_cache", k_cache, plan)
     check_kv("v_cache", v_cache, plan)
@@ -213,8 +217,9 @@ def paged_kv_pages(paged_kv_cache, plan: BatchPlan, max_page: int, check_kv):
         raise ValueError(f"paged_kv_cache head dims ({k_cache.shape[-1]}, {v_cache.shape[-1]}) differ "
                          f"from the planned ({plan.head_dim_qk}, {plan.head_dim_vo})")
     if max_page >= k_cache.shape[0]:
-        raise ValueError(f"page index {max_page} in the planned indices is beyond the cache "
-                         f"({k_cache.shape[0]} pages)")
+        raise ValueError(f"{indices_name} given to plan() holds page id {max_page}, beyond the "
+                         f"{k_cache.shape[0]} pages of paged_kv_cache; allowed: page ids in "
+                         f"[0, {k_cache.shape[0]})")
     return k_cache, v_cache
 
 

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from . import dispatch, envs
+from .attention_params import check_softmax_scale
 from .batch_attention_params import BatchPlan, KVInput, RunScales, bind_device_arrays
 from .plan_upload import PlanUpload, Tail
 from .prefill import check_kv_layout
@@ -305,6 +306,7 @@ class BatchWrapperBase:
         scale = 1.0 / math.sqrt(head_dim_qk) if sm_scale is None else float(sm_scale)
         if not math.isfinite(scale) or scale <= 0:
             raise ValueError(f"sm_scale={sm_scale!r} must be a finite float > 0")
+        check_softmax_scale(scale)
         return window_left, cap, scale
 
     def _drop_plan(self) -> None:
@@ -466,6 +468,8 @@ class BatchWrapperBase:
         else:
             scales = RunScales(scale_arg("q_scale", q_scale), scale_arg("k_scale", k_scale),
                                scale_arg("v_scale", v_scale), self._sinks(sinks, plan))
+            check_softmax_scale(plan.sm_scale * scales.q_scale * scales.k_scale,
+                                "sm_scale * q_scale * k_scale")
         o_shape = (plan.total_qo, plan.num_qo_heads, plan.head_dim_vo)
         if out is None:
             out = torch.empty(o_shape, dtype=plan.o_dtype, device=plan.device)

@@ -15,6 +15,7 @@ import torch
 from . import index_checks
 from .api_logging import flashinfer_api
 
+from .attention_params import check_rope_scalars
 from .batch_attention_params import BatchPlan, KVInput
 from .batch_decode import paged_kv_pages
 from .batch_plan import (
@@ -201,6 +202,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
              fixed_split_size=None, disable_split_kv=False) -> None:
         """Plan for ``len(qo_indptr) - 1`` requests (host work; once per step)."""
         kwargs = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        check_rope_scalars(rope_scale, rope_theta)
         self._plan_prefill(
             qo_indptr=qo_indptr, kv_indptr=paged_kv_indptr, indices=paged_kv_indices,
             last_page_len=paged_kv_last_page_len, num_qo_heads=num_qo_heads,
@@ -223,7 +225,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             raise NotImplementedError("extra run() tensors, kv_cache_sf (NVFP4) and skip-softmax "
                                       "are not supported")
         plan = self._check_run(q, window_left)
-        k_cache, v_cache = paged_kv_pages(paged_kv_cache, plan, self._max_page, self._check_kv)
+        k_cache, v_cache = paged_kv_pages(paged_kv_cache, plan, self._max_page, self._check_kv,
+                                          "paged_kv_indices")
         return self._execute(plan, q, KVInput(k_cache, v_cache), q_scale, k_scale, v_scale, out,
                              lse, return_lse, sinks)
 
@@ -257,6 +260,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
              o_indptr=None) -> None:
         """Plan for ``len(qo_indptr) - 1`` requests (host work; once per step)."""
         kwargs = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        check_rope_scalars(rope_scale, rope_theta)
         self._plan_prefill(
             qo_indptr=qo_indptr, kv_indptr=kv_indptr, indices=None, last_page_len=None,
             num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk,

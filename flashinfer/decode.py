@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from .api_logging import flashinfer_api
+from .attention_params import check_softmax_scale
 from .custom_op import custom_op
 from .prefill import _number, check_common, check_kv_layout, check_qkv, run_single
 
@@ -92,6 +93,7 @@ def single_decode_with_kv_cache(
         pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
         head_dim, backend)
     scale *= _number("q_scale", q_scale, 1.0) * _number("k_scale", k_scale, 1.0)
+    check_softmax_scale(scale, "sm_scale * q_scale * k_scale")
     out_scale = _number("v_scale", v_scale, 1.0)
     out, lse = _single_decode_op(q, k, v, layout, mode, scale, window_left, cap, rope_scale,
                                  rope_theta, bool(return_lse), out_scale, backend)

@@ -67,7 +67,7 @@ class Fault:
             rule += f" (bound of this entry: {bound})"
         text = f"{self.function}: {self.argument}[{entry}] = {value} is out of range; allowed: {rule}"
         if on_device:
-            more = f" ({count} bad entries in all)" if count > 1 else ""
+            more = f" ({count} bad entries reported since the last check)" if count > 1 else ""
             text += (f"{more}. Found by the kernel on the device, where the bad entries were skipped "
                      "(nothing was read or written through them); run with "
                      "FLASHINFER_CHECK_INDICES=1 to raise at the call itself")

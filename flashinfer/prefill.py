@@ -28,7 +28,8 @@ import torch
 
 from . import dispatch, overrides
 from .api_logging import flashinfer_api
-from .attention_params import POS_ENCODING_MODES, AttentionParams, cached_alibi_slopes
+from .attention_params import (POS_ENCODING_MODES, AttentionParams, cached_alibi_slopes,
+                               check_softmax_scale)
 from .custom_op import custom_op
 
 __all__ = ["single_prefill_with_kv_cache", "single_prefill_with_kv_cache_return_lse"]
@@ -336,6 +337,7 @@ def single_prefill_with_kv_cache(
         pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
         head_dim_qk, backend)
     scale *= _number("k_scale", k_scale, 1.0)
+    check_softmax_scale(scale, "sm_scale * k_scale")
     out_scale = _number("v_scale", v_scale, 1.0)
     out_dtype = _check_o_dtype(o_dtype, q.dtype)
     mask = _check_mask(q, custom_mask, packed_custom_mask, qo_len, kv_len)
