@@ -6,10 +6,27 @@ Names, argument order, defaults of the tensor arguments and return conventions a
 returns ``out`` (allocated when not given, else written in place and returned; it must be
 contiguous). Rows are split into segments by an offsets tensor ``indptr [segments + 1]``
 (segment ``i`` is rows ``indptr[i]:indptr[i+1]``, empty segments allowed); rows outside
-``[indptr[0], indptr[-1])`` come back as zeros (upstream zero-fills its output). Offsets are
-read on the host and checked by the loop kernels and the reference; ``torch:grouped_mm`` and our
-``triton`` kernels run without reading them (no sync, CUDA-graph safe, like upstream's kernels),
-so there they are trusted (triton clamps them to the rows, so it never reads out of bounds).
+``[indptr[0], indptr[-1])`` come back as zeros (upstream zero-fills its output).
+
+Index arrays (the contract of :mod:`flashinfer.index_checks`; :class:`SegmentFaults`): the
+offsets (``m_indptr``, ``seg_indptr``, or ``seg_lens``, from which ``seg_indptr`` is built) must
+be non-decreasing within ``[0, rows]`` (lengths non-negative with a running sum ``<= rows``),
+``weight_indices`` in ``[0, weights.shape[0])``. Arrays on the CPU (and on a GPU with
+``FLASHINFER_CHECK_INDICES=1``) are checked before anything runs: ``ValueError`` naming the
+function, the argument as the caller passed it, the first bad entry, its value and what is
+allowed. On a GPU they are not read back for the check (``torch:grouped_mm`` and ``triton`` run
+without any host sync, CUDA-graph safe; the reference and the torch loops read the offsets to
+loop over them, as before); every kernel reports the first bad entry into the device's error
+record (raised by ``flashinfer.check_errors()``) and computes a defined result that reads and
+writes nothing outside ``x`` / ``weights`` / ``out``:
+
+* a bad offset: the segments before it are computed, and from it on nothing is: every later row
+  of ``out`` is zero (the kernels use ``indptr`` up to its first bad entry, that entry and all
+  later ones replaced by the last good offset, 0 when entry 0 is bad);
+* a bad weight index: that segment's rows are zero.
+
+Scales and ``alpha`` are data, not checked: a non-finite value makes the rows it multiplies
+non-finite, no others.
 
 Backends: ``backend="auto"`` (ours) lets the dispatcher choose. Upstream spellings:
 ``SegmentGEMMWrapper(backend="sm80" | "sm90")`` name upstream's CUTLASS kernels and mean
@@ -19,16 +36,19 @@ declare no kernel for the op); ``"cutile"`` and ``"cake"`` have no counterpart (
 
 Canonical kernel signatures (every backend registers exactly these; kernels write all of ``out``;
 a ``segment_gemm`` kernel marked ``returns_output = True`` also accepts ``out=None`` and then
-returns a new tensor — the op does so when the caller gave no ``out``)
+returns a new tensor — the op does so when the caller gave no ``out``). ``faults`` is the
+:class:`SegmentFaults` of the public call: the :class:`~flashinfer.index_checks.Fault` a kernel
+reports a bad offset / weight index under (the caller's function and argument names), and the
+rules as device ops (:meth:`SegmentFaults.guard`) for kernels written in torch
 ---------------------------------------------------------------------------------------------------
 * ``segment_gemm``: ``kernel(x, weights, seg_indptr, weight_indices, weight_column_major, alpha,
-  out) -> None``; ``x [M, K]`` fp16/bf16/fp8; ``weights [W, K, N]``, or ``[W, N, K]`` when
+  out, faults) -> None``; ``x [M, K]`` fp16/bf16/fp8; ``weights [W, K, N]``, or ``[W, N, K]`` when
   ``weight_column_major``, same dtype as ``x``; ``seg_indptr [S + 1]`` int32/int64 and
   ``weight_indices`` None or int64 ``[S]`` on ``x``'s device; ``alpha`` None or an fp32
   one-element tensor; ``out [M, N]`` contiguous fp16/bf16/fp32.
   ``out[seg i] = alpha * x[seg i] @ W[weight_indices[i] if given else i]``.
-* ``group_gemm_fp8_groupwise``: ``kernel(a, b, a_scale, b_scale, m_indptr, granularity, out)
-  -> None``; ``a [M, K]``, ``b [G, N, K]`` fp8; ``granularity = (gm, gn, gk)``; ``a_scale``
+* ``group_gemm_fp8_groupwise``: ``kernel(a, b, a_scale, b_scale, m_indptr, granularity, out,
+  faults) -> None``; ``a [M, K]``, ``b [G, N, K]`` fp8; ``granularity = (gm, gn, gk)``; ``a_scale``
   logical ``[ceil(M/gm), ceil(K/gk)]``, ``b_scale`` logical ``[G, ceil(N/gn), ceil(K/gk)]``
   fp32, any strides (MN-major scales arrive as transposed views); ``m_indptr [G + 1]`` int32;
   ``out [M, N]`` contiguous bf16/fp16. Row ``r`` of group ``g`` (starting at ``s``) uses scale
@@ -43,14 +63,16 @@ weights) and feature ``weight_indices``; the fp8 op the scale features of
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, Optional, Tuple
 
 import torch
 
-from . import dispatch
+from . import dispatch, index_checks
 from .api_logging import flashinfer_api
 from .custom_op import custom_op
 from .dispatch import Problem
+from .index_checks import Check, Fault, fault
 from .gemm import (
     _FP8, _FP8_OUT, _backend, _cdiv, _granularity, _no_output, _out_dtype, _output,
     _scalar_scale, _scale_feature, _tensor,
@@ -73,6 +95,94 @@ def _resolve(backend) -> str:
                          "counterpart in this library; use 'auto', 'torch', 'triton' or "
                          "'reference'")
     return _backend(backend)
+
+
+# --------------------------------------------------------------------------------------------
+# index rules
+
+
+@dataclass(frozen=True)
+class SegmentFaults:
+    """The caller's names of the index arrays one public function hands a segment kernel, and
+    their rules. ``offsets``: the fault of a bad offset (``m_indptr``, ``seg_indptr``; with
+    ``lens``, the caller gave ``seg_lens`` and the kernels see ``seg_indptr = [0, cumsum]``:
+    entry ``i + 1`` of it is reported as ``seg_lens[i]`` with the length as value);
+    ``weight_indices``: the fault of a bad weight index (None where the function has none)."""
+
+    offsets: Fault
+    lens: bool = False
+    weight_indices: Optional[Fault] = None
+
+    def guard(self, indptr: torch.Tensor, rows: int,
+              weight_indices: Optional[torch.Tensor] = None, num_weights: int = 0
+              ) -> tuple[list[Check], torch.Tensor, Optional[torch.Tensor]]:
+        """``(checks, offsets, weight_ok)`` with device ops only (no sync): the
+        :class:`~flashinfer.index_checks.Check` list of the call; the offsets the kernels
+        compute with (int64 ``[S + 1]``, non-decreasing within ``[0, rows]``: ``indptr`` up to
+        its first bad entry, the rest replaced by the last good offset, 0 when entry 0 is bad);
+        ``weight_ok`` bool ``[S]`` (None without ``weight_indices``). Entry ``i`` of ``indptr``
+        is bad when it is below entry ``i - 1`` (below 0 for entry 0) or above ``rows``."""
+        v = indptr.long()
+        prev = torch.cat([v.new_zeros(1), v[:-1]])
+        bad = (v < prev) | (v > rows)
+        if self.lens:  # seg_indptr[0] is 0 (built here); entry i + 1 is seg_lens[i]
+            checks = [Check(self.offsets, bad[1:], (v - prev)[1:], rows)]
+        else:
+            checks = [Check(self.offsets, bad, v, rows)]
+        n = v.shape[0]
+        index = torch.arange(n, device=v.device)
+        first = torch.where(bad, index, n).min()
+        last_good = (first - 1).clamp_min(0).reshape(1)  # index_select: no host sync
+        kept = torch.where(first > 0, v.index_select(0, last_good), 0)
+        offsets = torch.where(index < first, v, kept)
+        weight_ok = None
+        if weight_indices is not None:
+            w = weight_indices.long()
+            weight_ok = (w >= 0) & (w < num_weights)
+            checks.append(Check(self.weight_indices, ~weight_ok, w, num_weights))
+        return checks, offsets, weight_ok
+
+    def host_check(self, indptr: torch.Tensor, rows: int,
+                   weight_indices: Optional[torch.Tensor] = None, num_weights: int = 0) -> None:
+        """Raise ``ValueError`` for the first bad entry (reads the arrays: a sync on a GPU)."""
+        index_checks.raise_first(self.guard(indptr, rows, weight_indices, num_weights)[0])
+
+
+def _offsets_rule(rows: str) -> str:
+    return f"non-decreasing offsets within [0, {{bound}}] ({rows}, the rows)"
+
+
+_RUN = "SegmentGEMMWrapper.run"
+_WEIGHT_INDICES = fault(_RUN, "weight_indices", "a weight index in [0, {bound}) (weights.shape[0])")
+#: the faults of each public function (the custom ops take the key: a str)
+FAULTS = {
+    "grouped_mm_bf16": SegmentFaults(fault("grouped_mm_bf16", "m_indptr",
+                                           _offsets_rule("a.shape[0]"))),
+    "grouped_mm_fp8": SegmentFaults(fault("grouped_mm_fp8", "m_indptr",
+                                          _offsets_rule("a.shape[0]"))),
+    "group_gemm_fp8_nt_groupwise": SegmentFaults(fault(
+        "group_gemm_fp8_nt_groupwise", "m_indptr", _offsets_rule("a.shape[0]"))),
+    "seg_indptr": SegmentFaults(fault(_RUN, "seg_indptr", _offsets_rule("x.shape[0]")),
+                                weight_indices=_WEIGHT_INDICES),
+    "seg_lens": SegmentFaults(fault(_RUN, "seg_lens",
+                                    "non-negative lengths whose running sum stays within "
+                                    "{bound} (x.shape[0], the rows)"),
+                              lens=True, weight_indices=_WEIGHT_INDICES),
+}
+
+
+def _check_unlaunched(caller: str, rows: int, indptr, weight_indices, num_weights: int) -> None:
+    """The index check of a call that launches no kernel (the ops and kernels check otherwise):
+    on the host when wanted (CPU arrays, ``FLASHINFER_CHECK_INDICES=1``), else merged into the
+    device's error record with device ops (no sync); skipped while compiling."""
+    if torch.compiler.is_compiling():
+        return
+    faults = FAULTS[caller]
+    if index_checks.host_check_wanted(indptr.device):
+        faults.host_check(indptr, rows, weight_indices, num_weights)
+    else:
+        for check in faults.guard(indptr, rows, weight_indices, num_weights)[0]:
+            index_checks.report_device(check)
 
 
 def _offsets(name: str, t, length: int, device) -> torch.Tensor:
@@ -105,18 +215,27 @@ def _segment_kernel(x, weights, seg_indptr, weight_indices, weight_column_major,
     return dispatch.decide(problem, backend).kernel
 
 
+def _segment_faults(caller: str, x, weights, seg_indptr, weight_indices) -> SegmentFaults:
+    """The call's faults, after the host check when wanted (inside the ops: real tensors)."""
+    faults = FAULTS[caller]
+    if index_checks.host_check_wanted(x.device):
+        faults.host_check(seg_indptr, x.shape[0], weight_indices, weights.shape[0])
+    return faults
+
+
 @custom_op("segment_gemm", mutates_args=("out",), fake=_no_output)
 def _segment_gemm_op(out: torch.Tensor, x: torch.Tensor, weights: torch.Tensor,
                      seg_indptr: torch.Tensor, weight_indices: Optional[torch.Tensor],
-                     weight_column_major: bool, alpha: Optional[torch.Tensor],
+                     weight_column_major: bool, alpha: Optional[torch.Tensor], caller: str,
                      backend: str) -> None:
+    faults = _segment_faults(caller, x, weights, seg_indptr, weight_indices)
     kernel = _segment_kernel(x, weights, seg_indptr, weight_indices, weight_column_major,
                              out.dtype, out.shape[1], backend)
-    kernel(x, weights, seg_indptr, weight_indices, weight_column_major, alpha, out)
+    kernel(x, weights, seg_indptr, weight_indices, weight_column_major, alpha, out, faults)
 
 
 def _new_output(x, weights, seg_indptr, weight_indices, weight_column_major, alpha, out_dtype, n,
-                backend):
+                caller, backend):
     """Fake impl of the op below: a fresh ``[M, n]`` output."""
     return x.new_empty((x.shape[0], n), dtype=out_dtype)
 
@@ -125,16 +244,18 @@ def _new_output(x, weights, seg_indptr, weight_indices, weight_column_major, alp
 def _segment_gemm_new_op(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.Tensor,
                          weight_indices: Optional[torch.Tensor], weight_column_major: bool,
                          alpha: Optional[torch.Tensor], out_dtype: torch.dtype, n: int,
-                         backend: str) -> torch.Tensor:
+                         caller: str, backend: str) -> torch.Tensor:
     """``segment_gemm`` into a new output (the caller gave none): a kernel marked
     ``returns_output`` hands back its own result (``out=None``), saving the copy a library
     GEMM without ``out=`` would need; any other kernel writes a fresh tensor."""
+    faults = _segment_faults(caller, x, weights, seg_indptr, weight_indices)
     kernel = _segment_kernel(x, weights, seg_indptr, weight_indices, weight_column_major,
                              out_dtype, n, backend)
     if getattr(kernel, "returns_output", False):
-        return kernel(x, weights, seg_indptr, weight_indices, weight_column_major, alpha, None)
+        return kernel(x, weights, seg_indptr, weight_indices, weight_column_major, alpha, None,
+                      faults)
     out = torch.empty((x.shape[0], n), dtype=out_dtype, device=x.device)
-    kernel(x, weights, seg_indptr, weight_indices, weight_column_major, alpha, out)
+    kernel(x, weights, seg_indptr, weight_indices, weight_column_major, alpha, out, faults)
     return out
 
 
@@ -142,6 +263,9 @@ def _segment_gemm_new_op(x: torch.Tensor, weights: torch.Tensor, seg_indptr: tor
 def _group_gemm_fp8_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                        a_scale: torch.Tensor, b_scale: torch.Tensor, m_indptr: torch.Tensor,
                        gm: int, gn: int, gk: int, backend: str) -> None:
+    faults = FAULTS["group_gemm_fp8_nt_groupwise"]
+    if index_checks.host_check_wanted(a.device):
+        faults.host_check(m_indptr, a.shape[0])
     k = a.shape[1]
     problem = Problem.make(
         "group_gemm_fp8_groupwise", a.device,
@@ -150,22 +274,23 @@ def _group_gemm_fp8_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                "m": dispatch.length_bucket(a.shape[0]), "n": b.shape[1], "k": k},
         features=(_scale_feature((gm, gn, gk), k),))
     dispatch.decide(problem, backend).kernel(a, b, a_scale, b_scale, m_indptr, (gm, gn, gk),
-                                             out)
+                                             out, faults)
 
 
-def _segment_gemm(out, x, weights, indptr, weight_indices, column_major, alpha, backend, *,
-                  n: int = 0, dtype: Optional[torch.dtype] = None):
-    """Into ``out``, or (``out`` None) into a new ``[M, n]`` tensor of ``dtype``."""
-    if out is None:
-        if x.shape[0] == 0 or n == 0 or indptr.shape[0] == 1:  # nothing to compute
+def _segment_gemm(out, x, weights, indptr, weight_indices, column_major, alpha, backend,
+                  caller: str, *, n: int = 0, dtype: Optional[torch.dtype] = None):
+    """Into ``out``, or (``out`` None) into a new ``[M, n]`` tensor of ``dtype``. ``caller``: the
+    key of the call's :data:`FAULTS`."""
+    if x.shape[0] == 0 or n == 0 or indptr.shape[0] == 1:  # nothing to compute
+        _check_unlaunched(caller, x.shape[0], indptr, weight_indices, weights.shape[0])
+        if out is None:
             return torch.zeros((x.shape[0], n), dtype=dtype, device=x.device)
-        return _segment_gemm_new_op(x, weights, indptr, weight_indices, column_major, alpha,
-                                    dtype, n, backend)
-    if out.numel() == 0:
-        return out
-    if indptr.shape[0] == 1:  # no segments: nothing covers any row
         return out.zero_()
-    _segment_gemm_op(out, x, weights, indptr, weight_indices, column_major, alpha, backend)
+    if out is None:
+        return _segment_gemm_new_op(x, weights, indptr, weight_indices, column_major, alpha,
+                                    dtype, n, caller, backend)
+    _segment_gemm_op(out, x, weights, indptr, weight_indices, column_major, alpha, caller,
+                     backend)
     return out
 
 
@@ -230,14 +355,21 @@ class SegmentGEMMWrapper:
                              f"{tuple(weights.shape)}")
         if seg_indptr is None and seg_lens is None:
             raise ValueError("either seg_lens or seg_indptr must be given")
-        if seg_indptr is None:
-            lens = _offsets("seg_lens", seg_lens, batch_size, getattr(seg_lens, "device", None))
-            lens = lens.to(device=x.device, dtype=torch.int64)  # any device, as upstream
-            seg_indptr = torch.cat([lens.new_zeros(1), torch.cumsum(lens, 0)])
-        else:
-            _offsets("seg_indptr", seg_indptr, batch_size + 1, x.device)
         if weight_indices is not None:
             _offsets("weight_indices", weight_indices, batch_size, x.device)
+        caller = "seg_indptr"
+        if seg_indptr is None:
+            caller = "seg_lens"
+            lens = _offsets("seg_lens", seg_lens, batch_size, getattr(seg_lens, "device", None))
+            lens = lens.to(dtype=torch.int64)
+            seg_indptr = torch.cat([lens.new_zeros(1), torch.cumsum(lens, 0)])
+            if (seg_indptr.device != x.device and not torch.compiler.is_compiling()
+                    and index_checks.host_check_wanted(seg_indptr.device)):
+                # host lengths for a GPU x (any device, as upstream): checked here, no sync
+                FAULTS[caller].host_check(seg_indptr, x.shape[0])
+            seg_indptr = seg_indptr.to(x.device)
+        else:
+            _offsets("seg_indptr", seg_indptr, batch_size + 1, x.device)
         if x.dtype in _FP8:
             dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
             dtype = _out_dtype("out.dtype", dtype, _FP8_OUT)
@@ -246,7 +378,7 @@ class SegmentGEMMWrapper:
         if out is not None:
             out = _output(out, (x.shape[0], d_out), dtype, x.device)
         return _segment_gemm(out, x, weights, seg_indptr, weight_indices, weight_column_major,
-                             None, self._dispatch_backend, n=d_out, dtype=dtype)
+                             None, self._dispatch_backend, caller, n=d_out, dtype=dtype)
 
     forward = run
 
@@ -283,7 +415,7 @@ def grouped_mm_bf16(a: torch.Tensor, b: torch.Tensor, m_indptr: torch.Tensor,
     _grouped_inputs(a, b, m_indptr, (torch.bfloat16,))
     out, dtype = _grouped_out(out, a, b, out_dtype)
     return _segment_gemm(out, a, b, m_indptr, None, True, None, _resolve(backend),
-                         n=b.shape[1], dtype=dtype)
+                         "grouped_mm_bf16", n=b.shape[1], dtype=dtype)
 
 
 @flashinfer_api
@@ -302,7 +434,7 @@ def grouped_mm_fp8(a: torch.Tensor, b: torch.Tensor, m_indptr: torch.Tensor,
         _scalar_scale("alpha", alpha, a.device)
     out, dtype = _grouped_out(out, a, b, out_dtype)
     return _segment_gemm(out, a, b, m_indptr, None, True, alpha, _resolve(backend),
-                         n=b.shape[1], dtype=dtype)
+                         "grouped_mm_fp8", n=b.shape[1], dtype=dtype)
 
 
 def _group_scale(name: str, t, groups: Optional[int], rows: int, blocks_k: int, mode: str,
@@ -360,4 +492,6 @@ def group_gemm_fp8_nt_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch
     out = _output(out, (m, n), dtype, a.device)
     if out.numel():
         _group_gemm_fp8_op(out, a, b, a_scale, b_scale, m_indptr, gm, gn, gk, backend)
+    else:
+        _check_unlaunched("group_gemm_fp8_nt_groupwise", m, m_indptr, None, 0)
     return out

@@ -8,8 +8,8 @@ import torch
 import flashinfer
 from flashinfer.dispatch import BackendUnavailableError, record_decisions
 from flashinfer.gemm import SegmentGEMMWrapper, group_gemm_fp8_nt_groupwise
-from flashinfer.gemm_grouped import grouped_mm_bf16, grouped_mm_fp8
-from conftest import TOLERANCE, poison, rel_error
+from flashinfer.gemm_grouped import FAULTS, grouped_mm_bf16, grouped_mm_fp8
+from conftest import TOLERANCE, poison, raises_naming, rel_error
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 SEGMENT_BACKENDS = ["reference", "torch:segment_loop"]
@@ -121,7 +121,7 @@ def test_grouped_mm_kernel_on_cpu(column_major):
     out = poison(torch.empty(13, 24, dtype=torch.bfloat16))
     try:
         segment_gemm_grouped(x, weights, torch.tensor(bounds), torch.tensor(chosen),
-                             column_major, None, out)
+                             column_major, None, out, FAULTS["seg_indptr"])
     except (RuntimeError, NotImplementedError) as exc:
         pytest.skip(f"torch._grouped_mm does not run on this CPU build: {exc}")
     expected = _naive_segments(x, weights, bounds, chosen, column_major)
@@ -163,11 +163,15 @@ SEGMENT_BAD = [
     ("seg_lens", ValueError, lambda: _run(seg_lens=torch.tensor([6]))),
     ("seg_lens", TypeError, lambda: _run(seg_lens=[2, 4])),
     ("seg_indptr", ValueError, lambda: _run(seg_indptr=torch.tensor([0, 6]))),
-    ("seg_indptr", ValueError, lambda: _run(seg_indptr=torch.tensor([0, 4, 7]))),
-    ("seg_indptr", ValueError, lambda: _run(seg_indptr=torch.tensor([0, 4, 3]))),
-    ("seg_indptr", ValueError, lambda: _run(seg_lens=torch.tensor([4, -1]))),
+    # bad entries: the message names the function and the caller's argument
+    ("SegmentGEMMWrapper.run: seg_indptr", ValueError,
+     lambda: _run(seg_indptr=torch.tensor([0, 4, 7]))),
+    ("SegmentGEMMWrapper.run: seg_indptr", ValueError,
+     lambda: _run(seg_indptr=torch.tensor([0, 4, 3]))),
+    ("SegmentGEMMWrapper.run: seg_lens", ValueError, lambda: _run(seg_lens=torch.tensor([4, -1]))),
     ("weight_indices", ValueError, lambda: _run(weight_indices=torch.tensor([0]))),
-    ("weight_indices", ValueError, lambda: _run(weight_indices=torch.tensor([0, 2]))),
+    ("SegmentGEMMWrapper.run: weight_indices", ValueError,
+     lambda: _run(weight_indices=torch.tensor([0, 2]))),
     ("out", ValueError, lambda: _run(out=_x(6, 5))),
     ("out", ValueError, lambda: _run(out=_x(6, 4, dtype=torch.bfloat16))),
     ("out", ValueError, lambda: _run(out=_x(4, 6).t())),
@@ -188,8 +192,8 @@ def test_segment_gemm_rejects(name, exc, call):
 
 @pytest.mark.parametrize("backend", SEGMENT_BACKENDS)
 def test_segment_gemm_loop_kernels_check_offsets(backend):
-    # the reference and the loop read the offsets on the host and name them
-    with pytest.raises(ValueError, match=r"^seg_indptr must be non-decreasing"):
+    # CPU offsets are checked before any kernel runs, the message names the caller's argument
+    with raises_naming("SegmentGEMMWrapper.run: seg_indptr[2] = 2", "non-decreasing"):
         _wrapper(backend).run(_x(6, 8), _x(2, 8, 4), 2, False, seg_indptr=torch.tensor([0, 5, 2]))
 
 
@@ -344,7 +348,8 @@ FP8_BAD = [
     ("b", ValueError, lambda: _fp8_call(b=_x(2, 16, 64).to(E4M3))),
     ("m_indptr", ValueError, lambda: _fp8_call(m_indptr=torch.tensor([0, 4, 8]))),
     ("m_indptr", ValueError, lambda: _fp8_call(m_indptr=_i32(0, 8))),
-    ("m_indptr", ValueError, lambda: _fp8_call(m_indptr=_i32(0, 4, 9))),
+    ("group_gemm_fp8_nt_groupwise: m_indptr", ValueError,
+     lambda: _fp8_call(m_indptr=_i32(0, 4, 9))),
     ("a_scale", ValueError, lambda: _fp8_call(a_scale=torch.ones(8, 1))),
     ("a_scale", ValueError, lambda: _fp8_call(a_scale=torch.ones(1, 8, dtype=torch.float16))),
     ("b_scale", ValueError, lambda: _fp8_call(b_scale=torch.ones(1, 1))),

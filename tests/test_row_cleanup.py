@@ -9,6 +9,7 @@ import torch
 
 from flashinfer.backends import row_cleanup
 from flashinfer.backends.reference.gemm_grouped import segment_gemm as reference_segment_gemm
+from flashinfer.gemm_grouped import FAULTS
 
 
 pytestmark = pytest.mark.usefixtures("kernel_device")
@@ -49,12 +50,13 @@ def test_torch_grouped_kernel_returns_its_own_zeroed_result():
     indptr = torch.tensor([4, 10, 10, 31], dtype=torch.int32)  # rows 0-3 and 31-39 uncovered
     alpha = torch.tensor([0.5])
     try:
-        y = segment_gemm_grouped(x, w, indptr, None, True, alpha, None)
+        y = segment_gemm_grouped(x, w, indptr, None, True, alpha, None, FAULTS["grouped_mm_fp8"])
     except RuntimeError as exc:  # a CPU build whose _grouped_mm lacks this dtype
         pytest.skip(f"torch._grouped_mm on CPU: {exc}")
     assert segment_gemm_grouped.returns_output and y.shape == (40, 16)
     want = torch.empty(40, 16, dtype=torch.float32, device="cpu")
     y = y.cpu()
-    reference_segment_gemm(x.cpu(), w.cpu(), indptr.cpu(), None, True, alpha.cpu(), want)
+    reference_segment_gemm(x.cpu(), w.cpu(), indptr.cpu(), None, True, alpha.cpu(), want,
+                           FAULTS["grouped_mm_fp8"])
     assert (y[:4] == 0).all() and (y[31:] == 0).all()
     assert torch.allclose(y.float(), want, atol=2e-2, rtol=2e-2)

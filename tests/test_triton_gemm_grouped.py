@@ -17,8 +17,9 @@ from flashinfer.backends.triton_kernels import gemm_grouped as triton_grouped
 from flashinfer.device import simulated
 from flashinfer.dispatch import BackendUnavailableError, Problem, select
 from flashinfer.gemm import SegmentGEMMWrapper, group_gemm_fp8_nt_groupwise
-from flashinfer.gemm_grouped import grouped_mm_bf16
-from conftest import TOLERANCE, capture_cuda_graph, poison, rel_error
+from flashinfer import index_checks
+from flashinfer.gemm_grouped import FAULTS, grouped_mm_bf16
+from conftest import TOLERANCE, capture_cuda_graph, poison, raises_naming, rel_error
 
 pytest.importorskip("triton")
 #: small-shape kernel tests: interpreter on CPU, native on a GPU (conftest.kernel_device)
@@ -101,7 +102,8 @@ def test_segment_gemm_kernel_alpha_and_out_dtype(out_dtype):
     indptr = _indptr(LENS, HEAD)
     alpha = torch.tensor([0.75])
     out = poison(torch.empty(x.shape[0], 40, dtype=out_dtype))
-    get_kernel("triton", "segment_gemm", "default")(x, w, indptr, None, True, alpha, out)
+    get_kernel("triton", "segment_gemm", "default")(x, w, indptr, None, True, alpha, out,
+                                                    FAULTS["grouped_mm_fp8"])
     expected = _naive(x, w, indptr.tolist(), range(len(LENS)), True, alpha=0.75)
     assert rel_error(out, expected) < TOLERANCE[out_dtype if out_dtype != torch.float32
                                                 else torch.float16]  # fp16 inputs
@@ -138,16 +140,21 @@ def test_segment_gemm_all_rows_uncovered_are_zero():
     assert torch.equal(out, torch.zeros_like(out))
 
 
-def test_segment_gemm_bad_weight_index_gives_nan_rows_not_a_stray_read():
-    # offsets and indices are trusted (no host read): an index past the weights loads nothing
+def test_segment_gemm_bad_weight_index_gives_zero_rows_not_a_stray_read(clean_error_record):
+    # the kernel itself (the public call checks host arrays first): an index past the weights
+    # loads nothing, its rows are zero, the fault is recorded under the caller's name
     torch.manual_seed(16)
     lens = [4, 6]
     x, w = _segment_inputs(torch.float16, False, lens=lens)
     indptr = _indptr(lens)
-    out = _wrapper().run(x, w, 2, False, seg_indptr=indptr, weight_indices=torch.tensor([1, 7]))
-    assert torch.isnan(out[4:10]).all()
+    out = poison(torch.empty(x.shape[0], w.shape[2], dtype=torch.float16))
+    get_kernel("triton", "segment_gemm", "default")(
+        x, w, indptr, torch.tensor([1, 7]), False, None, out, FAULTS["seg_indptr"])
+    assert (out[4:] == 0).all()
     expected = _naive(x, w, indptr.tolist(), [1], False)
     assert rel_error(out[:4], expected[:4]) < TOLERANCE[torch.float16]
+    with raises_naming("SegmentGEMMWrapper.run: weight_indices[1] = 7", "[0, 2)"):
+        index_checks.check_errors()
 
 
 def test_grouped_mm_bf16_triton():

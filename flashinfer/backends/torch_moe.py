@@ -10,7 +10,9 @@ matmuls (cuBLAS on CUDA, the CPU BLAS on cpu).
   weights are dequantised per 128x128 block or taken as-is for per-tensor scales, which then
   scale the float32 gemm outputs). The results are scattered back to ``[T, top_k, H]`` and
   summed over ``top_k`` in a fixed order (no atomics: deterministic). The segment sizes are read
-  on the host (one device sync per call), so the op is not CUDA-graph capturable.
+  on the host (one device sync per call), so the op is not CUDA-graph capturable. Ids no rank
+  owns (``spec.ids_fault`` set) are dropped like other ranks' and reported into the device's
+  error record with device ops (``reference.moe.report_expert_ids``).
 
 Registered into the ``torch`` adapter's table (``backends/torch_native.py`` imports this module).
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .reference.moe import expand_blocks, gated, routing_weights
+from .reference.moe import expand_blocks, gated, report_expert_ids, routing_weights
 from .torch_native import KERNELS
 
 
@@ -43,6 +45,7 @@ def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -
     dtype = _compute_dtype(x)
     block = spec.quant == "fp8_block_scale"
     per_tensor = spec.quant == "fp8_per_tensor"
+    report_expert_ids(ids, spec)
 
     local = ids.reshape(-1).long() - spec.expert_offset
     key = torch.where((local >= 0) & (local < num_local), local, num_local)

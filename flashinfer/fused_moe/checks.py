@@ -1,13 +1,48 @@
 """Argument checks of the fused MoE entry points (metadata only: they run on fake tensors too).
-Every error names the argument, what was given and what is allowed."""
+Every error names the argument, what was given and what is allowed.
+
+The one index rule (the contract of :mod:`flashinfer.index_checks`): ``cutlass_fused_moe``'s
+``token_selected_experts`` holds global expert ids in ``[0, E_local * ep_size)``
+(:data:`EXPERT_IDS`). On the host (CPU tensors, or ``FLASHINFER_CHECK_INDICES=1``) a bad id
+raises here (:func:`raise_expert_ids`); on a GPU every backend's kernel skips its (token, slot)
+pair and reports it under :data:`EXPERT_IDS` (passed down in ``ExpertSpec.ids_fault``). The
+trtllm entry points route internally, so their ids are always in range and are not checked.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from ..index_checks import Check, fault
 from .routing import ActivationType, WeightLayout
 
 _ACTIVATIONS = (ActivationType.Swiglu, ActivationType.Geglu, ActivationType.GegluTanh)
+
+_IDS_RULE = ("a global expert id in [0, {bound}) (fc1_expert_weights.shape[0] * ep_size)")
+#: a bad entry of ``cutlass_fused_moe``'s ``token_selected_experts``; the device record numbers
+#: entries flat, ``t * top_k + j`` for ``[t, j]``
+EXPERT_IDS = fault("cutlass_fused_moe", "token_selected_experts",
+                   _IDS_RULE + "; the entry is numbered flat, t * top_k + j for [t, j]")
+
+
+def expert_ids_check(ids: torch.Tensor, num_experts_total: int, rule=EXPERT_IDS) -> Check:
+    """The ids of ``ids [T, k]`` outside ``[0, num_experts_total)``, flat (device ops only)."""
+    flat = ids.reshape(-1)
+    return Check(rule, (flat < 0) | (flat >= num_experts_total), flat, num_experts_total)
+
+
+def raise_expert_ids(ids: torch.Tensor, num_experts_total: int) -> None:
+    """Host check of ``token_selected_experts [T, k]``: ``ValueError`` naming the first bad
+    entry ``[t, j]``, its value and the allowed range (reads ``ids``: a sync on a GPU)."""
+    bad = (ids < 0) | (ids >= num_experts_total)
+    if ids.numel() == 0 or not bool(bad.any()):
+        return
+    t, j = (int(v) for v in bad.nonzero()[0])
+    count = int(bad.sum())
+    more = f" ({count} bad entries in all)" if count > 1 else ""
+    raise ValueError(f"{EXPERT_IDS.function}: {EXPERT_IDS.argument}[{t}, {j}] = {int(ids[t, j])} "
+                     f"is out of range; allowed: {_IDS_RULE.format(bound=num_experts_total)}"
+                     f"{more}")
 
 
 

@@ -14,7 +14,8 @@ linear ("up", w3) branch and the second half ``h[:, I:]`` the gate (w1) branch, 
 orders them; ``y = act(gate) * up @ gemm2[e].T`` with act SiLU (``Swiglu``), erf GELU (``Geglu``)
 or tanh GELU (``GegluTanh``); ``out[t] = sum_j weight[t, j] * y_{ids[t, j]}[t]`` (Llama-4's
 ``use_routing_scales_on_input`` scales the input instead). Global expert ids outside the local
-range ``[local_expert_offset, local_expert_offset + E_local)`` contribute nothing.
+range ``[local_expert_offset, local_expert_offset + E_local)`` contribute nothing (other ranks'
+experts by design; ids that no rank owns are errors, see ``cutlass_fused_moe``).
 
 Not served (ValueError naming the argument): shuffled / block-major weight layouts (upstream
 prepares them for its trtllm-gen kernels: pass ``use_shuffled_weight=False``, ``weight_layout=
@@ -33,7 +34,11 @@ Canonical kernel signature (op ``"fused_moe"``; every backend registers exactly 
 ``[E, ceil(H/128), ceil(I/128)]``, for ``"fp8_per_tensor"`` float32 ``[E, 2]`` (up, gate
 dequantisation of gemm1's output) / ``[E]`` (gemm2's); ``ids [T, k]`` int32 global expert ids,
 ``weights [T, k]`` float32; ``spec`` an :class:`ExpertSpec`; ``out [T, H]`` contiguous
-bfloat16/float16/float32, fully written.
+bfloat16/float16/float32, fully written. A pair whose id is not a local expert (``[spec.
+expert_offset, spec.expert_offset + E)``) contributes nothing. With ``spec.ids_fault`` set, an id
+outside ``[0, spec.num_experts_total)`` is also reported under that fault into the device's
+error record (:mod:`flashinfer.index_checks`; Triton in-kernel, torch and the reference with
+device ops, never a host sync for it); the caller has checked host arrays already.
 
 Dispatch Problem: dtypes ``hidden``, ``weight``, ``out``; shape facts ``num_tokens`` (bucketed),
 ``hidden_size``, ``intermediate_size``, ``num_experts`` (local), ``top_k``; features
@@ -47,10 +52,12 @@ from typing import List, Optional
 
 import torch
 
-from .. import dispatch
+from .. import dispatch, index_checks
 from ..api_logging import flashinfer_api
 from ..custom_op import custom_op
 from ..dispatch import BackendUnavailableError, Problem
+from ..index_checks import Fault
+from .checks import EXPERT_IDS, expert_ids_check, raise_expert_ids
 from .checks import (activation as _activation, hidden as _hidden, layout as _layout,
                      local as _local, names as _names, output as _output,
                      routing_logits as _routing_logits, tensor as _tensor,
@@ -72,6 +79,10 @@ class ExpertSpec:
     activation: int       # ActivationType: Swiglu, Geglu or GegluTanh
     expert_offset: int    # global id of local expert 0
     scales_on_input: bool  # routing weights scale the input (Llama-4), not the output
+    num_experts_total: int = 0  # global expert count (every rank's experts): ids in [0, it)
+    #: the fault a kernel reports an id outside [0, num_experts_total) under (the caller's names,
+    #: fused_moe.checks.EXPERT_IDS); None: the ids come from our routing and are trusted
+    ids_fault: Optional[Fault] = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -87,7 +98,7 @@ def _experts_op(out: torch.Tensor, x: torch.Tensor, x_scale: Optional[torch.Tens
                 w1: torch.Tensor, w1_scale: Optional[torch.Tensor], w2: torch.Tensor,
                 w2_scale: Optional[torch.Tensor], ids: torch.Tensor, weights: torch.Tensor,
                 quant: str, activation: int, expert_offset: int, scales_on_input: bool,
-                backend: str) -> None:
+                num_experts_total: int, check_ids: bool, backend: str) -> None:
     features = [] if quant == "none" else [quant]
     if activation != ActivationType.Swiglu:
         features.append("geglu")
@@ -99,16 +110,28 @@ def _experts_op(out: torch.Tensor, x: torch.Tensor, x_scale: Optional[torch.Tens
                                   "hidden_size": x.shape[1], "intermediate_size": w2.shape[2],
                                   "num_experts": w1.shape[0], "top_k": ids.shape[1]},
                            features=features)
-    spec = ExpertSpec(quant, activation, expert_offset, scales_on_input)
+    if check_ids and index_checks.host_check_wanted(ids.device):
+        raise_expert_ids(ids, num_experts_total)
+    spec = ExpertSpec(quant, activation, expert_offset, scales_on_input, num_experts_total,
+                      EXPERT_IDS if check_ids else None)
     dispatch.decide(problem, backend).kernel(x, x_scale, w1, w1_scale, w2, w2_scale, ids,
                                              weights, spec, out)
 
 
 def _run(out, x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, quant, activation,
-         expert_offset, scales_on_input, backend) -> torch.Tensor:
+         expert_offset, scales_on_input, backend, *, num_experts_total: int,
+         check_ids: bool = False) -> torch.Tensor:
+    """``check_ids``: ``ids`` are the caller's (``cutlass_fused_moe``), checked against
+    ``[0, num_experts_total)``; else they come from our routing (always in range)."""
     if out.numel():
         _experts_op(out, x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, quant, activation,
-                    expert_offset, scales_on_input, backend)
+                    expert_offset, scales_on_input, num_experts_total, check_ids, backend)
+    elif check_ids and ids.numel() and not torch.compiler.is_compiling():
+        # no kernel runs (hidden size 0): the ids are still checked
+        if index_checks.host_check_wanted(ids.device):
+            raise_expert_ids(ids, num_experts_total)
+        else:
+            index_checks.report_device(expert_ids_check(ids, num_experts_total))
     return out
 
 
@@ -155,7 +178,21 @@ def cutlass_fused_moe(input: torch.Tensor, token_selected_experts: torch.Tensor,
     [T, k]`` float32; ``fc1_expert_weights [E_local, 2I, H]``, ``fc2_expert_weights
     [E_local, H, I]``; ``output_dtype`` bf16/fp16/fp32. Local experts are ``[ep_rank * E_local,
     (ep_rank + 1) * E_local)``; tensor parallelism only shards the weights (the result is this
-    rank's partial sum, as upstream). Quantisation:
+    rank's partial sum, as upstream).
+
+    Expert ids: an id owned by another expert-parallel rank (in ``[0, E_local * ep_size)`` but
+    outside this rank's range) is skipped by design, its pair contributes nothing (the other
+    rank adds it). An id outside ``[0, E_local * ep_size)`` is an error (the contract of
+    :mod:`flashinfer.index_checks`): CPU tensors (and GPU tensors with
+    ``FLASHINFER_CHECK_INDICES=1``) raise ``ValueError`` naming ``token_selected_experts[t, j]``,
+    its value and the allowed range before anything runs; on a GPU the ids are not read back:
+    each backend's kernel skips the bad pair (it contributes nothing, like another rank's) and
+    records the first one, raised by ``flashinfer.check_errors()`` (the device record numbers
+    the entry flat, ``t * top_k + j``). A token whose every pair is skipped gets a zero row.
+    Routing weights are data, not checked: a non-finite ``token_final_scales[t, j]`` of a local
+    pair makes row ``t`` non-finite, no other row.
+
+    Quantisation:
 
     * none: input and weights float32/float16/bfloat16 of one dtype, ``quant_scales`` empty/None;
     * ``use_deepseek_fp8_block_scale=True``: bf16/fp16 input, float8_e4m3fn weights,
@@ -241,7 +278,7 @@ def cutlass_fused_moe(input: torch.Tensor, token_selected_experts: torch.Tensor,
     out = _output(output, (tokens, input.shape[1]), output_dtype, input.device)
     _run(out, input, None, fc1_expert_weights, w1_scale, fc2_expert_weights, w2_scale,
          token_selected_experts, token_final_scales, quant, activation, ep_rank * num, False,
-         backend)
+         backend, num_experts_total=num * ep_size, check_ids=True)
     return [out]
 
 
@@ -304,7 +341,8 @@ def trtllm_bf16_moe(routing_logits: torch.Tensor, routing_bias: Optional[torch.T
         gemm1_clamp_limit=gemm1_clamp_limit)
     out = _output(output, tuple(hidden_states.shape), torch.bfloat16, hidden_states.device)
     return _run(out, hidden_states, None, gemm1_weights, None, gemm2_weights, None, ids, weights,
-                "none", activation, local_expert_offset, False, backend)
+                "none", activation, local_expert_offset, False, backend,
+                num_experts_total=num_experts)
 
 
 @flashinfer_api
@@ -347,7 +385,8 @@ def trtllm_fp8_per_tensor_scale_moe(
     out = _output(output, tuple(hidden_states.shape), torch.bfloat16, dev)
     return _run(out, hidden_states, None, gemm1_weights, torch.stack([up, gate], dim=1),
                 gemm2_weights, s2, ids, weights, "fp8_per_tensor", activation,
-                local_expert_offset, bool(use_routing_scales_on_input), backend)
+                local_expert_offset, bool(use_routing_scales_on_input), backend,
+                num_experts_total=num_experts)
 
 
 @flashinfer_api
@@ -405,7 +444,8 @@ def trtllm_fp8_block_scale_moe(
         gemm1_bias=gemm1_bias, gemm2_bias=gemm2_bias)
     out = _output(output, (tokens, hid), torch.bfloat16, dev)
     return _run(out, hidden_states, x_scale, gemm1_weights, s1, gemm2_weights, s2, ids, weights,
-                "fp8_block_scale", activation, local_expert_offset, False, backend)
+                "fp8_block_scale", activation, local_expert_offset, False, backend,
+                num_experts_total=num_experts)
 
 
 @flashinfer_api

@@ -5,41 +5,37 @@ tensors are only converted (to float64), never multiplied as fp8. Rows of ``out`
 segment covers (before ``indptr[0]`` or from ``indptr[-1]`` on) are written as zeros, the value
 upstream's zero-initialised output leaves there.
 
-:func:`segment_bounds` and :func:`weight_choice` read the offsets and weight indices on the host
-and check them; the torch loop kernels use them too.
+:func:`segments` reads the offsets and weight indices on the host (a sync on a GPU: the slow
+path) after reporting their bad entries into the device's error record under the caller's names
+(``faults``, :class:`flashinfer.gemm_grouped.SegmentFaults`); the segments it returns follow the
+documented result for bad entries (nothing past a bad offset, zero rows for a bad weight index).
+The torch loop kernels use it too.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ...index_checks import report_device
 from . import KERNELS
 
 
-def segment_bounds(indptr: torch.Tensor, rows: int, name: str) -> list[int]:
-    """``indptr`` as a host list, checked: ``0 <= indptr[0] <= ... <= indptr[-1] <= rows``."""
-    bounds = [int(v) for v in indptr.tolist()]
-    if bounds and (bounds[0] < 0 or bounds[-1] > rows):
-        raise ValueError(f"{name} must stay within [0, {rows}] (the rows of the input), "
-                         f"got {name}[0] = {bounds[0]}, {name}[-1] = {bounds[-1]}")
-    for i in range(len(bounds) - 1):
-        if bounds[i + 1] < bounds[i]:
-            raise ValueError(f"{name} must be non-decreasing, got {name}[{i}] = {bounds[i]} > "
-                             f"{name}[{i + 1}] = {bounds[i + 1]}")
-    return bounds
-
-
-def weight_choice(weight_indices: torch.Tensor | None, num_segments: int,
-                  num_weights: int) -> list[int]:
-    """The weight each segment multiplies by: ``weight_indices`` (checked) or ``0..n-1``."""
-    if weight_indices is None:
-        return list(range(num_segments))
-    chosen = [int(v) for v in weight_indices.tolist()]
-    bad = [v for v in chosen if not 0 <= v < num_weights]
-    if bad:
-        raise ValueError(f"weight_indices must be in [0, {num_weights}) (num_weights), "
-                         f"got {bad[0]}")
-    return chosen
+def segments(indptr: torch.Tensor, weight_indices: torch.Tensor | None, rows: int,
+             num_weights: int, faults) -> tuple[list[int], list[tuple[int, int, int | None]]]:
+    """``(bounds, pieces)``: the offsets the kernels compute with, as a host list (non-decreasing
+    within ``[0, rows]``), and ``(start, end, weight)`` of every non-empty segment, ``weight``
+    None where its weight index is bad (its rows are zero). Bad entries are first merged into
+    the device's error record (device ops; on the CPU the public call has raised for them)."""
+    checks, offsets, weight_ok = faults.guard(indptr, rows, weight_indices, num_weights)
+    for check in checks:
+        report_device(check)
+    bounds = offsets.tolist()
+    count = len(bounds) - 1
+    chosen = list(range(count)) if weight_indices is None else weight_indices.tolist()
+    ok = [True] * count if weight_ok is None else weight_ok.tolist()
+    pieces = [(bounds[i], bounds[i + 1], chosen[i] if ok[i] else None) for i in range(count)
+              if bounds[i] < bounds[i + 1]]
+    return bounds, pieces
 
 
 def zero_uncovered(out: torch.Tensor, bounds: list[int]) -> None:
@@ -54,33 +50,29 @@ def zero_uncovered(out: torch.Tensor, bounds: list[int]) -> None:
 @KERNELS.kernel("segment_gemm")
 def segment_gemm(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.Tensor,
                  weight_indices: torch.Tensor | None, weight_column_major: bool,
-                 alpha: torch.Tensor | None, out: torch.Tensor) -> None:
-    bounds = segment_bounds(seg_indptr, x.shape[0], "seg_indptr")
-    chosen = weight_choice(weight_indices, len(bounds) - 1, weights.shape[0])
+                 alpha: torch.Tensor | None, out: torch.Tensor, faults) -> None:
+    _, pieces = segments(seg_indptr, weight_indices, x.shape[0], weights.shape[0], faults)
     acc = torch.zeros(out.shape, dtype=torch.float64, device=out.device)
-    for seg, w_index in enumerate(chosen):
-        start, end = bounds[seg], bounds[seg + 1]
-        if start == end:
+    for start, end, w_index in pieces:
+        if w_index is None:
             continue
         w = weights[w_index].double()  # [k, n], or [n, k] when column-major
         acc[start:end] = x[start:end].double() @ (w.t() if weight_column_major else w)
-    if alpha is not None:
-        acc *= alpha.double().reshape(())
+        if alpha is not None:  # the segments' rows only: uncovered rows stay 0 for any alpha
+            acc[start:end] *= alpha.double().reshape(())
     out.copy_(acc)
 
 
 @KERNELS.kernel("group_gemm_fp8_groupwise")
 def group_gemm_fp8_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
                              b_scale: torch.Tensor, m_indptr: torch.Tensor,
-                             granularity: tuple[int, int, int], out: torch.Tensor) -> None:
+                             granularity: tuple[int, int, int], out: torch.Tensor,
+                             faults) -> None:
     gm, gn, gk = granularity
     k, n = a.shape[1], b.shape[1]
-    bounds = segment_bounds(m_indptr, a.shape[0], "m_indptr")
+    _, pieces = segments(m_indptr, None, a.shape[0], b.shape[0], faults)
     acc = torch.zeros(out.shape, dtype=torch.float64, device=out.device)
-    for g in range(len(bounds) - 1):
-        start, end = bounds[g], bounds[g + 1]
-        if start == end:
-            continue
+    for start, end, g in pieces:
         # scale row of a segment's row r: start // gm + (r - start) // gm (upstream's layout)
         scale_rows = start // gm + torch.arange(end - start, device=a.device) // gm
         sa = a_scale[scale_rows].double().repeat_interleave(gk, 1)[:, :k]

@@ -4,13 +4,16 @@ Signatures are the canonical ones of :mod:`flashinfer.fused_moe.routing` (``moe_
 :mod:`flashinfer.fused_moe.core` (``fused_moe``). Top-k is a stable descending sort, so among
 equal scores the lowest index wins. The experts are computed expert by expert (the tokens that
 chose an expert are gathered; no loop over tokens), everything dequantised to float64, and the
-weighted sum is rounded once into ``out``.
+weighted sum is rounded once into ``out``. Pairs whose id is not a local expert are skipped;
+with ``spec.ids_fault`` set, ids outside ``[0, spec.num_experts_total)`` are reported into the
+device's error record with device ops (:func:`flashinfer.index_checks.report_device`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from ...index_checks import Check, report_device
 from . import KERNELS
 
 
@@ -116,8 +119,19 @@ def gated(h: torch.Tensor, activation: int) -> torch.Tensor:
     return act * up
 
 
+def report_expert_ids(ids: torch.Tensor, spec) -> None:
+    """Merge the ids outside ``[0, spec.num_experts_total)`` into the device's error record
+    under ``spec.ids_fault`` (device ops, no sync); nothing when the ids are trusted."""
+    if spec.ids_fault is None or ids.numel() == 0:
+        return
+    flat = ids.reshape(-1)
+    total = spec.num_experts_total
+    report_device(Check(spec.ids_fault, (flat < 0) | (flat >= total), flat, total))
+
+
 @KERNELS.kernel("fused_moe")
 def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -> None:
+    report_expert_ids(ids, spec)
     xd, w1d, w2d = dequant_experts(x, x_scale, w1, w1_scale, w2, w2_scale, spec.quant,
                                    torch.float64)
     acc = torch.zeros((x.shape[0], w2.shape[1]), dtype=torch.float64, device=x.device)

@@ -8,12 +8,14 @@ number of blocks and blocks at or past ``num_blocks[0]`` (a device scalar) retur
 
 * ``align_kernel`` (program 0): builds that list, a counting sort of the pair indices by
   local expert (stable: ascending within an expert), each expert's segment padded to a multiple
-  of ``BLOCK_M``, the expert of every block and the number of used blocks; for more pairs the
-  same list comes from ``align_count_kernel`` (per-chunk counts, one program per chunk),
-  ``align_offsets_kernel`` (one program: segment starts, blocks, the padding fill) and
-  ``align_scatter_kernel`` (one program per chunk). Under W8A8 with a half-precision input the
-  programs past those of ``align_kernel`` / ``align_count_kernel`` quantise it
-  (``_quantise_tile``), saving a launch;
+  of ``BLOCK_M``, the expert of every block and the number of used blocks (ids that are not
+  local experts are left out: other ranks' by design; with ``CHECK_IDS``, ids outside
+  ``[0, TOTAL)``, which no rank owns, are reported into the error record under ``CODE``,
+  ``_report_ids``); for more pairs the same list comes from ``align_count_kernel``
+  (per-chunk counts, one program per chunk), ``align_offsets_kernel`` (one program: segment
+  starts, blocks, the padding fill) and ``align_scatter_kernel`` (one program per chunk).
+  Under W8A8 with a half-precision input the programs past those of ``align_kernel`` /
+  ``align_count_kernel`` quantise it (``_quantise_tile``), saving a launch;
 * ``gemm1_kernel``: ``inter[r, n] = act(x[p // TOP_K] @ w1[e, I + n]) * (x[p // TOP_K] @
   w1[e, n])`` for ``n`` in the program's column tile (up ``[:I]``, gate ``[I:]``, two
   accumulators), written in the activation dtype (W8A8: fp8 with 1x128 scales);
@@ -41,6 +43,8 @@ float32 on the same (quantised) values.
 import triton
 import triton.language as tl
 
+from ._fault_kernels import report_fault
+
 
 @triton.jit
 def _activation(gate, ACTIVATION: tl.constexpr):
@@ -56,25 +60,47 @@ def _activation(gate, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
-def _local_experts(ids_ptr, i, NUM_PAIRS, OFFSET, NUM_EXPERTS: tl.constexpr, EP: tl.constexpr):
-    """Local expert of pairs ``i``; ``EP`` (no expert) for other ranks and past the end."""
-    inside = i < NUM_PAIRS
-    key = tl.load(ids_ptr + i, mask=inside, other=0).to(tl.int32) - OFFSET
+def _local_key(raw, inside, OFFSET, NUM_EXPERTS: tl.constexpr, EP: tl.constexpr):
+    """Local expert of global ids ``raw``; ``EP`` (no expert) for other ranks, ids no rank owns
+    and lanes past the end (``inside`` False)."""
+    key = raw - OFFSET
     return tl.where(inside & (key >= 0) & (key < NUM_EXPERTS), key, EP)
 
 
-# the pair count changes every call: not specialised on its value
-@triton.jit(do_not_specialize=["NUM_PAIRS", "OFFSET", "ROWS", "TOKENS"])
+@triton.jit
+def _local_experts(ids_ptr, i, NUM_PAIRS, OFFSET, NUM_EXPERTS: tl.constexpr, EP: tl.constexpr):
+    """Local expert of pairs ``i``; ``EP`` (no expert) for other ranks and past the end."""
+    inside = i < NUM_PAIRS
+    raw = tl.load(ids_ptr + i, mask=inside, other=0).to(tl.int32)
+    return _local_key(raw, inside, OFFSET, NUM_EXPERTS, EP)
+
+
+@triton.jit
+def _report_ids(ids_ptr, rec_ptr, CODE, TOTAL, first, count):
+    """``count`` pairs had an id outside ``[0, TOTAL)``, the lowest being pair ``first``: into
+    the error record (``report_fault`` counts one; the rest is added to the record's count,
+    element 3 of ``[code, key, bound, count]``)."""
+    if count > 0:
+        report_fault(rec_ptr, CODE, first, tl.load(ids_ptr + first), TOTAL)
+        tl.atomic_add(rec_ptr + 3, (count - 1).to(tl.int64))
+
+
+# the pair count changes every call: not specialised on its value (nor the fault's code and
+# bound, which may be 1)
+@triton.jit(do_not_specialize=["NUM_PAIRS", "OFFSET", "ROWS", "TOKENS", "TOTAL", "CODE"])
 def align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr, NUM_PAIRS, OFFSET, ROWS,
                  x_ptr, q_ptr, s_ptr, TOKENS, HIDDEN, stride_x, stride_q, stride_st, stride_sk,
+                 rec_ptr, TOTAL, CODE,
                  NUM_EXPERTS: tl.constexpr, EP: tl.constexpr, BLOCK_M: tl.constexpr,
                  CHUNK: tl.constexpr, QUANTISE: tl.constexpr, BLOCK_T: tl.constexpr,
-                 DOT_F32: tl.constexpr):
+                 DOT_F32: tl.constexpr, CHECK_IDS: tl.constexpr):
     """``ids [NUM_PAIRS]`` global expert ids -> ``sorted [ROWS]`` (pair indices by local expert,
     each expert's run starting on a multiple of BLOCK_M, padding ``NUM_PAIRS``), ``block_expert
     [ROWS / BLOCK_M]`` and ``num_blocks [1]``. Program 0; ``EP`` = NUM_EXPERTS rounded up to a
     power of two. Ranks inside a chunk come from a cumulative sum over a one-hot [CHUNK, EP].
-    ``QUANTISE``: programs 1, 2, ... quantise the input's tiles (``_quantise_tile``)."""
+    ``QUANTISE``: programs 1, 2, ... quantise the input's tiles (``_quantise_tile``).
+    ``CHECK_IDS``: the counting pass also finds the ids outside ``[0, TOTAL)`` and reports the
+    first (``_report_ids``)."""
     if QUANTISE:
         if tl.program_id(0) > 0:
             _quantise_tile(x_ptr, q_ptr, s_ptr, tl.program_id(0) - 1, TOKENS, HIDDEN, stride_x,
@@ -83,9 +109,20 @@ def align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr, NUM_PAIR
     e = tl.arange(0, EP)
     lane = tl.arange(0, CHUNK)
     counts = tl.zeros([EP], tl.int32)
+    bad_at = tl.zeros([CHUNK], tl.int32) + NUM_PAIRS  # CHECK_IDS: lowest bad pair per lane
+    bad_n = tl.zeros([CHUNK], tl.int32)
     for start in range(0, NUM_PAIRS, CHUNK):
-        key = _local_experts(ids_ptr, start + lane, NUM_PAIRS, OFFSET, NUM_EXPERTS, EP)
+        i = start + lane
+        inside = i < NUM_PAIRS
+        raw = tl.load(ids_ptr + i, mask=inside, other=0).to(tl.int32)
+        key = _local_key(raw, inside, OFFSET, NUM_EXPERTS, EP)
         counts += tl.sum((key[:, None] == e[None, :]).to(tl.int32), axis=0)
+        if CHECK_IDS:
+            bad = inside & ((raw < 0) | (raw >= TOTAL))
+            bad_at = tl.minimum(bad_at, tl.where(bad, i, NUM_PAIRS))
+            bad_n += bad.to(tl.int32)
+    if CHECK_IDS:
+        _report_ids(ids_ptr, rec_ptr, CODE, TOTAL, tl.min(bad_at, axis=0), tl.sum(bad_n, axis=0))
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     end = tl.cumsum(padded, axis=0)
     first = end - padded
@@ -113,14 +150,15 @@ def align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_blocks_ptr, NUM_PAIR
 # Many chunks: three launches instead of one program walking every pair twice (0.6 ms for 8,192
 # pairs on the H200). The scratch ``base [n_chunks, EP]`` first holds each chunk's per-expert
 # counts, then (in place) where each chunk's pairs of each expert start in the sorted list.
-@triton.jit(do_not_specialize=["NUM_PAIRS", "OFFSET", "TOKENS"])
+@triton.jit(do_not_specialize=["NUM_PAIRS", "OFFSET", "TOKENS", "TOTAL", "CODE"])
 def align_count_kernel(ids_ptr, base_ptr, NUM_PAIRS, OFFSET,
                        x_ptr, q_ptr, s_ptr, TOKENS, HIDDEN, stride_x, stride_q, stride_st,
-                       stride_sk, NUM_EXPERTS: tl.constexpr, EP: tl.constexpr,
-                       CHUNK: tl.constexpr, QUANTISE: tl.constexpr, BLOCK_T: tl.constexpr,
-                       DOT_F32: tl.constexpr):
+                       stride_sk, rec_ptr, TOTAL, CODE, NUM_EXPERTS: tl.constexpr,
+                       EP: tl.constexpr, CHUNK: tl.constexpr, QUANTISE: tl.constexpr,
+                       BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr, CHECK_IDS: tl.constexpr):
     """Program ``c`` below the chunk count: ``base[c, e]`` = pairs of chunk ``c`` routed to
-    local expert ``e``. ``QUANTISE``: the programs past it quantise the input's tiles."""
+    local expert ``e``; ``CHECK_IDS``: the chunk's ids outside ``[0, TOTAL)`` reported
+    (``_report_ids``). ``QUANTISE``: the programs past it quantise the input's tiles."""
     c = tl.program_id(0)
     if QUANTISE:
         n_chunks = tl.cdiv(NUM_PAIRS, CHUNK)
@@ -129,9 +167,15 @@ def align_count_kernel(ids_ptr, base_ptr, NUM_PAIRS, OFFSET,
                            stride_q, stride_st, stride_sk, BLOCK_T, DOT_F32)
             return
     e = tl.arange(0, EP)
-    key = _local_experts(ids_ptr, c * CHUNK + tl.arange(0, CHUNK), NUM_PAIRS, OFFSET,
-                         NUM_EXPERTS, EP)
+    i = c * CHUNK + tl.arange(0, CHUNK)
+    inside = i < NUM_PAIRS
+    raw = tl.load(ids_ptr + i, mask=inside, other=0).to(tl.int32)
+    key = _local_key(raw, inside, OFFSET, NUM_EXPERTS, EP)
     tl.store(base_ptr + c * EP + e, tl.sum((key[:, None] == e[None, :]).to(tl.int32), axis=0))
+    if CHECK_IDS:
+        bad = inside & ((raw < 0) | (raw >= TOTAL))
+        _report_ids(ids_ptr, rec_ptr, CODE, TOTAL, tl.min(tl.where(bad, i, NUM_PAIRS), axis=0),
+                    tl.sum(bad.to(tl.int32), axis=0))
 
 
 @triton.jit(do_not_specialize=["N_CHUNKS", "ROWS", "NUM_PAIRS"])

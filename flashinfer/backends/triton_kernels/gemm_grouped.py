@@ -4,7 +4,11 @@ Kernel signatures and semantics: :mod:`flashinfer.gemm_grouped`. The @triton.jit
 ``_gemm_grouped_kernels.py`` (imported on first use; this module must import without Triton),
 whose docstring states how tiles map to segments: one launch over tiles that never straddle two
 segments, found on the device from the offsets (no host sync, CUDA-graph safe); rows outside
-``[indptr[0], indptr[-1])`` are written as zeros by the same launch.
+``[indptr[0], indptr[-1])`` are written as zeros by the same launch. The same launch checks the
+offsets and weight indices and reports the first bad entry of each into the device's error
+record under the caller's names (``faults``: the codes of its
+:class:`~flashinfer.gemm_grouped.SegmentFaults`), with the documented result (nothing computed
+past a bad offset, zero rows for a bad weight index).
 
 * ``segment_gemm`` — fp16 / bf16 ``x`` and weights (``[W, K, N]`` or column-major
   ``[W, N, K]``), optional ``weight_indices`` and ``alpha``; fp16 / bf16 / fp32 output.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from ...index_checks import record
 from ...reasons import Reason
 from . import KERNELS
 from .gemm import BLOCK_K as FP8_BLOCK_K, BLOCK_N, _cdiv, _device_of, _same_fp8, launch_config
@@ -33,9 +38,11 @@ BLOCK_K_16 = 64
 MAX_PIECES = 4096
 
 
-def _chunk(pieces: int, name: str) -> int:
-    """Power of two >= ``pieces`` (at least 16); ValueError past :data:`MAX_PIECES`."""
+def _chunk(pieces: int, faults) -> int:
+    """Power of two >= ``pieces`` (at least 16); ValueError past :data:`MAX_PIECES` naming the
+    caller's offsets argument."""
     if pieces > MAX_PIECES:
+        name = f"{faults.offsets.function}: {faults.offsets.argument}"
         raise ValueError(f"{name}: {pieces - 2} segments; backend='triton' takes at most "
                          f"{MAX_PIECES - 2} (use backend='torch')")
     return max(16, 1 << (pieces - 1).bit_length())
@@ -48,7 +55,7 @@ def _grid(m: int, n: int, segments: int, block_m: int) -> tuple[int, int]:
 @KERNELS.kernel("segment_gemm")
 def segment_gemm(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.Tensor,
                  weight_indices: torch.Tensor | None, weight_column_major: bool,
-                 alpha: torch.Tensor | None, out: torch.Tensor) -> None:
+                 alpha: torch.Tensor | None, out: torch.Tensor, faults) -> None:
     from . import _gemm_grouped_kernels
 
     (m, k), n, segments = x.shape, out.shape[1], seg_indptr.shape[0] - 1
@@ -59,12 +66,13 @@ def segment_gemm(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.Tenso
         _gemm_grouped_kernels.segment_gemm_kernel[_grid(m, n, segments, block_m)](
             x, weights, seg_indptr,
             seg_indptr if weight_indices is None else weight_indices,
-            seg_indptr if alpha is None else alpha, out,
-            m, n, k, segments, weights.shape[0],
+            seg_indptr if alpha is None else alpha, out, record(x.device),
+            m, n, k, segments, weights.shape[0], faults.offsets.code,
+            faults.weight_indices.code if weight_indices is not None else 0,
             x.stride(0), x.stride(1), s_ww, s_wk, s_wn, out.stride(0),
-            HAS_WIDX=weight_indices is not None, HAS_ALPHA=alpha is not None,
+            HAS_WIDX=weight_indices is not None, HAS_ALPHA=alpha is not None, LENS=faults.lens,
             BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K_16,
-            CHUNK=_chunk(segments + 2, "seg_indptr"),
+            CHUNK=_chunk(segments + 2, faults),
             DOT_F32=not x.is_cuda, num_warps=warps, num_stages=stages,
         )
 
@@ -72,7 +80,8 @@ def segment_gemm(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.Tenso
 @KERNELS.kernel("group_gemm_fp8_groupwise")
 def group_gemm_fp8_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
                              b_scale: torch.Tensor, m_indptr: torch.Tensor,
-                             granularity: tuple[int, int, int], out: torch.Tensor) -> None:
+                             granularity: tuple[int, int, int], out: torch.Tensor,
+                             faults) -> None:
     from . import _gemm_grouped_kernels
 
     gm, gn, gk = granularity
@@ -83,13 +92,14 @@ def group_gemm_fp8_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Te
     block_m, warps, stages = launch_config(_cdiv(m, max(groups, 1)), a.device, largest=64)
     with _device_of(a):
         _gemm_grouped_kernels.group_gemm_fp8_kernel[_grid(m, n, groups, block_m)](
-            a, b, a_scale, b_scale, m_indptr, out, m, n, k, groups,
+            a, b, a_scale, b_scale, m_indptr, out, record(a.device), m, n, k, groups,
+            faults.offsets.code,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2),
             a_scale.stride(0), a_scale.stride(1),
             b_scale.stride(0), b_scale.stride(1), b_scale.stride(2), out.stride(0),
             gm, gn, gk,
             BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=FP8_BLOCK_K,
-            CHUNK=_chunk(groups + 2, "m_indptr"),
+            CHUNK=_chunk(groups + 2, faults),
             DOT_F32=not a.is_cuda, num_warps=warps, num_stages=stages,
         )
 

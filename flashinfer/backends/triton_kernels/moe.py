@@ -12,7 +12,9 @@ buffer sized from the shapes alone:
    segment is padded to a multiple of ``BLOCK_M`` in a list of ``max_rows(P, E, BLOCK_M)`` rows
    (the sentinel ``P`` marks padding), with the expert of each M-block and the number of used
    blocks as a one-element device tensor; W8A8 quantises the input in spare programs of the
-   same first launch;
+   same first launch; with ``spec.ids_fault`` (the caller's ids) the counting pass also reports
+   ids no rank owns (outside ``[0, spec.num_experts_total)``) into the device's error record
+   (:mod:`flashinfer.index_checks`), in the kernel: no extra launch, no host sync;
 2. ``gemm1_kernel`` (grid: every possible M-block x column tiles of ``I``): gather the block's
    token rows, ``x @ w1[e].T`` for the up and gate halves at once, the gated activation, the
    intermediate ``[rows, I]`` in the activation dtype;
@@ -56,6 +58,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from ...index_checks import record
 from ...reasons import Reason
 from . import KERNELS
 
@@ -133,7 +136,8 @@ class Prepared(NamedTuple):
 
 
 def prepare(ids: torch.Tensor, expert_offset: int, num_experts: int, block_m: int,
-            quantise: Optional[torch.Tensor] = None) -> Prepared:
+            quantise: Optional[torch.Tensor] = None,
+            check: Optional[tuple[torch.Tensor, int, int]] = None) -> Prepared:
     """Align the ``(token, slot)`` pairs of ``ids [T, k]`` (int32 global expert ids) by local
     expert, ``R = max_rows(T * k, num_experts, block_m)`` rows, without a host sync; with
     ``quantise`` (W8A8: the half-precision input ``[T, H]``), also quantise it to fp8 per token
@@ -144,7 +148,9 @@ def prepare(ids: torch.Tensor, expert_offset: int, num_experts: int, block_m: in
     ascending within an expert), each expert's group starting on a multiple of ``block_m``;
     padding and unused rows hold ``T * k``. Blocks ``>= num_blocks[0]`` are unused. Up to
     ``ONE_PROGRAM_PAIRS`` pairs one program aligns (``align_kernel``), past it three launches
-    (count, offsets, scatter); the three outputs share one int32 allocation."""
+    (count, offsets, scatter); the three outputs share one int32 allocation. ``check``: ``(error
+    record, total, code)``: ids outside ``[0, total)`` are reported under fault ``code`` by the
+    counting pass (they are left out of the list either way, as other ranks' ids)."""
     from . import _moe_kernels
 
     dev = ids.device
@@ -164,7 +170,9 @@ def prepare(ids: torch.Tensor, expert_offset: int, num_experts: int, block_m: in
         q_args = (quantise, x_q, x_scale, tokens, hidden, quantise.stride(0), x_q.stride(0),
                   x_scale.stride(0), x_scale.stride(1))
         q_tiles = -(-tokens // QUANTISE_TOKENS) * x_scale.shape[1]
-    quant_kw = dict(QUANTISE=q_tiles > 0, BLOCK_T=QUANTISE_TOKENS, DOT_F32=not on_gpu)
+    quant_kw = dict(QUANTISE=q_tiles > 0, BLOCK_T=QUANTISE_TOKENS, DOT_F32=not on_gpu,
+                    CHECK_IDS=check is not None)
+    check_args = check if check is not None else (ids, 0, 0)
     flat = ids.contiguous().view(-1)
     ep = _pow2(num_experts)
     if num_pairs == 0:  # no M-block in use: nothing reads the other outputs
@@ -172,14 +180,14 @@ def prepare(ids: torch.Tensor, expert_offset: int, num_experts: int, block_m: in
     elif num_pairs <= ONE_PROGRAM_PAIRS:
         _moe_kernels.align_kernel[(1 + q_tiles,)](
             flat, sorted_pairs, block_expert, num_blocks, num_pairs, expert_offset, rows,
-            *q_args, NUM_EXPERTS=num_experts, EP=ep, BLOCK_M=block_m, CHUNK=ALIGN_CHUNK,
-            **quant_kw, num_warps=8)
+            *q_args, *check_args, NUM_EXPERTS=num_experts, EP=ep, BLOCK_M=block_m,
+            CHUNK=ALIGN_CHUNK, **quant_kw, num_warps=8)
     else:
         n_chunks = -(-num_pairs // ALIGN_CHUNK)
         base = torch.empty((n_chunks, ep), dtype=torch.int32, device=dev)
         _moe_kernels.align_count_kernel[(n_chunks + q_tiles,)](
-            flat, base, num_pairs, expert_offset, *q_args, NUM_EXPERTS=num_experts, EP=ep,
-            CHUNK=ALIGN_CHUNK, **quant_kw, num_warps=4)
+            flat, base, num_pairs, expert_offset, *q_args, *check_args, NUM_EXPERTS=num_experts,
+            EP=ep, CHUNK=ALIGN_CHUNK, **quant_kw, num_warps=4)
         _moe_kernels.align_offsets_kernel[(1,)](
             base, block_expert, num_blocks, sorted_pairs, n_chunks, rows, num_pairs,
             NUM_EXPERTS=num_experts, EP=ep, BLOCK_M=block_m, CHUNK=ALIGN_CHUNK, GROUP=16,
@@ -248,8 +256,10 @@ def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -
     w1, w2 = _unit_stride(w1), _unit_stride(w2)
     flat_w = weights.reshape(-1).float().contiguous()
     with _device_of(x):
+        check = None if spec.ids_fault is None else (
+            record(ids.device), spec.num_experts_total, spec.ids_fault.code)
         sorted_pairs, block_expert, num_blocks, x_q, x_q_scale = prepare(
-            ids, spec.expert_offset, num_experts, cfg.block_m, quantise)
+            ids, spec.expert_offset, num_experts, cfg.block_m, quantise, check)
         if quantise is not None:
             a, x_scale = x_q, x_q_scale
         xs, xs_t, xs_k = (x_scale, x_scale.stride(0), x_scale.stride(1)) if w8a8 else (a, 0, 0)
