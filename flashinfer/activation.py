@@ -22,6 +22,11 @@ Canonical kernel signature (op ``"act_and_mul"``; every backend registers exactl
   feature of the same name, exactly one per call).
 * computes in fp32 ``out = act(input[..., :d]) * input[..., d:]``, rounded once to the dtype.
 
+Aliasing: ``out`` may not share memory with ``input`` (``ValueError``; not even the gate half
+``input[..., :d]``: a kernel tiled over columns or rows would overwrite gate values another
+program has yet to read), nor have a stride-0 dim. NaN / inf in ``input`` propagate through
+the formula (NaN in, NaN out); nothing outside ``out`` is written.
+
 Dispatch Problem: dtype ``input``, shape facts ``hidden_size`` = d (the output width) and
 ``num_rows`` = product of the leading dims, bucketed to a power of two.
 """
@@ -33,6 +38,7 @@ from typing import Optional
 import torch
 
 from . import dispatch
+from .aliasing import check_no_overlap, check_writable
 from .api_logging import flashinfer_api
 from .custom_op import custom_op
 from .dispatch import Problem
@@ -82,6 +88,9 @@ def _no_output(*args, **kwargs) -> None:
 def _act_and_mul_op(out: torch.Tensor, input: torch.Tensor, activation: str, backend: str) -> None:
     if out.numel() == 0:
         return
+    function = f"{activation}_and_mul"
+    check_writable(function, "out", out)
+    check_no_overlap(function, "out", out, input=input)
     d = out.shape[-1]
     problem = Problem.make("act_and_mul", input.device, dtypes={"input": input.dtype},
                            shape={"hidden_size": d,

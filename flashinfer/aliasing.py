@@ -150,10 +150,11 @@ def check_no_overlap(function: str, written: str, out: torch.Tensor | None,
         if allow_same and same_view(out, t):
             continue
         if overlap(out, t):
+            same = " (or exactly the same tensor, to work in place)" if allow_same else ""
             raise ValueError(
                 f"{function}: {written} shares memory with {name}, which the kernel still reads "
                 f"while it writes {written} (the result would be corrupted); pass separate "
-                f"tensors" + (" (or exactly the same tensor, to work in place)" if allow_same else ""))
+                f"tensors{same}")
 
 
 def check_writable(function: str, name: str, t: torch.Tensor) -> None:

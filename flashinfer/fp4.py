@@ -25,6 +25,15 @@ Each block of ``sf_vec_size`` consecutive elements along K has one scale:
   stored as its biased exponent ``e`` (``uint8``, value ``2**(e - 127)``); ``code = e2m1(x / sf)``.
   The global scale is not used (upstream's kernel ignores it for UE8M0 scales of 16-bit inputs).
 
+Non-finite values: a block holding NaN gets a NaN scale (e4m3 NaN, or UE8M0 255, which every
+dequantiser here reads as NaN), so it dequantises to NaN (NaN in, NaN out); a block holding
+inf saturates (scale 448 for e4m3, 254 for UE8M0; the inf element becomes the largest code,
+the block's finite elements may flush to 0). The global scale must be finite and > 0: a float
+or CPU tensor that is not raises ``ValueError`` naming it; a GPU tensor is not read back: a
+bad value there makes every NVFP4 block scale of the quantisers NaN, and the dequantiser
+divides by it (IEEE). Every quantiser writes fresh tensors (no ``out=`` arguments, so no
+aliasing to check).
+
 Scale layouts (``SfLayout``), for ``M`` rows and ``C = K / sf_vec_size`` scale columns; the scale
 of row ``r``, column ``c`` is stored at flat offset:
 
@@ -176,8 +185,9 @@ def _check_layout(name: str, value) -> SfLayout:
 
 
 def ue8m0_to_float(e: torch.Tensor) -> torch.Tensor:
-    """UE8M0 biased exponents (``uint8``) -> ``2**(e - 127)`` in float32."""
-    return torch.exp2(e.view(torch.uint8).float() - 127.0)
+    """UE8M0 biased exponents (``uint8``) -> ``2**(e - 127)`` in float32; 255 is NaN (OCP MX)."""
+    code = e.view(torch.uint8)
+    return torch.exp2(code.float() - 127.0).masked_fill(code == 255, float("nan"))
 
 
 def scale_to_float(sf: torch.Tensor, ue8m0: bool) -> torch.Tensor:
@@ -189,11 +199,14 @@ def scale_to_float(sf: torch.Tensor, ue8m0: bool) -> torch.Tensor:
 
 
 def _float_to_ue8m0(v: torch.Tensor) -> torch.Tensor:
-    """Smallest power of two >= v (v >= 0, float32) as a biased exponent, clamped to 0..254."""
+    """Smallest power of two >= v (v >= 0, float32) as a biased exponent, clamped to 0..254
+    (inf saturates to 254); NaN gives 255, UE8M0's NaN."""
     mant, exp = torch.frexp(v)
     exp = exp - (mant == 0.5).to(exp.dtype)  # an exact power of two keeps its exponent
     exp = torch.where(v > 0, exp, torch.full_like(exp, -127))
-    return (exp + 127).clamp(0, 254).to(torch.uint8)
+    exp = torch.where(torch.isinf(v), torch.full_like(exp, 127), exp)
+    code = (exp + 127).clamp(0, 254).to(torch.uint8)
+    return code.masked_fill(torch.isnan(v), 255)
 
 
 # --------------------------------------------------------------------------------------------
@@ -217,18 +230,31 @@ def _check_backend(backend) -> None:
                          f"{', '.join(_UPSTREAM_BACKENDS)} (all run this torch implementation)")
 
 
-def _global_scale(global_scale, inversed: bool, device) -> torch.Tensor:
+def _global_scale(global_scale, inversed: bool, device, name: str = "global_scale"
+                  ) -> torch.Tensor:
+    """The global scale as an fp32 0-d tensor on ``device``. A value on the host (a float, a
+    CPU tensor) must be finite and > 0 (after the inversion): ``ValueError`` naming ``name``;
+    a GPU tensor is not read back (see the module docstring for what a bad one gives)."""
     if global_scale is None:
         return torch.ones((), dtype=torch.float32, device=device)
     if isinstance(global_scale, (int, float)) and not isinstance(global_scale, bool):
-        g = torch.tensor(float(global_scale), dtype=torch.float32, device=device)
+        g = torch.tensor(float(global_scale), dtype=torch.float32)
     elif isinstance(global_scale, torch.Tensor) and global_scale.numel() == 1:
-        g = global_scale.to(device=device, dtype=torch.float32).reshape(())
+        g = global_scale.to(dtype=torch.float32).reshape(())
     else:
         shape = tuple(global_scale.shape) if isinstance(global_scale, torch.Tensor) else ""
-        raise ValueError(f"global_scale must be None, a float or a one-element tensor, got "
+        raise ValueError(f"{name} must be None, a float or a one-element tensor, got "
                          f"{type(global_scale).__name__}{shape}")
-    return 1.0 / g if inversed else g
+    given = g
+    if inversed:
+        g = 1.0 / g
+    if g.device.type == "cpu":
+        value = float(g)
+        if not 0.0 < value < float("inf"):
+            used = f" (its inverse, {value!r}, is the scale used)" if inversed else ""
+            raise ValueError(f"{name}={float(given)!r} is not allowed{used}: a global scale must "
+                             "be finite and > 0 in float32")
+    return g.to(device)
 
 
 def fp4_quantize(input: torch.Tensor, global_scale: Optional[torch.Tensor] = None,
@@ -261,7 +287,10 @@ def fp4_quantize(input: torch.Tensor, global_scale: Optional[torch.Tensor] = Non
         inv = torch.where(amax > 0, torch.exp2(127.0 - sf.float()), torch.zeros_like(amax))
     else:
         g = _global_scale(global_scale, is_global_scale_inversed, input.device)
-        sf = (g * amax / 6.0).clamp(max=448.0).to(torch.float8_e4m3fn)
+        # a bad global scale on a GPU (not read back): every block scale becomes NaN
+        g_bad = ~((g > 0) & (g < float("inf")))
+        sf = (g * amax / 6.0).clamp(max=448.0).masked_fill(g_bad, float("nan"))
+        sf = sf.to(torch.float8_e4m3fn)
         sf_f = sf.float()
         inv = torch.where(sf_f > 0, g / sf_f, torch.zeros_like(sf_f))
     codes = float_to_e2m1(blocks * inv.unsqueeze(-1)).reshape(m, k)
@@ -285,6 +314,8 @@ def nvfp4_quantize(a: torch.Tensor, a_global_sf: torch.Tensor,
         raise ValueError("per_token_activation=True is not supported")
     if expanded_idx_to_permuted_idx is not None:
         raise ValueError("expanded_idx_to_permuted_idx is not supported (MoE permuted quantise)")
+    _global_scale(a_global_sf, False, a.device if isinstance(a, torch.Tensor) else "cpu",
+                  "a_global_sf")  # a bad host value raises naming the caller's argument
     return fp4_quantize(a, a_global_sf, sf_vec_size, False, layout != SfLayout.layout_linear,
                         layout == SfLayout.layout_8x4, False, enable_pdl, backend)
 
@@ -358,7 +389,7 @@ def e2m1_and_ufp8sf_scale_to_float(e2m1_tensor: torch.Tensor, ufp8_scale_tensor:
     out = dequantize(e2m1_tensor, _from_layout(sf, m, k // sf_vec_size, layout), sf_vec_size,
                      ufp8_type == 0)
     if global_scale_tensor is not None:
-        out = out / _global_scale(global_scale_tensor, False, out.device)
+        out = out / _global_scale(global_scale_tensor, False, out.device, "global_scale_tensor")
     return out
 
 

@@ -50,6 +50,21 @@ multiple of the scale granularity is served (the last block is partial) by the r
 kernels with alignment needs (torch's cuBLASLt: K and N multiples of 16) declare them in their
 capability records and are skipped, or named with their reason when asked for.
 
+Aliasing: a GEMM reads every operand while it writes ``out`` (tiles of ``out`` are stored
+while other tiles still read ``a`` and ``b``), so an ``out=`` that shares any memory with an
+operand, a scale, ``alpha`` or ``bias`` raises ``ValueError`` naming both (even exactly the
+same tensor: ``mm_bf16(a, b, out=a)`` with a square ``b`` is refused). Different allocations
+cost two pointer reads per pair.
+
+Values: scales and ``alpha`` are device tensors and are not read back: NaN or inf in them (or
+in the operands) propagate through the products (NaN in, NaN out; ``0 * inf`` is NaN); a zero
+scale gives zeros. Per-tensor scales and ``alpha`` multiply the finished dot products on every
+backend, so non-finite ones give the same NaN / inf pattern everywhere. Block scales of
+``gemm_fp8_nt_groupwise`` do not: the reference dequantises the operands first (an inf scale
+times a zero element is NaN; a huge one can overflow float32), Triton scales each K step's
+dot; both give non-finite outputs there, not always the same ones. An empty ``m`` or ``n`` returns an empty ``out`` without launching; ``k = 0``
+gives ``out = 0`` (plus ``bias``) without launching either (the scales are not read).
+
 Dispatch Problem: dtypes ``a``, ``b``, ``out``; shape facts ``m`` (bucketed to a power of two),
 ``n``, ``k`` (and ``batch``, bucketed, for bmm_fp8); groupwise features ``scale_rowwise``
 (granularity ``(1, 1, >=K)``), ``scale_1x128`` (``(1, 128, 128)``), ``scale_128x128``
@@ -64,6 +79,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import dispatch
+from .aliasing import check_no_overlap
 from .api_logging import flashinfer_api
 from .custom_op import custom_op
 from .dispatch import Problem
@@ -196,6 +212,15 @@ def _no_output(*args, **kwargs) -> None:
     return None
 
 
+def _empty_k(out: torch.Tensor, bias: Optional[torch.Tensor] = None) -> None:
+    """``k = 0``: every dot product is empty, ``out = 0`` (plus ``bias``); the chosen kernel is
+    not launched (vendor GEMMs differ on whether they accept it) and no scale is read."""
+    if bias is None:
+        out.zero_()
+    else:
+        out.copy_(bias.expand(out.shape))
+
+
 @custom_op("mm_bf16", mutates_args=("out",), fake=_no_output)
 def _mm_bf16_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                 bias: Optional[torch.Tensor], backend: str) -> None:
@@ -204,7 +229,12 @@ def _mm_bf16_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                            shape={"m": dispatch.length_bucket(a.shape[0]), "n": b.shape[1],
                                   "k": a.shape[1]},
                            features=("bias",) if bias is not None else ())
-    dispatch.decide(problem, backend).kernel(a, b, bias, out)
+    check_no_overlap("mm_bf16", "out", out, a=a, b=b, bias=bias)
+    decision = dispatch.decide(problem, backend)
+    if a.shape[1] == 0:
+        _empty_k(out, bias)
+    else:
+        decision.kernel(a, b, bias, out)
 
 
 def _bmm_fp8_decision(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor,
@@ -220,15 +250,25 @@ def _bmm_fp8_decision(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor,
 @custom_op("bmm_fp8", mutates_args=("out",), fake=_no_output)
 def _bmm_fp8_op(out: torch.Tensor, A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor,
                 B_scale: torch.Tensor, backend: str) -> None:
-    _bmm_fp8_decision(A, B, out, backend).kernel(A, B, A_scale, B_scale, out)
+    check_no_overlap("bmm_fp8", "out", out, A=A, B=B, A_scale=A_scale, B_scale=B_scale)
+    decision = _bmm_fp8_decision(A, B, out, backend)
+    if A.shape[2] == 0:
+        _empty_k(out)
+    else:
+        decision.kernel(A, B, A_scale, B_scale, out)
 
 
 @custom_op("mm_fp8", mutates_args=("out",), fake=_no_output)
 def _mm_fp8_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                alpha: Optional[torch.Tensor], backend: str) -> None:
+    check_no_overlap("mm_fp8", "out", out, a=a, b=b, alpha=alpha)
     A, B, O = a.unsqueeze(0), b.t().unsqueeze(0), out.unsqueeze(0)
+    decision = _bmm_fp8_decision(A, B, O, backend)
+    if a.shape[1] == 0:
+        _empty_k(out)
+        return
     one = torch.ones((), dtype=torch.float32, device=a.device)
-    _bmm_fp8_decision(A, B, O, backend).kernel(A, B, one if alpha is None else alpha, one, O)
+    decision.kernel(A, B, one if alpha is None else alpha, one, O)
 
 
 @custom_op("gemm_fp8_groupwise", mutates_args=("out",), fake=_no_output)
@@ -241,7 +281,13 @@ def _gemm_fp8_groupwise_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                            shape={"m": dispatch.length_bucket(a.shape[0]), "n": b.shape[0],
                                   "k": k},
                            features=(_scale_feature((gm, gn, gk), k),))
-    dispatch.decide(problem, backend).kernel(a, b, a_scale, b_scale, (gm, gn, gk), out)
+    check_no_overlap("gemm_fp8_nt_groupwise", "out", out, a=a, b=b, a_scale=a_scale,
+                     b_scale=b_scale)
+    decision = dispatch.decide(problem, backend)
+    if k == 0:
+        _empty_k(out)
+    else:
+        decision.kernel(a, b, a_scale, b_scale, (gm, gn, gk), out)
 
 
 @custom_op("mm_fp4", mutates_args=("out",), fake=_no_output)
@@ -254,8 +300,14 @@ def _mm_fp4_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_descale: t
                            shape={"m": dispatch.length_bucket(a.shape[0]), "n": b.shape[1],
                                   "k": 2 * a.shape[1]},
                            features=features)
-    dispatch.decide(problem, backend).kernel(a, b, a_descale, b_descale.t(), alpha, block_size,
-                                             use_8x4_sf_layout, out)
+    check_no_overlap("mm_fp4", "out", out, a=a, b=b, a_descale=a_descale, b_descale=b_descale,
+                     alpha=alpha)
+    decision = dispatch.decide(problem, backend)
+    if a.shape[1] == 0:
+        _empty_k(out)
+    else:
+        decision.kernel(a, b, a_descale, b_descale.t(), alpha, block_size, use_8x4_sf_layout,
+                        out)
 
 
 # --------------------------------------------------------------------------------------------

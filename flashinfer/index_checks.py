@@ -63,7 +63,7 @@ class Fault:
         rule = self.rule
         if "{bound}" in rule:
             rule = rule.format(bound=bound)
-        elif bound is not None:
+        elif bound is not None and not on_device:
             rule += f" (bound of this entry: {bound})"
         text = f"{self.function}: {self.argument}[{entry}] = {value} is out of range; allowed: {rule}"
         if on_device:

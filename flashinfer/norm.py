@@ -15,7 +15,9 @@ Canonical kernel signatures (every backend registers exactly these)
   per-head call ``[tokens, heads, head_dim]`` as is); any strides.
 * ``weight``: ``[H]`` fp16/bf16/fp32. The scale applied is ``weight + weight_bias`` (``0.0``,
   or ``1.0`` for the Gemma form).
-* ``out``: ``[B, N, H]``, ``input``'s dtype, any strides; it may be ``input`` itself.
+* ``out``: ``[B, N, H]``, ``input``'s dtype, any strides; it may be ``input`` itself (exactly
+  the same view: every kernel reads a row before it writes that row, and no program reads
+  another program's rows), never another view of ``input``'s memory nor of ``weight``'s.
 * ``residual``: ``None``, or ``[B, N, H]`` in ``input``'s dtype (fused add). Then the kernel
   first stores ``residual <- round(input + residual)`` (sum in fp32, rounded to the dtype) and
   normalises that rounded sum.
@@ -37,6 +39,19 @@ choices differ by at most half an ulp of the input dtype per element before norm
 * computes, per row, in fp32: ``out = (x - mean) * rsqrt(var + eps) * gamma + beta`` with the
   biased variance ``mean((x - mean)^2)``.
 
+Destructive aliasing (:mod:`flashinfer.aliasing`) raises ``ValueError`` before any kernel runs:
+``rmsnorm`` / ``gemma_rmsnorm``: ``out`` sharing memory with ``input`` (other than being exactly
+``input``) or with ``weight``; ``fused_add_rmsnorm`` / ``gemma_fused_add_rmsnorm``: ``residual``
+sharing memory with ``input`` (``residual=input`` would destroy the residual stream: the sum is
+stored, then overwritten by the normalised output) or either of them with ``weight`` (other
+rows would read a weight already overwritten); a written tensor with a stride-0 dim (several
+elements at one address). ``layernorm`` writes a fresh tensor. The check costs two pointer
+reads per pair of separate allocations.
+
+Values: ``eps`` must be a finite number >= 0 (NaN, inf, negative: ``ValueError``). NaN or inf
+in ``input``, ``residual`` or ``weight`` propagate (NaN in, NaN out); nothing is written
+outside ``out`` (and ``residual``).
+
 Dispatch Problem: dtypes ``input`` and ``weight`` (``gamma`` for layernorm), shape facts
 ``hidden_size`` = H and ``num_rows`` = B*N bucketed to a power of two; rmsnorm features
 ``fused_add``, ``gemma_weight``, ``per_head`` (3-D input).
@@ -50,6 +65,7 @@ from typing import Optional
 import torch
 
 from . import dispatch
+from .aliasing import check_no_overlap, check_writable
 from .api_logging import flashinfer_api
 from .custom_op import custom_op
 from .dispatch import Problem
@@ -163,6 +179,10 @@ def _rmsnorm_op(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, ep
                 weight_bias: float, backend: str) -> None:
     if input.numel() == 0:
         return
+    function = "gemma_rmsnorm" if weight_bias else "rmsnorm"
+    check_writable(function, "out", out)
+    check_no_overlap(function, "out", out, True, input=input)
+    check_no_overlap(function, "out", out, weight=weight)
     decision = _rmsnorm_decision(input, weight, weight_bias, False, backend)
     decision.kernel(_rows3(input), weight, _rows3(out), None, eps, weight_bias)
 
@@ -172,6 +192,11 @@ def _fused_add_rmsnorm_op(input: torch.Tensor, residual: torch.Tensor, weight: t
                           eps: float, weight_bias: float, backend: str) -> None:
     if input.numel() == 0:
         return
+    function = "gemma_fused_add_rmsnorm" if weight_bias else "fused_add_rmsnorm"
+    check_writable(function, "input", input)
+    check_writable(function, "residual", residual)
+    check_no_overlap(function, "residual", residual, input=input, weight=weight)
+    check_no_overlap(function, "input", input, weight=weight)
     decision = _rmsnorm_decision(input, weight, weight_bias, True, backend)
     x = _rows3(input)
     decision.kernel(x, weight, x, _rows3(residual), eps, weight_bias)
@@ -217,8 +242,9 @@ def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
 
     ``input``: ``[batch, hidden]``, or ``[batch, heads, head_dim]`` to normalise each head
     (QK-norm), fp16/bf16/fp32, any strides. ``weight``: ``[hidden]`` fp16/bf16/fp32.
-    ``out``: optional ``input``-shaped buffer of ``input``'s dtype (may be ``input`` itself),
-    written and returned.
+    ``out``: optional ``input``-shaped buffer of ``input``'s dtype, written and returned; it may
+    be ``input`` itself (in place), but no other view sharing memory with ``input`` or
+    ``weight`` (``ValueError``).
     Statistics and products in fp32. ``enable_pdl`` is ignored (see the module docstring).
     """
     return _rmsnorm(input, weight, eps, out, 0.0, backend)
@@ -241,7 +267,9 @@ def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch
     ``input``, ``residual``: same shape (``[batch, hidden]``; ``[batch, heads, head_dim]`` is
     also accepted) and dtype (fp16/bf16/fp32). The sum is taken in fp32 and rounded to the dtype
     when stored in ``residual``; the rounded sum is what gets normalised (module docstring).
-    ``input`` and ``residual`` must not share memory. Returns ``None``. ``enable_pdl`` is ignored.
+    ``input`` and ``residual`` must not share memory with each other or with ``weight``
+    (``ValueError``: ``residual=input`` would destroy the residual stream). Returns ``None``.
+    ``enable_pdl`` is ignored.
     """
     _fused_add_rmsnorm(input, residual, weight, eps, 0.0, backend)
 

@@ -15,11 +15,20 @@ scales :func:`flashinfer.gemm.bmm_fp8` (per tensor), :func:`flashinfer.gemm.gemm
   dimension may be partial, so K or M need not be multiples of the block).
 
 All run as plain torch ops on any device (this is the reference implementation; FP4 lives
-elsewhere).
+elsewhere). They write fresh tensors only (no ``out=`` argument, so no aliasing to check).
+
+Values: ``eps`` must be a finite number > 0 (``ValueError`` naming it otherwise: NaN would make
+every scale NaN, 0 would divide an all-zero block by 0). NaN in a block makes its scale NaN
+(NaN in, NaN out: every dequantised element of the block is NaN); inf makes it inf (the block
+dequantises to NaN: ``0 * inf`` and ``inf / inf``). int8 has no NaN: such elements are stored
+as 0 (their scale is NaN or inf, so they still dequantise to NaN). A tensor with an empty
+dimension gives empty results (for ``quantize_fp8_per_tensor``, the scale ``eps / fp8_max``;
+for ``quantize_fp8_per_token`` with ``k = 0``, ``[m, 1]`` scales of that value).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -48,6 +57,14 @@ def _check_input(x, rank: Optional[int] = None) -> torch.Tensor:
     return x
 
 
+def _check_eps(eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    if not 0 < eps < math.inf:  # also rejects NaN
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    return float(eps)
+
+
 def _check_dst(dtype) -> torch.dtype:
     if dtype not in _DST:
         raise ValueError(f"dtype {dtype} is not supported; allowed: float8_e4m3fn, float8_e5m2, "
@@ -57,8 +74,9 @@ def _check_dst(dtype) -> torch.dtype:
 
 def _cast(scaled: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     limit = _max_of(dtype)
-    scaled = scaled.clamp(-limit, limit)
-    return (scaled.round() if dtype == torch.int8 else scaled).to(dtype)
+    if dtype == torch.int8:  # int8 has no NaN: stored as 0 (its block's scale is NaN or inf)
+        return torch.nan_to_num(scaled, nan=0.0).clamp(-limit, limit).round().to(dtype)
+    return scaled.clamp(-limit, limit).to(dtype)
 
 
 def _blocks(x: torch.Tensor, bm: int, bk: int) -> tuple[torch.Tensor, int, int]:
@@ -78,8 +96,10 @@ def quantize_fp8_blockwise(x: torch.Tensor, block_size: Tuple[int, int] = (1, 12
     """
     _check_input(x, 2)
     _check_dst(dtype)
+    eps = _check_eps(eps)
     if (not isinstance(block_size, (tuple, list)) or len(block_size) != 2
-            or not all(isinstance(v, int) and v > 0 for v in block_size)):
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                       for v in block_size)):
         raise ValueError(f"block_size must be two positive ints (rows, cols), got {block_size!r}")
     bm, bk = block_size
     m, k = x.shape
@@ -93,7 +113,12 @@ def quantize_fp8_per_token(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4
                            eps: float = 1e-10) -> Tuple[torch.Tensor, torch.Tensor]:
     """2-D ``x [m, k]`` -> ``(x_q, scale [m, 1] fp32)``: one scale per row (row-wise)."""
     _check_input(x, 2)
-    return quantize_fp8_blockwise(x, (1, max(x.shape[1], 1)), dtype, eps)
+    if x.shape[1] == 0:  # one (empty) block per row all the same: scale eps / fp8_max
+        _check_dst(dtype)
+        scale = torch.full((x.shape[0], 1), _check_eps(eps) / _max_of(dtype),
+                           dtype=torch.float32, device=x.device)
+        return torch.empty(x.shape, dtype=dtype, device=x.device), scale
+    return quantize_fp8_blockwise(x, (1, x.shape[1]), dtype, eps)
 
 
 def quantize_fp8_per_tensor(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn,
@@ -101,8 +126,10 @@ def quantize_fp8_per_tensor(x: torch.Tensor, dtype: torch.dtype = torch.float8_e
     """Any-rank ``x`` -> ``(x_q, scale)`` with ``scale`` an fp32 0-d tensor (per-tensor)."""
     _check_input(x)
     _check_dst(dtype)
+    eps = _check_eps(eps)
     xf = x.float()
-    scale = xf.abs().amax().clamp_min(eps) / _max_of(dtype)
+    amax = xf.abs().amax() if xf.numel() else xf.new_zeros(())
+    scale = amax.clamp_min(eps) / _max_of(dtype)
     return _cast(xf / scale, dtype), scale
 
 
@@ -122,7 +149,9 @@ def per_token_group_quant_8bit(x: torch.Tensor, group_size: int, eps: float = 1e
     """
     _check_input(x)
     dtype = _check_dst(torch.float8_e4m3fn if dst_dtype is None else dst_dtype)
-    if not isinstance(group_size, int) or group_size <= 0 or x.shape[-1] % group_size:
+    eps = _check_eps(eps)
+    if (not isinstance(group_size, int) or isinstance(group_size, bool) or group_size <= 0
+            or x.shape[-1] % group_size):
         raise ValueError(f"group_size must be a positive divisor of x.shape[-1] = "
                          f"{x.shape[-1]}, got {group_size!r}")
     if scale_ue8m0:
@@ -133,7 +162,7 @@ def per_token_group_quant_8bit(x: torch.Tensor, group_size: int, eps: float = 1e
     if backend not in _BACKENDS:
         raise ValueError(f"backend={backend!r} is not supported; allowed: {', '.join(_BACKENDS)}")
     lead, h = x.shape[:-1], x.shape[-1]
-    groups = x.float().reshape(-1, h // group_size, group_size)
+    groups = x.float().reshape(math.prod(lead), h // group_size, group_size)
     scale = groups.abs().amax(-1).clamp_min(eps) / _max_of(dtype)
     x_q = _cast(groups / scale.unsqueeze(-1), dtype).reshape(x.shape)
     if column_major_scales:

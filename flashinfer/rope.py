@@ -22,20 +22,34 @@ Canonical kernel signature (every backend's ``"rope"`` kernel takes exactly this
   that the kernel fills completely (rotated dims and the pass-through dims);
 * ``pos_ids [nnz]`` int32/int64 on the device of ``q`` (ragged ``indptr``/``offsets`` calls are
   turned into positions here, so kernels only ever see positions);
-* ``params``: :class:`RopeParams`; with a cache only ``rotary_dim`` and ``interleave`` count;
+* ``params``: :class:`RopeParams`; with a cache only ``rotary_dim``, ``interleave`` and
+  ``positions_fault`` count;
 * ``cos_sin_cache``: ``None`` (frequencies computed from ``params``) or fp32
   ``[max_pos, rotary_dim]``. A position outside ``[0, max_pos)`` must never be read: the kernel
-  writes NaN to that token's rotated dims instead.
+  stores that token unrotated (its input values, bit for bit) and, when
+  ``params.positions_fault`` is set (GPU calls without a host check), reports it into the
+  device's error record (:mod:`flashinfer.index_checks`).
 
 What is checked: ranks, dtypes, devices, matching token counts and head dims, ``rotary_dim`` even
-and ``<= head_dim``, finite positive scale/theta/Llama factors, index sizes, the cache's dtype,
-rank and width. Checks that read index *values* run only where those values are on the host
-(CPU tensors), because on a GPU they would cost a host sync: ragged ``indptr`` starting at 0,
-non-decreasing and ending at ``nnz``, and cache positions in ``[0, max_pos)``. On a GPU, tokens
-outside ``[indptr[0], indptr[-1])`` are left unrotated (position 0), a decreasing ``indptr``
-gives unspecified positions (never an out-of-bounds access), and an out-of-range cache position
-gives NaN in that token's rotated dims. Computed-frequency variants accept any integer position,
-negative included, as the formula does.
+and ``<= head_dim``; ``rope_scale``, ``rope_theta`` and the Llama 3.1 factors finite, > 0 and
+normal float32 numbers (the kernels compute in float32), ``high_freq_factor > low_freq_factor``
+and far enough apart that the smoothing coefficients are finite in float32; index sizes; the
+cache's dtype, rank and width; and destructive aliasing: the ``*_inplace`` variants write
+``q``/``k`` (``query``/``key``) while reading the other one and the index / cache arguments, so
+any shared memory between them raises ``ValueError`` (views of one packed ``qkv`` buffer that
+do not overlap are fine); non-inplace variants write fresh tensors.
+
+Index values follow :mod:`flashinfer.index_checks`. ``positions`` of the cache variants index
+rows of ``cos_sin_cache``: each must be in ``[0, max_pos)``. ``indptr`` of the ragged variants
+must start at 0, never decrease and end at ``nnz`` (entries past ``nnz`` are bad too).
+``offsets`` and ``pos_ids`` index nothing (positions are numbers in the formula), so any
+integer is allowed, negative included. Host (CPU) index arrays are checked before any kernel
+runs (``ValueError`` naming the function, the argument, its first bad entry and the rule); on
+a GPU (unless ``FLASHINFER_CHECK_INDICES=1``) nothing is read back: a token with a bad cache
+position is left unrotated (the output equals the input, bit for bit; in place: unchanged)
+and the cache is not read for it; a bad ``indptr`` rotates every token by position 0 (angle 0,
+i.e. unchanged for finite values). Either fault is recorded in the device's error record and
+raised by ``flashinfer.check_errors()``.
 """
 
 from __future__ import annotations
@@ -47,10 +61,12 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import dispatch
+from . import dispatch, index_checks
+from .aliasing import check_no_overlap, check_writable
 from .api_logging import flashinfer_api
 from .custom_op import custom_op
 from .dispatch import Problem
+from .index_checks import Check, Fault, fault
 
 __all__ = [
     "Llama31Factors", "RopeParams",
@@ -85,10 +101,23 @@ class RopeParams:
     rope_scale: float = 1.0
     rope_theta: float = 1e4
     llama31: Llama31Factors | None = None
+    #: cache variants: the fault under which a kernel reports a position outside the cache
+    #: (``None``: the positions were checked on the host, nothing to report)
+    positions_fault: Fault | None = None
 
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
+_FP32_TINY, _FP32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38
+
+_RAGGED = ("apply_rope", "apply_rope_inplace", "apply_llama31_rope", "apply_llama31_rope_inplace")
+_CACHED = ("apply_rope_with_cos_sin_cache", "apply_rope_with_cos_sin_cache_inplace")
+#: the index rules (:mod:`flashinfer.index_checks`), one fault per public function
+INDPTR_FAULTS = {fn: fault(fn, "indptr", "non-decreasing token offsets from indptr[0] = 0 to "
+                                          "indptr[-1] = nnz = {bound} (the tokens of q and k)")
+                 for fn in _RAGGED}
+POSITIONS_FAULTS = {fn: fault(fn, "positions", "a row of cos_sin_cache: [0, max_pos = {bound})")
+                    for fn in _CACHED}
 
 
 # --------------------------------------------------------------------------------------------
@@ -136,6 +165,9 @@ def _positive(name: str, value) -> float:
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name}={value!r} is not allowed; it must be finite and > 0")
+    if not _FP32_TINY <= value <= _FP32_MAX:
+        raise ValueError(f"{name}={value!r} is not allowed; it must be a normal float32 number, "
+                         f"in [{_FP32_TINY:.4g}, {_FP32_MAX:.4g}] (the kernels compute in float32)")
     return float(value)
 
 
@@ -167,23 +199,38 @@ def _params(q: torch.Tensor, rotary_dim, interleave, rope_scale, rope_theta,
         if high <= low:
             raise ValueError(f"high_freq_factor={high} must be greater than low_freq_factor={low}")
         factors = Llama31Factors(low, high, _positive("old_context_len", old))
+        if not all(abs(c) <= _FP32_MAX for c in factors.smooth_coefficients()):
+            raise ValueError(f"high_freq_factor={high} and low_freq_factor={low} are too close "
+                             f"(old_context_len={old}): the smoothing ramp's coefficients "
+                             "overflow float32")
     return RopeParams(_rotary_dim(rotary_dim, q.shape[2]), _flag("interleave", interleave),
                       _positive("rope_scale", rope_scale), _positive("rope_theta", rope_theta),
                       factors)
 
 
-def _ragged_positions(indptr, offsets, q: torch.Tensor) -> torch.Tensor:
-    """Validate a ragged batch; every token's position ``[nnz]`` int64 (no host sync on GPU)."""
+def _ragged_positions(function: str, indptr, offsets, q: torch.Tensor) -> torch.Tensor:
+    """Validate a ragged batch; every token's position ``[nnz]`` int64 (no host sync on GPU:
+    a bad ``indptr`` there is recorded and every position becomes 0)."""
     _check_index("offsets", offsets, q.device)
     _check_index("indptr", indptr, q.device, offsets.numel() + 1)
     nnz = q.shape[0]
-    if indptr.device.type == "cpu":
-        first, last, falls = int(indptr[0]), int(indptr[-1]), bool((indptr.diff() < 0).any())
-        if first != 0 or last != nnz or falls:
-            raise ValueError(f"indptr must start at 0, never decrease and end at nnz={nnz}; got "
-                             f"indptr[0]={first}, indptr[-1]={last}"
-                             f"{', and it decreases' if falls else ''}")
-    return _segment_positions(indptr, offsets, nnz)
+    check = _indptr_check(function, indptr, nnz)
+    if index_checks.host_check_wanted(q.device):
+        index_checks.raise_first([check])
+        return _segment_positions(indptr, offsets, nnz)
+    index_checks.report_device(check)
+    return _segment_positions(indptr, offsets, nnz).masked_fill(check.bad.any(), 0)
+
+
+def _indptr_check(function: str, indptr: torch.Tensor, nnz: int) -> Check:
+    """Entry ``i`` of ``indptr`` must lie in ``[indptr[i - 1], nnz]``; the first must be 0, the
+    last ``nnz`` (device ops only)."""
+    ind = indptr.long()
+    lower = torch.cat((ind.new_zeros(1), ind[:-1]))
+    lower[-1] = nnz
+    upper = torch.full_like(ind, nnz)
+    upper[0] = 0
+    return Check(INDPTR_FAULTS[function], (ind < lower) | (ind > upper), ind, nnz)
 
 
 def _segment_positions(indptr: torch.Tensor, offsets: torch.Tensor, nnz: int) -> torch.Tensor:
@@ -200,7 +247,7 @@ def _segment_positions(indptr: torch.Tensor, offsets: torch.Tensor, nnz: int) ->
     return torch.where(inside, pos, torch.zeros_like(pos))
 
 
-def _cache_inputs(positions, query, key, head_size, cos_sin_cache, is_neox):
+def _cache_inputs(function: str, positions, query, key, head_size, cos_sin_cache, is_neox):
     """Validate a vLLM-style call; returns ``(q, k, pos, params)`` with 3-D views of query/key."""
     if isinstance(head_size, bool) or not isinstance(head_size, numbers.Integral) or head_size <= 0:
         raise ValueError(f"head_size must be a positive int, got {head_size!r}")
@@ -212,7 +259,8 @@ def _cache_inputs(positions, query, key, head_size, cos_sin_cache, is_neox):
         if (t.dim() == 3 and t.shape[2] != head_size) or (t.dim() == 2 and t.shape[1] % head_size):
             raise ValueError(f"{name} shape {tuple(t.shape)} does not hold whole heads of "
                              f"head_size={head_size}")
-        views.append(t.view(t.shape[0], -1, head_size))  # splits or keeps dims: any strides view
+        heads = t.shape[1] // head_size if t.dim() == 2 else t.shape[1]
+        views.append(t.view(t.shape[0], heads, head_size))  # splits or keeps dims: any strides
     q, k = views
     _check_qk(q, k, "query", "key")
     cache = _tensor("cos_sin_cache", cos_sin_cache)
@@ -229,12 +277,24 @@ def _cache_inputs(positions, query, key, head_size, cos_sin_cache, is_neox):
         raise ValueError(f"cos_sin_cache width {width} is its rotary_dim: it must be even and in "
                          f"[2, head_size={head_size}]")
     pos = _check_index("positions", positions, q.device, q.shape[0])
-    if pos.device.type == "cpu" and pos.numel():
-        lo, hi = int(pos.min()), int(pos.max())
-        if lo < 0 or hi >= cache.shape[0]:
-            raise ValueError(f"positions span [{lo}, {hi}] but cos_sin_cache has rows [0, "
-                             f"{cache.shape[0]})")
-    return q, k, pos, RopeParams(width, not _flag("is_neox", is_neox))
+    interleave = not _flag("is_neox", is_neox)
+    rule = POSITIONS_FAULTS[function]
+    if index_checks.host_check_wanted(q.device):
+        p, max_pos = pos.long(), cache.shape[0]
+        index_checks.raise_first([Check(rule, (p < 0) | (p >= max_pos), p, max_pos)])
+        rule = None
+    return q, k, pos, RopeParams(width, interleave, positions_fault=rule)
+
+
+def _check_inplace(function: str, q: torch.Tensor, k: torch.Tensor, names: tuple[str, str],
+                   **read) -> None:
+    """The in-place variants write ``q`` and ``k`` while they read the other one and ``read``:
+    no memory may be shared (:mod:`flashinfer.aliasing`)."""
+    qn, kn = names
+    check_writable(function, qn, q)
+    check_writable(function, kn, k)
+    check_no_overlap(function, qn, q, **{kn: k}, **read)
+    check_no_overlap(function, kn, k, **read)
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,7 +364,7 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: 
                rotary_dim: Optional[int] = None, interleave: bool = False, rope_scale: float = 1.0,
                rope_theta: float = 1e4, backend: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
     _check_qk(q, k)
-    pos = _ragged_positions(indptr, offsets, q)
+    pos = _ragged_positions("apply_rope", indptr, offsets, q)
     return _rope(q, k, pos, _params(q, rotary_dim, interleave, rope_scale, rope_theta), False, backend)
 
 
@@ -314,7 +374,8 @@ def apply_rope_inplace(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, o
                        rotary_dim: Optional[int] = None, interleave: bool = False,
                        rope_scale: float = 1.0, rope_theta: float = 1e4, backend: str = "auto") -> None:
     _check_qk(q, k)
-    pos = _ragged_positions(indptr, offsets, q)
+    _check_inplace("apply_rope_inplace", q, k, ("q", "k"), indptr=indptr, offsets=offsets)
+    pos = _ragged_positions("apply_rope_inplace", indptr, offsets, q)
     _rope(q, k, pos, _params(q, rotary_dim, interleave, rope_scale, rope_theta), True, backend)
 
 
@@ -336,6 +397,7 @@ def apply_rope_pos_ids_inplace(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.
                                rope_scale: float = 1.0, rope_theta: float = 1e4,
                                backend: str = "auto") -> None:
     _check_qk(q, k)
+    _check_inplace("apply_rope_pos_ids_inplace", q, k, ("q", "k"), pos_ids=pos_ids)
     pos = _check_index("pos_ids", pos_ids, q.device, q.shape[0])
     _rope(q, k, pos, _params(q, rotary_dim, interleave, rope_scale, rope_theta), True, backend)
 
@@ -349,7 +411,7 @@ def apply_llama31_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
                        old_context_len: int = 8192, backend: str = "auto"
                        ) -> Tuple[torch.Tensor, torch.Tensor]:
     _check_qk(q, k)
-    pos = _ragged_positions(indptr, offsets, q)
+    pos = _ragged_positions("apply_llama31_rope", indptr, offsets, q)
     params = _params(q, rotary_dim, interleave, rope_scale, rope_theta,
                      (low_freq_factor, high_freq_factor, old_context_len))
     return _rope(q, k, pos, params, False, backend)
@@ -364,7 +426,8 @@ def apply_llama31_rope_inplace(q: torch.Tensor, k: torch.Tensor, indptr: torch.T
                                high_freq_factor: float = 4.0, old_context_len: int = 8192,
                                backend: str = "auto") -> None:
     _check_qk(q, k)
-    pos = _ragged_positions(indptr, offsets, q)
+    _check_inplace("apply_llama31_rope_inplace", q, k, ("q", "k"), indptr=indptr, offsets=offsets)
+    pos = _ragged_positions("apply_llama31_rope_inplace", indptr, offsets, q)
     params = _params(q, rotary_dim, interleave, rope_scale, rope_theta,
                      (low_freq_factor, high_freq_factor, old_context_len))
     _rope(q, k, pos, params, True, backend)
@@ -393,6 +456,7 @@ def apply_llama31_rope_pos_ids_inplace(q: torch.Tensor, k: torch.Tensor, pos_ids
                                        low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
                                        old_context_len: int = 8192, backend: str = "auto") -> None:
     _check_qk(q, k)
+    _check_inplace("apply_llama31_rope_pos_ids_inplace", q, k, ("q", "k"), pos_ids=pos_ids)
     pos = _check_index("pos_ids", pos_ids, q.device, q.shape[0])
     params = _params(q, rotary_dim, interleave, rope_scale, rope_theta,
                      (low_freq_factor, high_freq_factor, old_context_len))
@@ -411,7 +475,8 @@ def apply_rope_with_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, 
     float32, cos in the first half of each row and sin in the second; ``rotary_dim`` is the
     cache width. ``is_neox=True`` is ``interleave=False``. Outputs keep the input shapes.
     """
-    q, k, pos, params = _cache_inputs(positions, query, key, head_size, cos_sin_cache, is_neox)
+    q, k, pos, params = _cache_inputs("apply_rope_with_cos_sin_cache", positions, query, key,
+                                      head_size, cos_sin_cache, is_neox)
     query_out, key_out = torch.empty_like(query), torch.empty_like(key)
     _run(q, k, query_out.view(q.shape), key_out.view(k.shape), pos, params, cos_sin_cache, backend)
     return query_out, key_out
@@ -424,7 +489,10 @@ def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.
                                           cos_sin_cache: torch.Tensor, is_neox: bool = True,
                                           backend: str = "auto") -> None:
     """In-place form of :func:`apply_rope_with_cos_sin_cache` (rotates ``query`` and ``key``)."""
-    q, k, pos, params = _cache_inputs(positions, query, key, head_size, cos_sin_cache, is_neox)
+    fn = "apply_rope_with_cos_sin_cache_inplace"
+    q, k, pos, params = _cache_inputs(fn, positions, query, key, head_size, cos_sin_cache, is_neox)
+    _check_inplace(fn, query, key, ("query", "key"), positions=positions,
+                   cos_sin_cache=cos_sin_cache)
     _run(q, k, q, k, pos, params, cos_sin_cache, backend)
 
 

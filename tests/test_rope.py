@@ -302,18 +302,23 @@ def test_triton_half_precision_ragged(dtype):
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.usefixtures("clean_error_record")
 def test_kernels_never_read_outside_the_cache(backend):
-    """Kernel contract for GPU calls (not checked there): out-of-range positions give NaN."""
+    """Kernel contract for GPU calls (no host check): a token whose cache position is out of
+    range is left unrotated, the cache is not read for it, and the fault is recorded."""
     torch.manual_seed(11)
     q, k = make_qk(3, 1, 1, 8, torch.float32)
     q_out, k_out = poison(torch.empty_like(q)), poison(torch.empty_like(k))
     pos = torch.tensor([-1, 2, 4])
     cache = torch.randn(4, 4)
     kernel = get_kernel(backend, "rope", "default")
-    kernel(q, k, q_out, k_out, pos, RopeParams(4, False), cache)
-    assert torch.isnan(q_out[[0, 2], :, :4]).all() and torch.isnan(k_out[[0, 2], :, :4]).all()
+    fault = rope.POSITIONS_FAULTS["apply_rope_with_cos_sin_cache"]
+    kernel(q, k, q_out, k_out, pos, RopeParams(4, False, positions_fault=fault), cache)
+    assert torch.equal(q_out[[0, 2]], q[[0, 2]]) and torch.equal(k_out[[0, 2]], k[[0, 2]])
     assert torch.equal(q_out[..., 4:], q[..., 4:])
     check(q_out[1:2], oracle(q[1:2], pos[1:2], 4, False, cache=cache), torch.float32)
+    with pytest.raises(ValueError, match=r"positions\[0\] = -1 .*2 bad entries"):
+        flashinfer.check_errors()
 
 
 def test_use_backend_context():
@@ -423,8 +428,11 @@ def test_gpu_backend_matches_reference(backend, dtype, nnz, hq, hk, d, name, rot
 
 
 @pytest.mark.gpu
-def test_gpu_out_of_range_cache_positions_give_nan():
+@pytest.mark.usefixtures("clean_error_record")
+def test_gpu_out_of_range_cache_positions_are_skipped_and_recorded():
     q, k = make_qk(4, 2, 1, 64, torch.float16, "cuda")
     pos = torch.tensor([0, 5, 100, -3], device="cuda")
     out = rope.apply_rope_with_cos_sin_cache(pos, q, k, 64, cos_sin_cache(16, 64, device="cuda"))
-    assert torch.isnan(out[0][2:]).all() and not torch.isnan(out[0][:2]).any()
+    assert torch.equal(out[0][2:], q[2:]) and not torch.equal(out[0][1], q[1])
+    with pytest.raises(ValueError, match=r"positions\[2\] = 100"):
+        flashinfer.check_errors()

@@ -59,6 +59,13 @@ BAD_ARGS = [
     ("rope_scale nan", dict(rope_scale=float("nan")), ValueError, "rope_scale"),
     ("rope_theta negative", dict(rope_theta=-1.0), ValueError, "rope_theta"),
     ("rope_theta type", dict(rope_theta="1e4"), TypeError, "rope_theta"),
+    ("rope_scale inf", dict(rope_scale=float("inf")), ValueError, "rope_scale"),
+    ("rope_scale negative", dict(rope_scale=-2.0), ValueError, "rope_scale"),
+    ("rope_scale subnormal", dict(rope_scale=1e-40), ValueError, "rope_scale.*float32"),
+    ("rope_theta nan", dict(rope_theta=float("nan")), ValueError, "rope_theta"),
+    ("rope_theta inf", dict(rope_theta=float("inf")), ValueError, "rope_theta"),
+    ("rope_theta zero", dict(rope_theta=0.0), ValueError, "rope_theta"),
+    ("rope_theta past float32", dict(rope_theta=1e39), ValueError, "rope_theta.*float32"),
 ]
 
 
@@ -73,6 +80,15 @@ BAD_LLAMA = [
     ("low zero", dict(low_freq_factor=0.0), "low_freq_factor"),
     ("high equals low", dict(low_freq_factor=2.0, high_freq_factor=2.0), "high_freq_factor"),
     ("old_context_len zero", dict(old_context_len=0), "old_context_len"),
+    ("low nan", dict(low_freq_factor=float("nan")), "low_freq_factor"),
+    ("low inf", dict(low_freq_factor=float("inf")), "low_freq_factor"),
+    ("high nan", dict(high_freq_factor=float("nan")), "high_freq_factor"),
+    ("high inf", dict(high_freq_factor=float("inf")), "high_freq_factor"),
+    ("high below low", dict(low_freq_factor=4.0, high_freq_factor=1.0), "high_freq_factor"),
+    ("old_context_len nan", dict(old_context_len=float("nan")), "old_context_len"),
+    ("old_context_len inf", dict(old_context_len=float("inf")), "old_context_len"),
+    ("old_context_len negative", dict(old_context_len=-8192), "old_context_len"),
+    ("factors too close", dict(low_freq_factor=1e-30, high_freq_factor=1.000001e-30), "too close"),
 ]
 
 
@@ -103,9 +119,10 @@ BAD_RAGGED = [
     ("indptr dtype", [0.0, 2.0, 4.0], [0, 0], TypeError, "indptr dtype"),
     ("offsets dtype", [0, 2, 4], [0.0, 0.0], TypeError, "offsets dtype"),
     ("indptr size", [0, 4], [0, 0], ValueError, "indptr has 2 entries, expected 3"),
-    ("indptr start", [1, 2, 4], [0, 0], ValueError, r"indptr\[0\]=1"),
-    ("indptr end", [0, 2, 3], [0, 0], ValueError, r"indptr\[-1\]=3"),
-    ("indptr decreasing", [0, 5, 4], [0, 0], ValueError, "decreases"),
+    ("indptr start", [1, 2, 4], [0, 0], ValueError, r"apply_rope: indptr\[0\] = 1 .*indptr\[0\] = 0"),
+    ("indptr end", [0, 2, 3], [0, 0], ValueError, r"indptr\[2\] = 3 .*nnz = 4"),
+    ("indptr past nnz", [0, 5, 4], [0, 0], ValueError, r"indptr\[1\] = 5 .*non-decreasing"),
+    ("indptr decreasing", [0, 3, 2], [0, 0], ValueError, r"indptr\[2\] = 2 .*non-decreasing"),
 ]
 
 
@@ -138,8 +155,10 @@ BAD_CACHE = [
     ("cache width odd", dict(cache=torch.randn(8, 5)), ValueError, "cos_sin_cache width 5"),
     ("cache too wide", dict(cache=torch.randn(8, 20)), ValueError, "cos_sin_cache width 20"),
     ("cache device", dict(cache=torch.randn(8, 16, device="meta")), ValueError, "cos_sin_cache is on"),
-    ("position too big", dict(positions=torch.tensor([0, 1, 8, 2])), ValueError, "positions span"),
-    ("position negative", dict(positions=torch.tensor([0, -1, 2, 2])), ValueError, "positions span"),
+    ("position too big", dict(positions=torch.tensor([0, 1, 8, 2])), ValueError,
+     r"apply_rope_with_cos_sin_cache: positions\[2\] = 8 .*\[0, max_pos = 8\)"),
+    ("position negative", dict(positions=torch.tensor([0, -1, 2, 2])), ValueError,
+     r"positions\[1\] = -1"),
     ("positions length", dict(positions=torch.arange(3)), ValueError, "positions has 3"),
     ("head_size split", dict(head_size=12), ValueError, "head_size=12"),
     ("head_size zero", dict(head_size=0), ValueError, "head_size must be"),

@@ -5,6 +5,10 @@ Grid ``(nnz, q_head_blocks + k_head_blocks)``: program ``(t, b)`` computes token
 then rotates one ``[BLOCK_H, rotary_dim/2]`` tile of pairs of q (``b < q_head_blocks``) or k, in
 float32, and stores it in the output's dtype. Out-of-place launches also copy the pass-through
 dims ``[rotary_dim, head_dim)``. Every tensor is addressed through its strides.
+
+Cache variants guard the gather: a position outside ``[0, max_pos)`` reads no cache row, the
+token's pairs are stored unrotated (the input values, bit for bit) and, when ``FAULT_CODE >
+0``, the first head block of the token reports it into the error record (``report_fault``).
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._fault_kernels import report_fault
+
 
 @triton.jit
 def _rotate_tile(x_ptr, o_ptr, tok, h0, num_heads, head_dim, half,
-                 sx_n, sx_h, sx_d, so_n, so_h, so_d, cos, sin, d, d_mask,
+                 sx_n, sx_h, sx_d, so_n, so_h, so_d, cos, sin, d, d_mask, rot,
                  INTERLEAVE: tl.constexpr, COPY_PASS: tl.constexpr, BLOCK_H: tl.constexpr,
                  PASS_BLOCK: tl.constexpr):
     h = h0 + tl.arange(0, BLOCK_H)
@@ -31,8 +37,10 @@ def _rotate_tile(x_ptr, o_ptr, tok, h0, num_heads, head_dim, half,
         c2 = d + half
     x1 = tl.load(x_row + c1[None, :] * sx_d, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(x_row + c2[None, :] * sx_d, mask=mask, other=0.0).to(tl.float32)
-    o1 = x1 * cos[None, :] - x2 * sin[None, :]
-    o2 = x2 * cos[None, :] + x1 * sin[None, :]
+    # rot: the pairs to rotate (all of them, or none for a token whose cache position is bad:
+    # its values are stored back unchanged)
+    o1 = tl.where(rot[None, :], x1 * cos[None, :] - x2 * sin[None, :], x1)
+    o2 = tl.where(rot[None, :], x2 * cos[None, :] + x1 * sin[None, :], x2)
     tl.store(o_row + c1[None, :] * so_d, o1.to(o_ptr.dtype.element_ty), mask=mask)
     tl.store(o_row + c2[None, :] * so_d, o2.to(o_ptr.dtype.element_ty), mask=mask)
     if COPY_PASS:
@@ -42,8 +50,8 @@ def _rotate_tile(x_ptr, o_ptr, tok, h0, num_heads, head_dim, half,
         tl.store(o_row + p[None, :] * so_d, v, mask=p_mask)
 
 
-@triton.jit
-def rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cache_ptr,
+@triton.jit(do_not_specialize=["fault_code"])
+def rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cache_ptr, rec_ptr, fault_code,
                 num_q_heads, num_k_heads, head_dim, half,
                 sq_n, sq_h, sq_d, sk_n, sk_h, sk_d,
                 sqo_n, sqo_h, sqo_d, sko_n, sko_h, sko_d,
@@ -57,13 +65,17 @@ def rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cache_ptr,
     d = tl.arange(0, HALF_BLOCK)
     d_mask = d < half
     pos = tl.load(pos_ptr + tok).to(tl.int64)
+    rot = d_mask
     if USE_CACHE:
-        # compare as a vector: Triton's interpreter cannot AND a vector mask with a scalar bool
-        pos_v = pos + tl.zeros_like(d).to(tl.int64)
-        c_mask = d_mask & (pos_v >= 0) & (pos_v < max_pos)
-        row = cache_ptr + tl.where(c_mask, pos_v, 0) * sc_n
-        cos = tl.load(row + d * sc_d, mask=c_mask, other=float("nan"))
-        sin = tl.load(row + (d + half) * sc_d, mask=c_mask, other=float("nan"))
+        ok = (pos >= 0) & (pos < max_pos)
+        if (fault_code > 0) & (block == 0) & (ok == 0):
+            report_fault(rec_ptr, fault_code, tok, pos, max_pos)
+        # the scalar flag enters the vector mask through its bound (Triton's interpreter cannot
+        # AND a vector mask with a scalar bool)
+        rot = d < tl.where(ok, half, 0)
+        row = cache_ptr + tl.where(ok, pos, 0) * sc_n
+        cos = tl.load(row + d * sc_d, mask=rot, other=1.0)
+        sin = tl.load(row + (d + half) * sc_d, mask=rot, other=0.0)
     else:
         exponent = tl.math.div_rn((2 * d).to(tl.float32), rotary_dim_f)  # IEEE, as torch divides
         freq = tl.exp2(-exponent * log2_theta)
@@ -78,9 +90,9 @@ def rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cache_ptr,
     q_blocks = tl.cdiv(num_q_heads, BLOCK_H)
     if block < q_blocks:
         _rotate_tile(q_ptr, qo_ptr, tok, block * BLOCK_H, num_q_heads, head_dim, half,
-                     sq_n, sq_h, sq_d, sqo_n, sqo_h, sqo_d, cos, sin, d, d_mask,
+                     sq_n, sq_h, sq_d, sqo_n, sqo_h, sqo_d, cos, sin, d, d_mask, rot,
                      INTERLEAVE, COPY_PASS, BLOCK_H, PASS_BLOCK)
     else:
         _rotate_tile(k_ptr, ko_ptr, tok, (block - q_blocks) * BLOCK_H, num_k_heads, head_dim,
-                     half, sk_n, sk_h, sk_d, sko_n, sko_h, sko_d, cos, sin, d, d_mask,
+                     half, sk_n, sk_h, sk_d, sko_n, sko_h, sko_d, cos, sin, d, d_mask, rot,
                      INTERLEAVE, COPY_PASS, BLOCK_H, PASS_BLOCK)

@@ -3,13 +3,16 @@
 Signature and semantics: :mod:`flashinfer.rope` (module docstring); the @triton.jit kernel is in
 ``_rope_kernels.py``. One launch rotates q and k: grid ``(nnz, head blocks of q + of k)``.
 Block sizes are a first guess, not measured yet: tiles of up to 1024 pairs, and smaller head
-blocks when few tokens would leave most SMs idle (decode).
+blocks when few tokens would leave most SMs idle (decode). A cache position outside the cache
+is skipped by the kernel (the token is stored unrotated) and, when ``params.positions_fault``
+is set, reported into the device's error record.
 """
 
 from __future__ import annotations
 
 import math
 
+from ...index_checks import record
 from . import KERNELS
 
 _MAX_TILE_PAIRS = 1024
@@ -49,8 +52,10 @@ def rope(q, k, q_out, k_out, pos_ids, params, cos_sin_cache) -> None:
     cache = cos_sin_cache if cos_sin_cache is not None else pos_ids  # unused unless USE_CACHE
     cache_strides = cos_sin_cache.stride() if cos_sin_cache is not None else (0, 0)
     max_pos = cos_sin_cache.shape[0] if cos_sin_cache is not None else 0
+    fault = params.positions_fault if cos_sin_cache is not None else None
+    rec = record(q.device) if cos_sin_cache is not None else pos_ids  # unused without a cache
     rope_kernel[(nnz, head_blocks)](
-        q, k, q_out, k_out, pos_ids, cache,
+        q, k, q_out, k_out, pos_ids, cache, rec, fault.code if fault is not None else 0,
         num_q_heads, num_k_heads, head_dim, half,
         *q.stride(), *k.stride(), *q_out.stride(), *k_out.stride(),
         *cache_strides, max_pos,
