@@ -13,10 +13,31 @@ Keep rules (strict comparisons; a zero-probability token is never kept nor sampl
 * top-k with top-p: ``filter_apply_order="top_k_first"`` applies top-p to the top-k renormalised
   distribution; ``"joint"`` applies both rules to the original distribution.
 * The token is drawn with probability ``p_x / sum(kept p)``.
-* An invalid row (NaN, ±inf, a negative entry, sum <= 0) or an ``indices[i]`` outside the rows
-  gives token 0 and ``valid[i] = False`` (``return_valid=True``); never an id outside the vocab.
+* An invalid row (NaN, ±inf, a negative entry, sum <= 0) gives token 0 and ``valid[i] = False``
+  (``return_valid=True``); never an id outside the vocab.
+* ``indices`` is an index array (the contract of :mod:`flashinfer.index_checks`): on the CPU an
+  entry outside the rows raises ValueError naming ``indices[i]``; on a GPU the kernels give that
+  output token 0 and ``valid[i] = False`` and the entry is recorded, raised by
+  ``flashinfer.check_errors()`` (or at the call with ``FLASHINFER_CHECK_INDICES=1``).
   ``check_nan=True`` raises ValueError on NaN instead; that check reads the tensor back to the
   host (a sync, and a graph break under torch.compile).
+* No sampler marks a token valid when the kept set is empty, whatever the cause.
+
+Per-row thresholds follow the scalars' rules
+--------------------------------------------
+``top_p`` and ``min_p`` must be in [0, 1] (NaN is not), ``temperature`` a finite number > 0,
+``top_k`` any integer (int64 tensor values saturate to int32: ``k <= 0`` and ``k >= vocab``
+filter nothing). A tensor's rule applies to its values as the kernels read them (float32 /
+int32). A scalar that breaks its rule raises ValueError (TypeError for a wrong type) at the
+call. A tensor that breaks it in some row:
+
+* on the CPU is checked on the host (no synchronisation): ValueError naming the argument, the
+  first bad row, its value and what is allowed;
+* on a GPU is not read back (engines pass per-row tensors every step, inside CUDA graphs):
+  each kernel tests the value it loads, and the row has a defined result. A sampler returns
+  token 0 and ``valid = False`` for every output that reads the row (never a NaN, never a token
+  marked valid); ``top_p_renorm_probs`` writes the row as zeros (an invalid row's result);
+  ``softmax`` writes the row as zeros for a bad temperature.
 
 Canonical kernel signatures (every backend registers exactly these)
 --------------------------------------------------------------------
@@ -25,7 +46,9 @@ every output element. ``seed``/``offset``: Python ints, or int64 tensors ``[1]``
 input's device (one value per output row). Same (seed, offset, input) gives the same bits on
 the same backend and device; backends agree in distribution only. Thresholds are read at the
 mapped row ``indices[i]``: ``top_k`` None, int or int32 ``[R]``; ``top_p``/``min_p``/
-``temperature`` None, float or fp32 ``[R]``.
+``temperature`` None, float or fp32 ``[R]``. A tensor row that breaks its rule gets the result
+of an invalid row (token 0 and valid False; zeros from renorm_probs and softmax): each kernel
+tests the value where it loads it (scalars are checked before the call).
 
 * ``sampling_from_probs``: ``kernel(probs, out, valid, indices, top_k, top_p, min_p, joint,
   deterministic, seed, offset)``; probs fp32 ``[R, V]`` contiguous; out int32/int64 ``[B]``;
@@ -41,13 +64,17 @@ mapped row ``indices[i]``: ``top_k`` None, int or int32 ``[R]``; ``top_p``/``min
   (probs' dtype) = p / sum(kept) on kept entries, 0 elsewhere (fp32 math, one rounding); an
   invalid row gives zeros.
 * ``top_k_mask_logits``: ``kernel(logits, out, top_k)``: non-kept logits become ``-inf``.
-* ``softmax``: ``kernel(logits, out, temperature)``; out fp32 = softmax(logits / temperature).
+* ``softmax``: ``kernel(logits, out, temperature)``; out fp32 = softmax(logits / temperature),
+  computed as ``softmax((x - max x) / T)`` so that a tiny temperature does not overflow (it
+  tends to the arg-max); a temperature row not finite and > 0 gives zeros; a NaN or +inf
+  logit, or only ``-inf`` ones, give a NaN row (as ``torch.softmax``).
 * ``chain_speculative_sampling``: ``kernel(draft_probs, draft_token_ids, target_probs, output,
   accepted, emitted, deterministic, seed, offset)``; fp32 ``[B, n, V]``, ids ``[B, n]``, fp32
   ``[B, n+1, V]``; output int32 ``[B, n+1]``; draft ``i`` is accepted iff
   ``u_i * p_draft[i, d_i] < p_target[i, d_i]`` (ids outside the vocab are rejected); at the
   first rejection ``pos`` the token is drawn from ``relu(p_target - p_draft)`` (``p_target`` if
-  that is all zero; ``p_target[n]`` when all are accepted); slots after it are -1.
+  that is all zero; ``p_target[n]`` when all are accepted; NaN entries weigh 0, an accept test
+  reading a NaN rejects, no weight at all gives token 0); slots after it are -1.
   ``emitted += pos``; ``accepted +=`` the number of drafts whose own test accepts.
 
 Random numbers and generators
@@ -66,7 +93,6 @@ backends that declare ``seed_tensor``.
 
 from __future__ import annotations
 
-import numbers
 from typing import Optional, Tuple, Union
 
 import torch
@@ -75,9 +101,10 @@ from . import dispatch
 from .api_logging import flashinfer_api
 from .custom_op import custom_op
 from .dispatch import Problem
-from .sampling_args import (FLOAT_DTYPES, INDEX_DTYPES, check_backend, check_nan_arg, distribution, fraction_arg,
-                            index_map, resolve_seed, seed_kind, top_k_arg, vector_arg,
-                            get_seed_and_offset)
+from .sampling_args import (INDEX_DTYPES, check_backend, check_index_rows, check_nan_arg,
+                            check_rows, distribution,
+                            fraction_arg, index_map, resolve_seed, seed_kind, temperature_arg,
+                            top_k_arg, vector_arg, get_seed_and_offset)
 
 __all__ = [
     "softmax", "sampling_from_logits", "sampling_from_probs", "top_p_sampling_from_probs",
@@ -137,6 +164,9 @@ def _sampling_from_probs_op(
         deterministic: bool, seed_arr: Optional[torch.Tensor], offset_arr: Optional[torch.Tensor],
         seed_val: int, offset_val: int, use_default: bool, increment: int, backend: str
 ) -> Tuple[torch.Tensor, torch.Tensor]:
+    check_rows("top_p", top_p_arr)
+    check_rows("min_p", min_p_arr)
+    check_index_rows(indices, probs.shape[0])
     probs = probs.float().contiguous()
     out = _samples_out(probs.shape[0], indices, probs.device)
     count = out.shape[0]
@@ -169,6 +199,7 @@ def _sampling_from_logits_op(
         logits: torch.Tensor, indices: Optional[torch.Tensor], deterministic: bool,
         seed_arr: Optional[torch.Tensor], offset_arr: Optional[torch.Tensor], seed_val: int,
         offset_val: int, use_default: bool, backend: str) -> torch.Tensor:
+    check_index_rows(indices, logits.shape[0])
     logits = logits.contiguous()
     out = _samples_out(logits.shape[0], indices, logits.device)
     count = out.shape[0]
@@ -190,6 +221,8 @@ def _top_k_top_p_from_logits_op(
         deterministic: bool, seed_arr: Optional[torch.Tensor], offset_arr: Optional[torch.Tensor],
         seed_val: int, offset_val: int, use_default: bool, increment: int, backend: str
 ) -> torch.Tensor:
+    check_rows("top_p", top_p_arr)
+    check_index_rows(indices, logits.shape[0])
     logits = logits.contiguous()
     out = _samples_out(logits.shape[0], indices, logits.device)
     count = out.shape[0]
@@ -217,6 +250,7 @@ def _fake_like(x, *args):
 def _renorm_op(probs: torch.Tensor, top_k_arr: Optional[torch.Tensor], top_k_val: Optional[int],
                top_p_arr: Optional[torch.Tensor], top_p_val: Optional[float], backend: str
                ) -> torch.Tensor:
+    check_rows("top_p", top_p_arr)
     probs = probs.contiguous()
     out = torch.empty_like(probs)
     if probs.numel() == 0:
@@ -254,6 +288,7 @@ def _fake_softmax(logits, *args):
 @custom_op("softmax", fake=_fake_softmax)
 def _softmax_op(logits: torch.Tensor, temperature_arr: Optional[torch.Tensor],
                 temperature_val: Optional[float], backend: str) -> torch.Tensor:
+    check_rows("temperature", temperature_arr)
     logits = logits.contiguous()
     out = torch.empty_like(logits, dtype=torch.float32)
     if logits.numel() == 0:
@@ -323,21 +358,12 @@ def _sample_probs(probs, indices, top_k, top_p, min_p, joint, deterministic, gen
 def softmax(logits: torch.Tensor, temperature: Optional[Union[torch.Tensor, float]] = None,
             enable_pdl: Optional[bool] = None, *, backend: str = "auto") -> torch.Tensor:
     """Row softmax of ``logits / temperature`` in fp32. ``logits`` ``[batch, vocab]``
-    fp32/fp16/bf16; ``temperature`` None, a float > 0 or a ``[batch]`` float tensor.
-    Returns fp32 ``[batch, vocab]``. ``enable_pdl`` is accepted and ignored."""
+    fp32/fp16/bf16; ``temperature`` None, a finite float > 0 or a ``[batch]`` float tensor (a
+    bad row: ValueError on the CPU, a row of zeros on a GPU). Returns fp32 ``[batch, vocab]``.
+    ``enable_pdl`` is accepted and ignored."""
     distribution("logits", logits)
     check_backend(backend)
-    t_arr, t_val = None, None
-    if isinstance(temperature, torch.Tensor):
-        t_arr = vector_arg("temperature", temperature, logits.shape[0], logits.device,
-                        FLOAT_DTYPES + (torch.float64,)).to(torch.float32).contiguous()
-    elif temperature is not None:
-        if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
-            raise TypeError(f"temperature must be None, a float or a float tensor, got "
-                            f"{type(temperature).__name__}")
-        if not 0.0 < float(temperature) < float("inf"):
-            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-        t_val = float(temperature)
+    t_arr, t_val = temperature_arg(temperature, logits.shape[0], logits.device)
     return _softmax_op(logits, t_arr, t_val, backend)
 
 
@@ -378,7 +404,8 @@ def top_p_sampling_from_probs(probs: torch.Tensor, top_p: Union[torch.Tensor, fl
                               generator: Optional[torch.Generator] = None, check_nan: bool = False,
                               seed: _Seed = None, offset: _Seed = None, return_valid: bool = False,
                               *, backend: str = "auto"):
-    """Top-p (nucleus) sampling; ``top_p`` a float in [0, 1] or a ``[rows]`` tensor. See
+    """Top-p (nucleus) sampling; ``top_p`` a float in [0, 1] or a ``[rows]`` tensor (a row
+    outside [0, 1] or NaN: ValueError on the CPU, token 0 and ``valid = False`` on a GPU). See
     :func:`sampling_from_probs` for the other arguments and the return value."""
     return _sample_probs(probs, indices, None, top_p, None, False, deterministic, generator,
                          check_nan, seed, offset, return_valid, 32, backend)
@@ -390,8 +417,8 @@ def top_k_sampling_from_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, in
                               generator: Optional[torch.Generator] = None, check_nan: bool = False,
                               seed: _Seed = None, offset: _Seed = None, return_valid: bool = False,
                               *, backend: str = "auto"):
-    """Top-k sampling; ``top_k`` an int or a ``[rows]`` int tensor (``k <= 0`` or
-    ``k >= vocab``: no filter). See :func:`sampling_from_probs`."""
+    """Top-k sampling; ``top_k`` an int or a ``[rows]`` int tensor (any value: ``k <= 0`` or
+    ``k >= vocab``, no filter). See :func:`sampling_from_probs`."""
     return _sample_probs(probs, indices, top_k, None, None, False, deterministic, generator,
                          check_nan, seed, offset, return_valid, 32, backend)
 
@@ -403,7 +430,8 @@ def min_p_sampling_from_probs(probs: torch.Tensor, min_p: Union[torch.Tensor, fl
                               seed: _Seed = None, offset: _Seed = None, return_valid: bool = False,
                               *, backend: str = "auto"):
     """Min-p sampling: keep ``p >= min_p * max(p)``; ``min_p`` a float in [0, 1] or a
-    ``[rows]`` tensor. See :func:`sampling_from_probs`."""
+    ``[rows]`` tensor (a row outside [0, 1] or NaN: ValueError on the CPU, token 0 and ``valid =
+    False`` on a GPU). See :func:`sampling_from_probs`."""
     return _sample_probs(probs, indices, None, None, min_p, False, deterministic, generator,
                          check_nan, seed, offset, return_valid, 1, backend)
 
@@ -426,7 +454,8 @@ def top_k_top_p_sampling_from_probs(probs: torch.Tensor, top_k: Union[torch.Tens
                                     offset: _Seed = None, return_valid: bool = False, *,
                                     backend: str = "auto"):
     """Top-k and top-p sampling in one call (``filter_apply_order``: ``"top_k_first"`` or
-    ``"joint"``, module docstring). See :func:`sampling_from_probs`."""
+    ``"joint"``, module docstring). Thresholds as in :func:`top_k_sampling_from_probs` and
+    :func:`top_p_sampling_from_probs`; see :func:`sampling_from_probs`."""
     return _sample_probs(probs, indices, top_k, top_p, None, _joint(filter_apply_order),
                          deterministic, generator, check_nan, seed, offset, return_valid, 32,
                          backend)
@@ -442,7 +471,8 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: Union[torch.Te
                                      check_nan: bool = False, seed: _Seed = None,
                                      offset: _Seed = None, *, backend: str = "auto") -> torch.Tensor:
     """:func:`top_k_top_p_sampling_from_probs` of ``softmax(logits)`` (no ``return_valid``, as
-    upstream). ``logits`` ``[rows, vocab]`` fp32/fp16/bf16. One op: a kernel may read the logits
+    upstream). ``logits`` ``[rows, vocab]`` fp32/fp16/bf16; a bad ``top_p`` row: ValueError on
+    the CPU, token 0 on a GPU (module docstring). One op: a kernel may read the logits
     directly (the two-pass Triton sampler does for a scalar top-k, top-k first) or run the
     softmax and then the sampler."""
     distribution("logits", logits)
@@ -463,8 +493,10 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: Union[torch.Te
 def top_p_renorm_probs(probs: torch.Tensor, top_p: Union[torch.Tensor, float],
                        is_deterministic: bool = False, *, backend: str = "auto") -> torch.Tensor:
     """Zero the probabilities outside the top-p nucleus and renormalise. ``probs``
-    ``[rows, vocab]`` fp32/fp16/bf16; returns the same shape and dtype. ``is_deterministic`` is
-    accepted; every kernel here is deterministic."""
+    ``[rows, vocab]`` fp32/fp16/bf16; returns the same shape and dtype. ``top_p`` a float in
+    [0, 1] or a ``[rows]`` tensor (a row outside [0, 1] or NaN: ValueError on the CPU, a row of
+    zeros on a GPU, like an invalid probability row). ``is_deterministic`` is accepted; every
+    kernel here is deterministic."""
     distribution("probs", probs)
     check_backend(backend)
     p_arr, p_val = fraction_arg("top_p", top_p, probs.shape[0], probs.device)
@@ -474,7 +506,8 @@ def top_p_renorm_probs(probs: torch.Tensor, top_p: Union[torch.Tensor, float],
 @flashinfer_api
 def top_k_renorm_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, int],
                        is_deterministic: bool = False, *, backend: str = "auto") -> torch.Tensor:
-    """Zero the probabilities outside the top-k and renormalise (same shape and dtype)."""
+    """Zero the probabilities outside the top-k and renormalise (same shape and dtype);
+    ``top_k`` any int or a ``[rows]`` int tensor; an invalid probability row gives zeros."""
     distribution("probs", probs)
     check_backend(backend)
     k_arr, k_val = top_k_arg(top_k, probs.shape[0], probs.device)
@@ -488,7 +521,8 @@ top_k_renorm_prob = top_k_renorm_probs
 @flashinfer_api
 def top_k_mask_logits(logits: torch.Tensor, top_k: Union[torch.Tensor, int], *,
                       backend: str = "auto") -> torch.Tensor:
-    """Set the logits outside the top-k to ``-inf`` (same shape and dtype)."""
+    """Set the logits outside the top-k to ``-inf`` (same shape and dtype); ``top_k`` any int
+    or a ``[rows]`` int tensor (``k <= 0`` or ``k >= vocab``: nothing masked)."""
     distribution("logits", logits)
     check_backend(backend)
     k_arr, k_val = top_k_arg(top_k, logits.shape[0], logits.device)
@@ -505,7 +539,9 @@ def chain_speculative_sampling(draft_probs: torch.Tensor, draft_token_ids: torch
                                offset: _Seed = None, *, backend: str = "auto"):
     """Accept/reject a chain of ``n`` draft tokens per request (module docstring). Returns the
     3-tuple ``(output_token_ids int32 [B, n+1] (-1 after the first rejection), accepted [B],
-    emitted [B])``; the counts are added into the given counter tensors (int32 ``[B]``)."""
+    emitted [B])``; the counts are added into the given counter tensors (int32 ``[B]``). A
+    draft id outside the vocabulary is rejected; NaN probabilities weigh nothing: the output
+    holds only accepted draft ids, a token in ``[0, vocab)`` and -1."""
     distribution("draft_probs", draft_probs, rank=3)
     check_backend(backend)
     batch, n, vocab = draft_probs.shape

@@ -1,6 +1,8 @@
 """Argument handling of :mod:`flashinfer.sampling`: generators to (seed, offset), and the checks of
 distributions, index arrays, thresholds and seeds (metadata only, so they run on fake tensors
-while tracing too). The rules are stated in :mod:`flashinfer.sampling`'s docstring."""
+while tracing too; :func:`check_rows`, which reads a CPU threshold tensor's values, is called by
+the ops themselves, on real tensors). The rules are stated in :mod:`flashinfer.sampling`'s
+docstring."""
 
 from __future__ import annotations
 
@@ -9,9 +11,16 @@ from typing import Optional, Tuple
 
 import torch
 
+from .index_checks import Check, enforce, fault
+
+#: ``indices`` of the sampling functions: output ``i`` reads input row ``indices[i]``
+INDICES_FAULT = fault("flashinfer.sampling", "indices",
+                      "a row of the input (probs or logits) in [0, {bound})")
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 _M64 = 1 << 64
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -79,13 +88,17 @@ def index_map(indices, device) -> Optional[torch.Tensor]:
 
 
 def top_k_arg(top_k, rows: int, device):
-    """-> (tensor int32 [R] or None, int)."""
+    """-> (tensor int32 [R] or None, int). Every integer is a valid top-k (``k <= 0`` and ``k >=
+    vocab`` filter nothing), so values are saturated to int32 rather than wrapped (an int64
+    ``2**32 + 1`` must not become 1)."""
     if isinstance(top_k, torch.Tensor):
         t = vector_arg("top_k", top_k, rows, device, INDEX_DTYPES)
+        if t.dtype == torch.int64:
+            t = t.clamp(_I32_MIN, _I32_MAX)
         return t.to(torch.int32).contiguous(), 0
     if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
         raise TypeError(f"top_k must be an int or an int32/int64 tensor, got {type(top_k).__name__}")
-    return None, int(top_k)
+    return None, min(max(int(top_k), _I32_MIN), _I32_MAX)
 
 
 def fraction_arg(name: str, value, rows: int, device):
@@ -98,6 +111,60 @@ def fraction_arg(name: str, value, rows: int, device):
     if not 0.0 <= float(value) <= 1.0:
         raise ValueError(f"{name} must be in [0, 1], got {value!r}")
     return None, float(value)
+
+
+def temperature_arg(value, rows: int, device):
+    """-> (tensor fp32 [R] or None, float or None) for softmax's temperature: a finite number >
+    0 (a tensor is checked row by row on the host when it lives on the CPU: check_rows)."""
+    if value is None:
+        return None, None
+    if isinstance(value, torch.Tensor):
+        t = vector_arg("temperature", value, rows, device, FLOAT_DTYPES + (torch.float64,))
+        return t.to(torch.float32).contiguous(), None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"temperature must be None, a float or a float tensor, got "
+                        f"{type(value).__name__}")
+    if not 0.0 < float(value) < float("inf"):
+        raise ValueError(f"temperature must be a finite number > 0, got {value!r}")
+    return None, float(value)
+
+
+#: the per-row rules of the threshold tensors, as read by the kernels (float32 values):
+#: (test on a tensor -> bool mask of the good rows, what is allowed)
+_ROW_RULES = {
+    "top_p": (lambda t: (t >= 0) & (t <= 1), "in [0, 1]"),
+    "min_p": (lambda t: (t >= 0) & (t <= 1), "in [0, 1]"),
+    "temperature": (lambda t: (t > 0) & (t < float("inf")), "a finite number > 0"),
+}
+
+
+def check_index_rows(indices: Optional[torch.Tensor], rows: int) -> None:
+    """The index contract (:mod:`flashinfer.index_checks`) for ``indices``: on the CPU (and with
+    ``FLASHINFER_CHECK_INDICES=1``) an entry outside ``[0, rows)`` raises ValueError; on a GPU it
+    is recorded for ``flashinfer.check_errors()`` (device ops, no synchronisation), while the
+    kernels return its output invalid (token 0, ``valid=False``). Called inside the ops."""
+    if indices is None or indices.numel() == 0:
+        return
+    enforce([Check(INDICES_FAULT, (indices < 0) | (indices >= rows), indices, rows)],
+            indices.device)
+
+
+def check_rows(name: str, t: Optional[torch.Tensor]) -> None:
+    """Host check of a per-row threshold tensor (fp32, as the kernels read it) that lives on the
+    CPU: ValueError naming the argument, the first bad row, its value and what is allowed. No
+    synchronisation is involved. A tensor on a GPU is not read back (that would wait for the
+    GPU and break CUDA-graph capture): there the kernels return such a row invalid (module
+    docstring of :mod:`flashinfer.sampling`). Called inside the ops, on real tensors."""
+    if t is None or t.device.type != "cpu":
+        return
+    good, allowed = _ROW_RULES[name]
+    ok = good(t)
+    if bool(ok.all()):
+        return
+    row = int((~ok).nonzero()[0, 0])
+    raise ValueError(f"{name} must be {allowed} in every row, got {name}[{row}] = "
+                     f"{float(t[row]):.7g} (a CPU tensor is checked on the host; on a GPU such "
+                     f"a row gets the result of an invalid row)")
 
 
 def seed_kind(seed, offset, count: int, device):

@@ -119,9 +119,9 @@ class _RaisesNaming:
         return handled
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def clean_error_record():
-    """Clears every device's index-fault record before and after the test (a fault left by one
+    """Clears every device's index-fault record before and after each test (a fault left by one
     test must not surface in the next)."""
     from flashinfer import index_checks
 

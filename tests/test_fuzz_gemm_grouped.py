@@ -31,7 +31,6 @@ from flashinfer.gemm_grouped import FAULTS, grouped_mm_bf16, grouped_mm_fp8
 from conftest import FUZZ, FUZZ_SLOW, HAS_CUDA, TOLERANCE, raises_naming, rel_error, \
     usable_backends
 
-pytestmark = pytest.mark.usefixtures("clean_error_record")
 
 E4M3 = torch.float8_e4m3fn
 SENTINEL = 1024.0  # the rows around an output (exact in fp16 / bf16); a stray write changes it

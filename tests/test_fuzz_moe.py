@@ -27,7 +27,6 @@ from flashinfer.fused_moe.core import ExpertSpec
 
 from conftest import FUZZ, FUZZ_SLOW, HAS_CUDA, raises_naming, rel_error, usable_backends
 
-pytestmark = pytest.mark.usefixtures("clean_error_record")
 
 SENTINEL = 12345.0  # the rows around an output; a stray write changes them
 TOL = 2e-2  # bf16 inputs, bf16 intermediates in the fast kernels, float32 output

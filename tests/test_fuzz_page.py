@@ -14,7 +14,6 @@ from flashinfer import index_checks
 
 from conftest import FUZZ, raises_naming
 
-pytestmark = pytest.mark.usefixtures("clean_error_record")
 
 BAD_KINDS = ("batch_big", "batch_neg", "pos_neg", "pos_past", "page_big", "page_neg", "indptr")
 ARGUMENT = {"batch_big": "batch_indices", "batch_neg": "batch_indices", "pos_neg": "positions",

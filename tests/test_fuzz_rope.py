@@ -22,7 +22,6 @@ from flashinfer.rope import RopeParams
 
 from conftest import FUZZ, HAS_CUDA, TOLERANCE, raises_naming, usable_backends
 
-pytestmark = pytest.mark.usefixtures("clean_error_record")
 
 SENTINEL = 12345.0
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

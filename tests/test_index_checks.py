@@ -10,7 +10,6 @@ from flashinfer.index_checks import Check, fault
 
 from conftest import raises_naming
 
-pytestmark = pytest.mark.usefixtures("clean_error_record")
 
 A = fault("test_fn", "idx", "an entry in [0, {bound})")
 B = fault("test_fn", "other", "an entry in [0, {bound})")

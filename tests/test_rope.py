@@ -302,7 +302,6 @@ def test_triton_half_precision_ragged(dtype):
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
-@pytest.mark.usefixtures("clean_error_record")
 def test_kernels_never_read_outside_the_cache(backend):
     """Kernel contract for GPU calls (no host check): a token whose cache position is out of
     range is left unrotated, the cache is not read for it, and the fault is recorded."""
@@ -428,7 +427,6 @@ def test_gpu_backend_matches_reference(backend, dtype, nnz, hq, hk, d, name, rot
 
 
 @pytest.mark.gpu
-@pytest.mark.usefixtures("clean_error_record")
 def test_gpu_out_of_range_cache_positions_are_skipped_and_recorded():
     q, k = make_qk(4, 2, 1, 64, torch.float16, "cuda")
     pos = torch.tensor([0, 5, 100, -3], device="cuda")

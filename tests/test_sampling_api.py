@@ -237,11 +237,25 @@ def test_invalid_rows_give_token_zero_and_invalid(backend):
     good = [0.0, 0.0, 1.0, 0.0]
     p = torch.tensor([good, [float("nan"), 0.5, 0.5, 0.0], [0.0] * 4, [-0.1, 0.5, 0.6, 0.0],
                       [float("inf"), 0.0, 0.0, 0.0]])
-    idx = torch.tensor([0, 1, 2, 3, 4, 5, -1])  # 5 and -1 are outside the rows
+    idx = torch.tensor([0, 1, 2, 3, 4])
     for call in _sample_fns().values():
         out, valid = call(p, indices=idx, seed=0, offset=0, return_valid=True, backend=backend)
-        assert out.tolist() == [2, 0, 0, 0, 0, 0, 0]
-        assert valid.tolist() == [True] + [False] * 6
+        assert out.tolist() == [2, 0, 0, 0, 0]
+        assert valid.tolist() == [True] + [False] * 4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_indices_outside_the_rows_raise_on_the_cpu(backend):
+    """Index arrays on the host are checked there (the kernels' invalid-row result for such an
+    entry, on a GPU, is tested kernel by kernel in test_fuzz_sampling.py)."""
+    p = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+    for bad in (2, -1):
+        idx = torch.tensor([0, 1, bad])
+        for call in _sample_fns().values():
+            with pytest.raises(ValueError, match=rf"indices\[2\] = {bad}.*\[0, 2\)"):
+                call(p, indices=idx, seed=0, offset=0, backend=backend)
+        with pytest.raises(ValueError, match=r"indices\[2\]"):
+            S.sampling_from_logits(p, indices=idx, seed=0, offset=0, backend=backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -60,6 +60,14 @@ def _valid(p: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(p).all(-1) & (p >= 0).all(-1) & (p.sum(-1) > 0)
 
 
+def _fraction_ok(ok: torch.Tensor, col) -> torch.Tensor:
+    """``ok`` and, for a per-row top-p / min-p column ``[B, 1]``, whether it is in [0, 1] (NaN
+    is not); a scalar was checked by the caller (no launch)."""
+    if not isinstance(col, torch.Tensor):
+        return ok
+    return ok & ((col >= 0) & (col <= 1)).squeeze(-1)
+
+
 def _sorted_keep(s: torch.Tensor, top_k, top_p, min_p, joint: bool) -> torch.Tensor:
     """Keep mask on rows ``s`` sorted descending (fp32); each rule keeps a prefix."""
     vocab = s.shape[-1]
@@ -105,11 +113,13 @@ def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, 
     count = out.numel()
     rows, inside = _rows(indices, probs.shape[0], count, probs.device)
     p = probs if rows is None else probs[rows]
-    ok = inside & _valid(p)
+    top_p = _column(top_p, rows, torch.float32, p.device)
+    min_p = _column(min_p, rows, torch.float32, p.device)
+    # a threshold row outside its rule makes the row invalid (module docstring of sampling)
+    ok = _fraction_ok(_fraction_ok(inside & _valid(p), top_p), min_p)
     s, order = torch.where(ok.unsqueeze(-1), p, 0).sort(dim=-1, descending=True)
-    keep = _sorted_keep(s, _column(top_k, rows, torch.int64, p.device),
-                        _column(top_p, rows, torch.float32, p.device),
-                        _column(min_p, rows, torch.float32, p.device), joint)
+    keep = _sorted_keep(s, _column(top_k, rows, torch.int64, p.device), top_p, min_p, joint)
+    ok = ok & keep[:, 0]  # every rule keeps a prefix: empty iff the first is not kept
     token = _draw_sorted(torch.where(keep, s, 0), order, _uniforms(seed, offset, (count,), p.device))
     out.copy_(torch.where(ok, token, 0))
     valid.copy_(ok)
@@ -131,10 +141,10 @@ def sampling_from_logits(logits, out, indices, deterministic, seed, offset) -> N
 @KERNELS.kernel("renorm_probs")
 def renorm_probs(probs, out, top_k, top_p) -> None:
     p = probs.float()
-    ok = _valid(p).unsqueeze(-1)
+    top_p = _column(top_p, None, torch.float32, p.device)
+    ok = _fraction_ok(_valid(p), top_p).unsqueeze(-1)  # a bad top_p row: zeros
     s, order = torch.where(ok, p, 0).sort(dim=-1, descending=True)
-    keep = _sorted_keep(s, _column(top_k, None, torch.int64, p.device),
-                        _column(top_p, None, torch.float32, p.device), None, False)
+    keep = _sorted_keep(s, _column(top_k, None, torch.int64, p.device), top_p, None, False)
     kept = torch.where(keep, s, 0)
     total = kept.sum(-1, keepdim=True)
     normed = torch.where(ok, kept / torch.where(total > 0, total, 1), 0)
@@ -160,13 +170,27 @@ def top_k_top_p_sampling_from_logits(logits, out, indices, top_k, top_p, joint, 
                         offset)
 
 
+#: the largest float32: 1 / T is clamped to it (T below ~3e-39 would give inf, then NaN)
+_FLT_MAX = torch.finfo(torch.float32).max
+
+
 @KERNELS.kernel("softmax")
 def softmax(logits, out, temperature) -> None:
+    """``softmax((x - max x) * min(1 / T, FLT_MAX))``: no overflow for a tiny T; a temperature
+    row that is not a finite number > 0 gives zeros."""
     x = logits.float()
-    if temperature is not None:
-        x = x / (temperature.float().unsqueeze(-1) if isinstance(temperature, torch.Tensor)
-                 else float(temperature))
-    out.copy_(torch.softmax(x, dim=-1))
+    if temperature is None:
+        out.copy_(torch.softmax(x, dim=-1))
+        return
+    if isinstance(temperature, torch.Tensor):
+        t = temperature.float().unsqueeze(-1)
+        inv_t = t.reciprocal().clamp_max(_FLT_MAX)
+    else:
+        inv_t = min(1.0 / float(temperature), _FLT_MAX)
+    y = torch.softmax((x - x.amax(-1, keepdim=True)) * inv_t, dim=-1)
+    if isinstance(temperature, torch.Tensor):
+        y = torch.where((t > 0) & (t < torch.inf), y, 0)
+    out.copy_(y)
 
 
 @KERNELS.kernel("chain_speculative_sampling")
@@ -185,10 +209,11 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, outpu
     padded = torch.cat([draft_probs.float(), torch.zeros_like(draft_probs[:, :1]).float()], 1)
     at = pos.view(batch, 1, 1).expand(batch, 1, vocab)
     t = target_probs.float().gather(1, at).squeeze(1)
-    residual = (t - padded.gather(1, at).squeeze(1)).clamp_min(0)
-    weights = torch.where(residual.sum(-1, keepdim=True) > 0, residual, t.clamp_min(0))
+    residual = t - padded.gather(1, at).squeeze(1)
+    residual = torch.where(residual > 0, residual, 0)  # relu; a NaN weighs nothing
+    weights = torch.where(residual.sum(-1, keepdim=True) > 0, residual, torch.where(t > 0, t, 0))
     s, order = weights.sort(dim=-1, descending=True)
-    final = _draw_sorted(s, order, u[:, n])
+    final = torch.where(s[:, 0] > 0, _draw_sorted(s, order, u[:, n]), 0)  # no weight: token 0
     col = torch.arange(n + 1, device=dev)
     drafts = torch.cat([ids, ids[:, :1]], 1)
     result = torch.where(col < pos.unsqueeze(-1), drafts, -1)

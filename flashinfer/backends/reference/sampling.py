@@ -76,6 +76,18 @@ def valid_rows(p: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(p).all(-1) & (p >= 0).all(-1) & (p.sum(-1) > 0)
 
 
+def fraction_ok(value: torch.Tensor | None) -> torch.Tensor | bool:
+    """Per row (``[n]``, from a ``[n, 1]`` column): a top-p / min-p in [0, 1] (NaN is not)."""
+    if value is None:
+        return True
+    return ((value >= 0) & (value <= 1)).squeeze(-1)
+
+
+def temperature_ok(t: torch.Tensor) -> torch.Tensor:
+    """A temperature that is a finite number > 0 (NaN is not)."""
+    return (t > 0) & (t < torch.inf)
+
+
 def keep_mask(p: torch.Tensor, top_k, top_p, min_p, joint: bool) -> torch.Tensor:
     """The contract's keep rules on float64 rows ``p`` (thresholds already per row, [n, 1])."""
     count, mass = larger_count_and_mass(p)
@@ -121,11 +133,13 @@ def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, 
     count = out.numel()
     rows, inside = _mapped_rows(indices, probs.shape[0], count, probs.device)
     p = probs.double()[rows]
-    ok = inside & valid_rows(p)
+    top_p, min_p = _per_row(top_p, rows, torch.float64), _per_row(min_p, rows, torch.float64)
+    # a threshold outside its rule (module docstring of flashinfer.sampling) makes the row invalid
+    ok = inside & valid_rows(p) & fraction_ok(top_p) & fraction_ok(min_p)
     p = torch.where(ok.unsqueeze(-1), p, 0)
-    kept = torch.where(keep_mask(p, _per_row(top_k, rows, torch.int64),
-                                 _per_row(top_p, rows, torch.float64),
-                                 _per_row(min_p, rows, torch.float64), joint), p, 0)
+    kept = torch.where(keep_mask(p, _per_row(top_k, rows, torch.int64), top_p, min_p, joint),
+                       p, 0)
+    ok &= (kept > 0).any(-1)  # an empty kept set is never a valid draw
     u = uniforms(seed, offset, count, 1, probs.device)[:, 0]
     token = torch.where(ok, inverse_cdf(kept, u), 0)
     out.copy_(token)
@@ -162,10 +176,11 @@ def top_k_top_p_sampling_from_logits(logits, out, indices, top_k, top_p, joint, 
 def renorm_probs(probs, out, top_k, top_p) -> None:
     rows = torch.arange(probs.shape[0], device=probs.device)
     p = probs.double()
-    ok = valid_rows(p).unsqueeze(-1)
+    top_p = _per_row(top_p, rows, torch.float64)
+    ok = (valid_rows(p) & fraction_ok(top_p)).unsqueeze(-1)  # a bad top_p row: zeros
     p = torch.where(ok, p, 0)
-    kept = torch.where(keep_mask(p, _per_row(top_k, rows, torch.int64),
-                                 _per_row(top_p, rows, torch.float64), None, False), p, 0)
+    kept = torch.where(keep_mask(p, _per_row(top_k, rows, torch.int64), top_p, None, False),
+                       p, 0)
     total = kept.sum(-1, keepdim=True)
     out.copy_(torch.where(ok, kept / torch.where(total > 0, total, 1), 0))
 
@@ -183,12 +198,16 @@ def top_k_mask_logits(logits, out, top_k) -> None:
 
 @KERNELS.kernel("softmax")
 def softmax(logits, out, temperature) -> None:
+    """``softmax((x - max x) / T)`` in float64 (no overflow for a tiny T); a temperature row
+    that is not a finite number > 0 gives zeros."""
     x = logits.double()
-    if temperature is not None:
-        t = temperature.double().unsqueeze(-1) if isinstance(temperature, torch.Tensor) \
-            else float(temperature)
-        x = x / t
-    out.copy_(torch.softmax(x, dim=-1))
+    if temperature is None:
+        out.copy_(torch.softmax(x, dim=-1))
+        return
+    t_t = isinstance(temperature, torch.Tensor)
+    t = temperature.double().unsqueeze(-1) if t_t else float(temperature)
+    y = torch.softmax((x - x.amax(-1, keepdim=True)) / t, dim=-1)
+    out.copy_(torch.where(temperature_ok(t), y, 0) if t_t else y)
 
 
 @KERNELS.kernel("chain_speculative_sampling")
@@ -210,12 +229,14 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, outpu
             accepts.append(inside and bool(u[b, i] * draft[b, i, d] < target[b, i, d]))
         pos = accepts.index(False) if False in accepts else n
         result[b, :pos] = ids[b, :pos]
+        # weights: the positive entries (relu; a NaN weighs nothing)
+        t_pos = target[b, pos]
+        weights = torch.where(t_pos > 0, t_pos, 0)
         if pos < n:
-            residual = (target[b, pos] - draft[b, pos]).clamp_min(0)
-            weights = residual if residual.sum() > 0 else target[b, pos]
-        else:
-            weights = target[b, n]
-        result[b, pos] = inverse_cdf(weights.clamp_min(0).nan_to_num(0), u[b, n:n + 1])[0]
+            residual = t_pos - draft[b, pos]
+            residual = torch.where(residual > 0, residual, 0)
+            weights = residual if residual.sum() > 0 else weights
+        result[b, pos] = inverse_cdf(weights.nan_to_num(0), u[b, n:n + 1])[0]
         n_accepted[b] = sum(accepts)
         n_emitted[b] = pos
     output.copy_(result)

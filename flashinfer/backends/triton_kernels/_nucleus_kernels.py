@@ -6,7 +6,8 @@ kernel keeps two ordered-int bounds with ``N ⊂ {p > lo}`` and ``{p > hi} ⊂ N
 tokens from ``{p > lo}``:
 
 * **Pass 0**: per block position the positive mass, the row's maximum and a bad flag (NaN,
-  negative, +inf); a first token ``t`` drawn from the whole row.
+  negative, +inf: token 0, ``valid = False``, as for a per-row top-p outside [0, 1] or NaN); a
+  first token ``t`` drawn from the whole row.
 * **Each round**, one pass: per position the masses strictly above ``p_t`` and above ``mid``,
   halfway between ``max(lo, p_t)`` and ``hi`` in the fp32 order. ``t`` is accepted when the
   mass above ``p_t`` is below the bound (or ``p_t`` is the maximum). Otherwise ``N ⊂ {p > p_t}``,
@@ -52,8 +53,9 @@ def nucleus_sample_kernel(probs, out, valid, idx_ptr, p_ptr, p_val, seed_ptr, of
     i = tl.program_id(0)
     row_ok, safe_row = output_row(idx_ptr, i, R, HAS_IDX)
     row_ptr = probs + safe_row * stride_row
-    if P_T:
+    if P_T:  # outside [0, 1] (or NaN): the row is invalid (a scalar is host-checked)
         top_p = tl.load(p_ptr + safe_row).to(tl.float32)
+        row_ok = row_ok & (top_p >= 0.0) & (top_p <= 1.0)
     else:
         top_p = tl.zeros([], tl.float32) + p_val
     seed, off_lo, off_hi = _rng_words(seed_ptr, off_ptr, seed_val, off_val, seed_stride,

@@ -60,6 +60,11 @@ The other kernels: ``threshold_kernel`` (renorm_probs, top_k_mask_logits) runs t
 search without draws until the bracket is exact (<= 32 rounds, typically 2-4), then one write
 pass; ``softmax_kernel`` two passes (online max/sum, write); ``logits_sample_kernel`` one race pass
 (Gumbel-max: ``argmax l_i - log E_i``). Chain speculative sampling: ``_chain_draw_kernels``.
+
+Per-row thresholds are tested where they are loaded (a free check): a top-p / min-p outside
+[0, 1] or NaN makes a sampled row invalid (token 0, valid False) and a renormalised row zero; a
+temperature that is not a finite number > 0 makes a softmax row zero (flashinfer.sampling's
+contract).
 """
 
 from __future__ import annotations
@@ -67,6 +72,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 from triton.language.random import philox, uint_to_uniform_float
+
+from ._softmax_kernels import inv_temperature
 
 INT_MAX = tl.constexpr(2147483647)
 
@@ -409,7 +416,8 @@ def sample_probs_kernel(probs, out, valid, idx_ptr, k_ptr, p_ptr, mp_ptr, k_val,
     row_ptr = probs + row * stride_row
     seed, off_lo, off_hi = _rng_words(seed_ptr, off_ptr, seed_val, off_val, seed_stride,
                                       off_stride, i, SEED_T, OFF_T)
-    # per-row rules (a rule that keeps everything is switched off)
+    # per-row rules (a rule that keeps everything is switched off); a per-row top-p / min-p
+    # outside [0, 1] (or NaN) makes the row invalid: token 0, valid False (scalars: host-checked)
     k = tl.zeros([], tl.int32)
     if HAS_K:
         if K_T:
@@ -421,6 +429,7 @@ def sample_probs_kernel(probs, out, valid, idx_ptr, k_ptr, p_ptr, mp_ptr, k_val,
     if HAS_P:
         if P_T:
             top_p = tl.load(p_ptr + row).to(tl.float32)
+            row_ok = row_ok & (top_p >= 0.0) & (top_p <= 1.0)
         else:
             top_p = top_p * 0.0 + p_val
     p_on = top_p < 1.0
@@ -428,6 +437,7 @@ def sample_probs_kernel(probs, out, valid, idx_ptr, k_ptr, p_ptr, mp_ptr, k_val,
     if HAS_MP:
         if MP_T:
             min_p = tl.load(mp_ptr + row).to(tl.float32)
+            row_ok = row_ok & (min_p >= 0.0) & (min_p <= 1.0)
         else:
             min_p = min_p + mp_val
     mp_on = min_p > 0.0
@@ -574,6 +584,7 @@ def threshold_kernel(src, dst, k_ptr, p_ptr, k_val, p_val, V, stride_src, stride
     dst_row = dst + row * stride_dst
     k = tl.zeros([], tl.int32)
     top_p = tl.full([], 1.0, tl.float32)
+    p_ok = tl.full([], 1, tl.int32)  # a per-row top-p outside [0, 1] (or NaN): a zero row
     if HAS_K:
         if K_T:
             k = tl.load(k_ptr + row).to(tl.int32)
@@ -583,9 +594,10 @@ def threshold_kernel(src, dst, k_ptr, p_ptr, k_val, p_val, V, stride_src, stride
     else:
         if P_T:
             top_p = tl.load(p_ptr + row).to(tl.float32)
+            p_ok = ((top_p >= 0.0) & (top_p <= 1.0)).to(tl.int32)
         else:
             top_p = top_p * 0.0 + p_val
-        on = top_p < 1.0
+        on = (top_p < 1.0) & (p_ok != 0)
     if HAS_K:
         mass_w = tl.zeros([], tl.int32)
     else:
@@ -653,8 +665,10 @@ def threshold_kernel(src, dst, k_ptr, p_ptr, k_val, p_val, V, stride_src, stride
                 x = tl.load(src_row + offs, mask=offs < V, other=0.0).to(tl.float32)
                 s_keep += tl.sum(tl.where(x > cut, x, 0.0), axis=0)
                 row_bad |= tl.max(((x != x) | (x < 0.0)).to(tl.int32), axis=0)
-        # an invalid row (NaN, negative entry, kept mass <= 0 or infinite) comes out all zeros
-        ok = ((row_bad == 0) & (s_keep > 0.0) & (s_keep < float("inf"))).to(tl.int32)
+        # an invalid row (NaN, negative entry, kept mass <= 0 or infinite, a bad top-p) comes
+        # out all zeros
+        ok = ((row_bad == 0) & (s_keep > 0.0) & (s_keep < float("inf"))
+              & (p_ok != 0)).to(tl.int32)
         inv = 1.0 / tl.where(ok != 0, s_keep, 1.0)
     for start in range(0, V, 4 * Q):
         offs = start + tl.arange(0, 4 * Q)
@@ -670,32 +684,31 @@ def threshold_kernel(src, dst, k_ptr, p_ptr, k_val, p_val, V, stride_src, stride
 @triton.jit
 def softmax_kernel(src, dst, t_ptr, t_val, V, stride_src, stride_dst,
                    T_T: tl.constexpr, BLOCK: tl.constexpr):
-    """out = softmax(x / T) in fp32: pass 1 online per-lane max and rescaled sum, pass 2 write."""
+    """out = softmax((x - max) / T) in fp32: pass 1 online per-lane max of x and rescaled sum,
+    pass 2 write; a temperature row that is not a finite number > 0 is written as zeros."""
     row = tl.program_id(0).to(tl.int64)
-    if T_T:
-        inv_t = 1.0 / tl.load(t_ptr + row).to(tl.float32)
-    else:
-        inv_t = 1.0 / (tl.zeros([], tl.float32) + t_val)
+    inv_t, t_ok = inv_temperature(t_ptr, t_val, row, T_T)
     lane = tl.arange(0, BLOCK)
     mx = tl.full([BLOCK], float("-inf"), tl.float32)
     s = tl.zeros([BLOCK], tl.float32)
     for start in range(0, V, BLOCK):
         offs = start + lane
         x = tl.load(src + row * stride_src + offs, mask=offs < V,
-                    other=float("-inf")).to(tl.float32) * inv_t
+                    other=float("-inf")).to(tl.float32)
         new = tl.maximum(mx, x)
         safe = tl.where(new == float("-inf"), 0.0, new)
-        s = s * tl.exp(mx - safe) + tl.exp(x - safe)
+        s = s * tl.exp((mx - safe) * inv_t) + tl.exp((x - safe) * inv_t)
         mx = new
     top = tl.max(mx, axis=0)
-    total = tl.sum(s * tl.exp(mx - top), axis=0)
+    total = tl.sum(s * tl.exp((mx - top) * inv_t), axis=0)
     inv = 1.0 / total
     for start in range(0, V, BLOCK):
         offs = start + lane
         mask = offs < V
         x = tl.load(src + row * stride_src + offs, mask=mask,
-                    other=float("-inf")).to(tl.float32) * inv_t
-        tl.store(dst + row * stride_dst + offs, tl.exp(x - top) * inv, mask=mask)
+                    other=float("-inf")).to(tl.float32)
+        y = tl.where(t_ok, tl.exp((x - top) * inv_t) * inv, 0.0)
+        tl.store(dst + row * stride_dst + offs, y, mask=mask)
 
 
 @triton.jit(do_not_specialize=_VALUE_ARGS[3:])

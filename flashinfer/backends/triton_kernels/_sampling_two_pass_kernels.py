@@ -17,7 +17,9 @@ common cases (MODE, chosen on the host):
 
 1. **Pass 1**: the row's sum, maximum and a bad flag (NaN, negative, infinite), and (MODE 2)
    per position of the block the four largest positive values (min / max exchanges). A row that
-   is not a distribution gives token 0 and ``valid = False``, as the contract says.
+   is not a distribution gives token 0 and ``valid = False``, as the contract says; so does a
+   per-row top-p or min-p outside [0, 1] (or NaN), tested where it is loaded, and an empty kept
+   set (no kept mass in pass 2).
 2. **Between the passes** (MODE 2): the ``G >= k`` group maxima of the lanes' largest values are
    distinct tokens, so ``tau`` (the k-th largest) is at least their minimum; the candidates at
    or above it (about ``G ln G``, 266 for ``G = 64``) are compacted into ``CAP`` slots through a
@@ -150,13 +152,22 @@ def two_pass_sample_kernel(probs, out, valid, idx_ptr, p_ptr, mp_ptr, k_val, p_v
     row_ok, safe_row = output_row(idx_ptr, i, R, HAS_IDX)
     row_ptr = probs + safe_row * stride_row
     k = tl.zeros([], tl.int32) + k_val
+    # per-row thresholds: outside [0, 1] (or NaN) the row is invalid (scalars: host-checked)
     top_p = tl.full([], 1.0, tl.float32)
     if HAS_P:
         if P_T:
             top_p = tl.load(p_ptr + safe_row).to(tl.float32)
+            row_ok = row_ok & (top_p >= 0.0) & (top_p <= 1.0)
         else:
             top_p = top_p * 0.0 + p_val
     p_on = top_p < 1.0
+    min_p = tl.zeros([], tl.float32)
+    if MODE == 1:
+        if MP_T:
+            min_p = tl.load(mp_ptr + safe_row).to(tl.float32)
+            row_ok = row_ok & (min_p >= 0.0) & (min_p <= 1.0)
+        else:
+            min_p = min_p + mp_val
 
     # pass 1 (MODE 1, 2): the row's sum, maximum and bad flag, and (MODE 2) the lanes' four
     # largest positive values
@@ -183,10 +194,6 @@ def two_pass_sample_kernel(probs, out, valid, idx_ptr, p_ptr, mp_ptr, k_val, p_v
     n_tau = tl.zeros([], tl.int32)
     b_o = tl.full([], 1, tl.int64)  # the smallest positive float: every positive token
     if MODE == 1:
-        if MP_T:
-            min_p = tl.load(mp_ptr + safe_row).to(tl.float32)
-        else:
-            min_p = tl.zeros([], tl.float32) + mp_val
         b_o = tl.maximum(_ord(min_p * rmax), 1).to(tl.int64)
     floor_o = FINITE_FLOOR if LOGITS else 1  # the least value that counts
     if MODE == 2:
@@ -222,5 +229,6 @@ def two_pass_sample_kernel(probs, out, valid, idx_ptr, p_ptr, mp_ptr, k_val, p_v
                 res, n_full, mass, bad_any = _draw(row_ptr, V, _unord((b_o - 1).to(tl.int32)),
                                                    u, _unord(tau_o.to(tl.int32)), rmax, BLOCK,
                                                    COL, False, LOGITS)
+        ok = ok & (mass > 0.0)  # an empty kept set is never a valid draw
     tl.store(out + i, tl.where(ok, tl.maximum(res, 0), 0))
     tl.store(valid + i, ok)

@@ -6,7 +6,8 @@ below ``P = top_p * sum(p)`` (the row's maximum is always kept). With ``A(t)`` t
 tokens ``>= t``, a bracket ``[lo, hi)`` (ordered ints) holds ``b``: ``A(lo) >= P > A(hi)``.
 
 1. **Pass 1** (``_stream_kernels.first_pass``): the row's sum, maximum and bad flag (NaN,
-   negative, +inf: the row comes out zero). The bracket starts as ``[1, ord(max) + 1)``.
+   negative, +inf: the row comes out zero, as for a per-row top-p outside [0, 1] or NaN). The
+   bracket starts as ``[1, ord(max) + 1)``.
 2. **Pivot passes**: four pivots spread evenly over the bracket (in the fp32 order, roughly a
    logarithmic scale), the count and mass of the tokens at or above each; the bracket shrinks to
    the pivots around ``P`` (a fifth of it per pass), until it holds at most ``CAP`` tokens or a
@@ -99,14 +100,16 @@ def top_p_renorm_kernel(src, dst, scratch, p_ptr, p_val, V, stride_src, stride_d
     row = tl.program_id(0)
     row_ptr = src + row.to(tl.int64) * stride_src
     out_ptr = dst + row.to(tl.int64) * stride_dst
-    if P_T:
+    p_ok = tl.full([], 1, tl.int32)
+    if P_T:  # outside [0, 1] (or NaN): the row comes out zero (a scalar is host-checked)
         top_p = tl.load(p_ptr + row).to(tl.float32)
+        p_ok = ((top_p >= 0.0) & (top_p <= 1.0)).to(tl.int32)
     else:
         top_p = tl.zeros([], tl.float32) + p_val
     top0, _t1, _t2, _t3, lane_sums, bad = first_pass(row_ptr, V, BLOCK, False, False)
     s_all = tl.sum(lane_sums, axis=0)
     rmax = tl.max(top0, axis=0)
-    ok = (bad == 0) & (s_all > 0.0) & (s_all < float("inf"))
+    ok = (bad == 0) & (s_all > 0.0) & (s_all < float("inf")) & (p_ok != 0)
     bound = top_p * s_all
     m_o = _ord(rmax).to(tl.int64)
 
