@@ -48,7 +48,10 @@ __all__ = ["AttentionParams", "get_alibi_slopes", "POS_ENCODING_MODES", "MAX_SOF
            "check_softmax_scale", "check_rope_scalars"]
 
 #: The largest softmax scale (``sm_scale`` times ``q_scale`` and ``k_scale``) any attention entry
-#: point accepts. Every kernel here (FA2/FA3, cuDNN, torch SDPA, Triton, the reference) forms
+#: point accepts; the scale must also be > 0 (FA2, FA3 and cuDNN track the row maximum of the
+#: unscaled scores, so a negative scale overflows, and a zero one multiplies masked -inf scores
+#: into NaN: both gave NaN rows on the H200). Every kernel here (FA2/FA3, cuDNN, torch SDPA,
+#: Triton, the reference) forms
 #: ``scale * q.k`` in float32 (fp16 in torch's math path, after ``sqrt(scale)`` on each side);
 #: a scaled score that overflows turns its whole row into NaN, although the exact softmax is
 #: finite (it tends to a one-hot on the largest score). Past ``|scale| ~ 100 / (score gap)`` the
@@ -77,13 +80,14 @@ class AttentionParams:
 
 
 def check_softmax_scale(scale: float, what: str = "sm_scale") -> float:
-    """``scale`` if it is finite with ``|scale| <= MAX_SOFTMAX_SCALE``, else ``ValueError``
-    naming ``what`` (e.g. ``"sm_scale * q_scale * k_scale"``)."""
-    if not math.isfinite(scale) or abs(scale) > MAX_SOFTMAX_SCALE:
+    """``scale`` if ``0 < scale <= MAX_SOFTMAX_SCALE``, else ``ValueError`` naming ``what``
+    (e.g. ``"sm_scale * q_scale * k_scale"``)."""
+    if not 0.0 < scale <= MAX_SOFTMAX_SCALE:  # NaN fails too
         raise ValueError(f"{what} = {scale!r} is outside what the kernels compute without "
-                         f"overflow: it must be finite with |{what}| <= {MAX_SOFTMAX_SCALE:g} (a "
-                         "larger scale already makes the softmax a one-hot on the largest score, "
-                         "and its float32 products overflow into NaN rows)")
+                         f"overflow: allowed 0 < {what} <= {MAX_SOFTMAX_SCALE:g} (a larger scale "
+                         "already makes the softmax a one-hot on the largest score and overflows "
+                         "float32 into NaN rows; a zero or negative one gives NaN rows on FA2, "
+                         "FA3 and cuDNN)")
     return scale
 
 

@@ -149,14 +149,14 @@ def report_device(check: Check) -> None:
     entry = (torch.arange(bad.numel(), device=bad.device) if check.entries is None
              else check.entries.reshape(-1).long())
     keys = torch.where(bad, _pack(entry, check.values.reshape(-1)), INT64_MAX)
-    item = keys.argmin()
-    key = keys[item]
+    item = keys.argmin().view(1)  # indexing by a 0-d tensor would read it back (a sync)
+    key = keys.index_select(0, item).squeeze(0)
     code = rec[0]
     won = (code == 0) & (key != INT64_MAX)
     mine = won | (code == check.fault.code)
     rec[1] = torch.where(mine, torch.minimum(rec[1], key), rec[1])
     if isinstance(check.bound, torch.Tensor):
-        bound = check.bound.reshape(-1).long()[item]
+        bound = check.bound.reshape(-1).long().index_select(0, item).squeeze(0)
     else:
         bound = int(check.bound or 0)
     rec[2] = torch.where(won, bound, rec[2])

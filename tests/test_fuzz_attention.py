@@ -35,11 +35,9 @@ def naive_attention(q, k, v, scale: float, causal: bool) -> torch.Tensor:
     return torch.einsum("hnm,mhd->nhd", torch.softmax(s, -1), v)
 
 
-scales = st.one_of(
-    st.floats(1e-3, MAX_SOFTMAX_SCALE).flatmap(lambda a: st.sampled_from([a, -a])),
-    st.just(0.0), st.just(MAX_SOFTMAX_SCALE), st.just(-MAX_SOFTMAX_SCALE))
-bad_scales = st.one_of(st.floats(MAX_SOFTMAX_SCALE * 1.0001, 1e308), st.just(math.inf),
-                       st.just(-math.inf), st.just(math.nan), st.just(-1e38))
+scales = st.one_of(st.floats(1e-30, MAX_SOFTMAX_SCALE), st.just(MAX_SOFTMAX_SCALE))
+bad_scales = st.one_of(st.floats(MAX_SOFTMAX_SCALE * 1.0001, 1e308), st.floats(-1e308, 0.0),
+                       st.just(math.inf), st.just(-math.inf), st.just(math.nan), st.just(-1e38))
 
 
 def _inputs(qo: int, kv: int, hq=4, hk=2, d=16, dtype=torch.float32, device="cpu"):
@@ -51,11 +49,12 @@ def _inputs(qo: int, kv: int, hq=4, hk=2, d=16, dtype=torch.float32, device="cpu
 
 
 def _check_against_naive(out, q, k, v, scale, causal):
+    """``q, k, v`` as the kernel read them (their dtype sets the tolerance)."""
     want = naive_attention(q.cpu(), k.cpu(), v.cpu(), scale, causal)
     assert torch.isfinite(out).all()
-    if abs(scale) <= 10:  # well conditioned: float32 kernels match float64 math closely
+    if abs(scale) <= 10:  # well conditioned: the kernels match float64 math closely
         err = float((out.cpu().double() - want).norm() / want.norm().clamp_min(1e-30))
-        assert err < (1e-4 if out.dtype == torch.float32 else 2e-2)
+        assert err < (1e-4 if q.dtype == torch.float32 else 2e-2)
     else:  # a near one-hot softmax: still a convex combination of the values
         lo = v.double().amin(0).amin(0).cpu() - 1e-2
         hi = v.double().amax(0).amax(0).cpu() + 1e-2
@@ -220,7 +219,7 @@ def _gpu_kernels(op):
             for r in database().for_op(op) if "cuda" in r.devices]
 
 
-EDGE_SCALES = [MAX_SOFTMAX_SCALE, -MAX_SOFTMAX_SCALE, 1e-3, 0.0]
+EDGE_SCALES = [MAX_SOFTMAX_SCALE, 1e-3, 1e-30]
 
 
 @pytest.mark.gpu
@@ -241,7 +240,7 @@ def test_gpu_edge_scales_are_finite_on_every_backend(op, backend, dtype, scale):
     except (BackendUnavailableError, NoBackendError) as err:
         pytest.skip(f"{backend} rejects this case: {err}")
     torch.cuda.synchronize()
-    _check_against_naive(out.float(), q.float(), k.float(), v.float(), scale, op == "single_prefill")
+    _check_against_naive(out.float(), q, k, v, scale, op == "single_prefill")
 
 
 @pytest.mark.gpu

@@ -55,10 +55,14 @@ def _guarded_targets(append_key, append_value, batch_indices, positions, k_cache
     if k_cache.shape[0] == 0:
         return None
     valid = targets.valid
-    first = valid.to(torch.int8).argmax()  # the first valid token (0 when there is none)
+    # the first valid token (0 when there is none), as a 1-element tensor: indexing by a 0-d
+    # tensor would read it back to the host
+    first = valid.to(torch.int8).argmax().view(1)
     any_valid = valid.any()
-    page = torch.where(valid, targets.page, torch.where(any_valid, targets.page[first], 0))
-    slot = torch.where(valid, targets.slot, torch.where(any_valid, targets.slot[first], 0))
+    page = torch.where(valid, targets.page,
+                       torch.where(any_valid, targets.page.index_select(0, first), 0))
+    slot = torch.where(valid, targets.slot,
+                       torch.where(any_valid, targets.slot.index_select(0, first), 0))
     rows = torch.where(valid, torch.arange(valid.shape[0], device=valid.device), first)
     keep = (any_valid | valid)[:, None, None]
     old_k = k_cache[0, 0] if kv_layout == "NHD" else k_cache[0, :, 0]
