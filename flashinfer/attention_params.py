@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["AttentionParams", "get_alibi_slopes", "POS_ENCODING_MODES", "MAX_SOFTMAX_SCALE",
+           "LARGE_SOFTMAX_SCALE",
            "check_softmax_scale", "check_rope_scalars"]
 
 #: The largest softmax scale (``sm_scale`` times ``q_scale`` and ``k_scale``) any attention entry
@@ -59,6 +60,11 @@ __all__ = ["AttentionParams", "get_alibi_slopes", "POS_ENCODING_MODES", "MAX_SOF
 #: scaled scores stay finite for ``|q.k| <= 3e34`` (fp32) and for fp16 inputs with ``|q|, |k| <=
 #: 2.5`` per element at head dim 128 in torch's math path.
 MAX_SOFTMAX_SCALE = 1e4
+
+#: Above this softmax scale a single-request Problem has feature ``large_sm_scale``, which only
+#: the records run at such scales declare (FA3 returned NaN rows for one input at 1e4: see
+#: capability_db/flash_attn.toml). Real models use scales well below it.
+LARGE_SOFTMAX_SCALE = 16.0
 
 #: upstream ``PosEncodingMode`` names, in enum order (NONE=0, ROPE_LLAMA=1, ALIBI=2)
 POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")

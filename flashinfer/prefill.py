@@ -28,8 +28,8 @@ import torch
 
 from . import dispatch, overrides
 from .api_logging import flashinfer_api
-from .attention_params import (POS_ENCODING_MODES, AttentionParams, cached_alibi_slopes,
-                               check_softmax_scale)
+from .attention_params import (LARGE_SOFTMAX_SCALE, POS_ENCODING_MODES, AttentionParams,
+                               cached_alibi_slopes, check_softmax_scale)
 from .custom_op import custom_op
 
 __all__ = ["single_prefill_with_kv_cache", "single_prefill_with_kv_cache_return_lse"]
@@ -218,6 +218,7 @@ def run_single(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         "rope_llama": pos_encoding_mode == "ROPE_LLAMA", "custom_mask": custom_mask is not None,
         "lse": return_lse, "head_dim_differs": head_dim_qk != head_dim_vo,
         "kv_dtype_differs": k.dtype != q.dtype, "o_dtype_differs": o_dtype != q.dtype,
+        "large_sm_scale": sm_scale > LARGE_SOFTMAX_SCALE,
     }
     problem = dispatch.Problem.make(
         op, q.device,

@@ -280,3 +280,25 @@ def test_gpu_batch_edge_scales_are_finite_on_every_backend(op, backend, scale):
         pytest.skip(f"{backend} rejects this case: {err}")
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("op", ["single_prefill", "single_decode"])
+def test_large_scales_avoid_fa3_on_sm90(op):
+    """FA3 returned NaN rows for one input at sm_scale 1e4 on the H200: its records do not
+    declare large_sm_scale, so auto picks another kernel there and an explicit fa3 raises."""
+    from flashinfer.device import simulated
+    from flashinfer.dispatch import Problem, select
+
+    def problem(*features):
+        return Problem.make(op, simulated("9.0"),
+                            dtypes={"q": torch.bfloat16, "kv": torch.bfloat16, "o": torch.bfloat16},
+                            shape={"head_dim_qk": 128, "head_dim_vo": 128, "num_qo_heads": 32,
+                                   "num_kv_heads": 8, "qo_len": 64, "kv_len": 4096},
+                            features=("gqa",) + features, layout="NHD")
+    fa3 = "flash_attn:fa3"
+    small = select(problem(), assume_installed=True)
+    large = select(problem("large_sm_scale"), assume_installed=True)
+    assert fa3 in [c.name for c in small.candidates if c.usable]
+    assert large.name != fa3 and large.name != "reference"
+    rejected = {c.name: c.reasons for c in large.candidates if not c.usable}
+    assert "large_sm_scale" in str(rejected[fa3])
