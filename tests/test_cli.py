@@ -338,7 +338,14 @@ def test_readme_setup_is_exactly_the_two_commands():
     setup = _section((REPO / "README.md").read_text(), "Set-up")
     blocks = [b.split("\n", 1)[1].strip() for b in setup.split("```")[1::2]]
     assert blocks == ['pip install -e . && python examples/quickstart.py',
-                      'pip install -e ".[test]" && python -m pytest -q']
+                      'pip install -e ".[test]" && python -m pytest -q -n auto']
+
+
+def test_ci_runs_the_readme_test_command():
+    setup = _section((REPO / "README.md").read_text(), "Set-up")
+    command = [b.split("\n", 1)[1].strip() for b in setup.split("```")[1::2]][1]
+    ci = (REPO / ".ci" / "run").read_text()
+    assert command.replace("python ", "python3 ").replace("pip install", "python3 -m pip install -q") in ci
 
 
 def test_readme_alias_table_matches_overrides():

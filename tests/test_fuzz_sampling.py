@@ -640,3 +640,19 @@ def test_gpu_cuda_graph_with_per_row_thresholds_changed_in_place():
     graph.replay()
     torch.cuda.synchronize()
     check(new_p, new_m, new_t)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["reference", "torch", "triton"])
+def test_gpu_indices_outside_the_rows_are_invalid_and_recorded(backend):
+    """``indices`` on the GPU: the output reading a bad entry is token 0, ``valid=False``, and
+    the entry is raised by ``flashinfer.check_errors()`` (the index contract)."""
+    import flashinfer
+
+    probs = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], device="cuda")
+    idx = torch.tensor([1, 5, 0], device="cuda", dtype=torch.int32)
+    out, valid = S.top_k_top_p_sampling_from_probs(probs, 2, 0.9, indices=idx, seed=0, offset=0,
+                                                  return_valid=True, backend=backend)
+    assert out.tolist() == [2, 0, 1] and valid.tolist() == [True, False, True]
+    with raises_naming("indices[1] = 5", "[0, 2)"):
+        flashinfer.check_errors()
