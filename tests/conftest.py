@@ -5,6 +5,7 @@ any @triton.jit function is defined, so it is set here, before tests import the 
 dispatcher still prefers the reference backend on CPU; Triton tests ask for backend="triton".
 """
 
+import math
 import os
 
 import pytest
@@ -128,3 +129,37 @@ def clean_error_record():
     index_checks.clear()
     yield
     index_checks.clear()
+
+
+# --------------------------------------------------------------------------------------------
+# RoPE
+
+
+def rope_oracle(x, pos, rotary_dim, interleave, scale=1.0, theta=1e4, llama=None, cache=None):
+    """RoPE of ``x [nnz, H, D]`` at integer positions ``pos`` (a list or a tensor), float64
+    (api-spec.md §7.2): the test oracle of the RoPE suites."""
+    x = x.double().cpu()
+    out = x.clone()
+    half = rotary_dim // 2
+    d = torch.arange(half, dtype=torch.float64)
+    pos = pos.tolist() if isinstance(pos, torch.Tensor) else pos
+    p = torch.tensor(pos, dtype=torch.float64)
+    if cache is None:
+        f = theta ** (-2.0 * d / rotary_dim)
+        if llama is None:
+            f = f / scale
+        else:
+            low, high, old = llama
+            smooth = (f * old / (2 * math.pi * (high - low)) - 1 / (high / low - 1)).clamp(0, 1)
+            f = (1 - smooth) * f / scale + smooth * f
+        angle = p[:, None] * f[None, :]
+        cos, sin = torch.cos(angle), torch.sin(angle)
+    else:
+        rows = cache.double().cpu()[torch.tensor(pos, dtype=torch.long).reshape(-1)]
+        cos, sin = rows[:, :half], rows[:, half:rotary_dim]
+    first = (2 * d if interleave else d).long()
+    second = (2 * d + 1 if interleave else d + half).long()
+    x1, x2 = x[:, :, first], x[:, :, second]
+    out[:, :, first] = x1 * cos[:, None, :] - x2 * sin[:, None, :]
+    out[:, :, second] = x2 * cos[:, None, :] + x1 * sin[:, None, :]
+    return out

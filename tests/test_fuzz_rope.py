@@ -20,7 +20,7 @@ from flashinfer.backends import get_kernel
 from flashinfer.dispatch import Problem
 from flashinfer.rope import RopeParams
 
-from conftest import FUZZ, HAS_CUDA, TOLERANCE, raises_naming, usable_backends
+from conftest import FUZZ, HAS_CUDA, TOLERANCE, raises_naming, rope_oracle as oracle, usable_backends
 
 
 SENTINEL = 12345.0
@@ -45,35 +45,7 @@ CPU_BACKENDS, GPU_BACKENDS = _backends("cpu"), _backends("cuda")
 
 
 # --------------------------------------------------------------------------------------------
-# float64 oracle (api-spec.md §7.2) and helpers
-
-
-def oracle(x, pos, rotary_dim, interleave, scale=1.0, theta=1e4, llama=None, cache=None):
-    """RoPE of ``x [nnz, H, D]`` at integer positions ``pos`` (a list), float64."""
-    x = x.double().cpu()
-    out = x.clone()
-    half = rotary_dim // 2
-    d = torch.arange(half, dtype=torch.float64)
-    p = torch.tensor(pos, dtype=torch.float64)
-    if cache is None:
-        f = theta ** (-2.0 * d / rotary_dim)
-        if llama is None:
-            f = f / scale
-        else:
-            low, high, old = llama
-            smooth = (f * old / (2 * math.pi * (high - low)) - 1 / (high / low - 1)).clamp(0, 1)
-            f = (1 - smooth) * f / scale + smooth * f
-        angle = p[:, None] * f[None, :]
-        cos, sin = torch.cos(angle), torch.sin(angle)
-    else:
-        rows = cache.double().cpu()[torch.tensor(pos, dtype=torch.long).reshape(-1)]
-        cos, sin = rows[:, :half], rows[:, half:rotary_dim]
-    first = (2 * d if interleave else d).long()
-    second = (2 * d + 1 if interleave else d + half).long()
-    x1, x2 = x[:, :, first], x[:, :, second]
-    out[:, :, first] = x1 * cos[:, None, :] - x2 * sin[:, None, :]
-    out[:, :, second] = x2 * cos[:, None, :] + x1 * sin[:, None, :]
-    return out
+# helpers (the float64 oracle is conftest.rope_oracle)
 
 
 def assert_matches(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype,

@@ -13,41 +13,14 @@ from flashinfer.backends import get_kernel
 from flashinfer.capability_db import database
 from flashinfer.rope import RopeParams
 
-from conftest import TOLERANCE, poison, rel_error
+from conftest import TOLERANCE, poison, rel_error, rope_oracle as oracle
 
 LLAMA_DEFAULT = (1.0, 4.0, 8192)
 LLAMA_SHORT = (1.0, 4.0, 64)  # smoothing band at high frequencies, so small positions see it
 
 
 # --------------------------------------------------------------------------------------------
-# float64 oracle, written from api-spec.md §7.2
-
-
-def oracle(x, pos, rotary_dim, interleave, scale=1.0, theta=1e4, llama=None, cache=None):
-    """RoPE of ``x [nnz, H, D]`` at ``pos [nnz]`` in float64."""
-    x = x.double()
-    out = x.clone()
-    half = rotary_dim // 2
-    d = torch.arange(half, dtype=torch.float64)
-    if cache is None:
-        f = theta ** (-2.0 * d / rotary_dim)
-        if llama is None:
-            f = f / scale
-        else:
-            low, high, old = llama
-            smooth = (f * old / (2 * math.pi * (high - low)) - 1 / (high / low - 1)).clamp(0, 1)
-            f = (1 - smooth) * f / scale + smooth * f
-        angle = pos.double()[:, None] * f[None, :]
-        cos, sin = torch.cos(angle), torch.sin(angle)
-    else:
-        rows = cache.double()[pos.long()]
-        cos, sin = rows[:, :half], rows[:, half:rotary_dim]
-    first = (2 * d if interleave else d).long()
-    second = (2 * d + 1 if interleave else d + half).long()
-    x1, x2 = x[:, :, first], x[:, :, second]
-    out[:, :, first] = x1 * cos[:, None, :] - x2 * sin[:, None, :]
-    out[:, :, second] = x2 * cos[:, None, :] + x1 * sin[:, None, :]
-    return out
+# helpers (the float64 oracle is conftest.rope_oracle)
 
 
 def ragged_positions(indptr, offsets):
