@@ -8,7 +8,6 @@ through them and record the fault for ``flashinfer.check_errors()``."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch

@@ -2,7 +2,6 @@
 surface, torch.compile, and GPU checks (validation and decisions: test_rope_validation.py)."""
 
 import inspect
-import math
 
 import pytest
 import torch
