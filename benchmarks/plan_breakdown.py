@@ -21,7 +21,9 @@ import flashinfer
 from flashinfer import dispatch
 from flashinfer.backends.cudnn import _batch_graphs as cg
 from flashinfer.backends.cudnn import batch_plan as bp
-from flashinfer.batch_plan import check_indptr, host_index_arrays, page_indices, paged_kv_lens
+from flashinfer.attention.batch_checks import (
+    check_indptr, host_index_arrays, page_indices, paged_kv_lens,
+)
 
 HQ, HKV, D, PAGE, B, KV = 32, 8, 128, 16, 64, 4096
 
@@ -138,8 +140,8 @@ def main() -> None:
     out = w1.run(q, cache)
     runner = next(iter(w1._runners.values()))
     p1 = w1._plan
-    from flashinfer.batch_attention_params import KVInput, RunScales
-    from flashinfer.batch_decode import paged_kv_pages
+    from flashinfer.attention.batch_params import KVInput, RunScales
+    from flashinfer.attention.batch_checks import paged_kv_pages
     add("run() cudnn, batch 1, kv 4096", lambda: w1.run(q, cache))
     add("  _check_run", lambda: w1._check_run(q, None))
     add("  paged_kv_pages", lambda: paged_kv_pages(cache, p1, w1._max_page, w1._check_kv))

@@ -21,7 +21,8 @@ from collections import defaultdict
 import torch
 
 import flashinfer
-from flashinfer import batch_decode, batch_plan, dispatch, plan_upload
+from flashinfer.attention import batch_decode, batch_wrapper as batch_plan, upload as plan_upload
+from flashinfer import dispatch
 from plan_check_probe import wrapper_and_plan  # the same wrapper and batch as the A/B probe
 
 SPENT: dict = defaultdict(float)

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from flashinfer.attention_params import AttentionParams  # noqa: E402
+from flashinfer.attention.params import AttentionParams  # noqa: E402
 from flashinfer.backends import get_kernel  # noqa: E402
 
 # name, op, dtype, layout, qo_len, kv_len, num_qo_heads, num_kv_heads, head_dim, causal, window

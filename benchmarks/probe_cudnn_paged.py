@@ -20,7 +20,7 @@ import traceback
 import torch
 
 from flashinfer.backends import cudnn as adapter
-from flashinfer.batch_attention_params import BatchPlan, KVInput, RunScales
+from flashinfer.attention.batch_params import BatchPlan, KVInput, RunScales
 
 DEV = torch.device("cuda")
 DT = torch.bfloat16

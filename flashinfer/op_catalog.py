@@ -16,7 +16,7 @@ from dataclasses import dataclass
 FAMILIES = ("attention", "norm", "rope", "activation", "gemm", "moe", "sampling", "comm")
 
 ATTENTION_FEATURES = (
-    "large_sm_scale",  # softmax scale > attention_params.LARGE_SOFTMAX_SCALE (up to the 1e4 limit)
+    "large_sm_scale",  # softmax scale > attention.params.LARGE_SOFTMAX_SCALE (up to the 1e4 limit)
     "causal",          # bottom-right aligned causal mask
     "gqa",             # num_qo_heads > num_kv_heads
     "window",          # window_left >= 0

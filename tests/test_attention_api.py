@@ -298,14 +298,14 @@ def test_registered_as_custom_ops():
 
 
 def test_opcheck_prefill_and_decode():
-    from flashinfer import decode, prefill
+    from flashinfer.attention import single
 
     q, k, v = qkv()
     mask = torch.rand(4, 9) > 0.3
-    torch.library.opcheck(prefill._single_prefill_op.custom_op,
+    torch.library.opcheck(single._single_prefill_op.custom_op,
                           (q, k, v, mask, False, "NHD", "ALIBI", 0.25, 3, 0.0, 1.0, 1e4, True,
                            torch.float32, 1.0, "auto"))
-    torch.library.opcheck(decode._single_decode_op.custom_op,
+    torch.library.opcheck(single._single_decode_op.custom_op,
                           (q[0], k, v, "NHD", "NONE", 0.25, -1, 0.0, 1.0, 1e4, False, 2.0, "auto"))
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import TOLERANCE, rel_error
-from flashinfer.attention_params import get_alibi_slopes
+from flashinfer.attention.params import get_alibi_slopes
 from flashinfer.backends.reference import attention as ref_attention
 from flashinfer.decode import single_decode_with_kv_cache
 from flashinfer.prefill import single_prefill_with_kv_cache, single_prefill_with_kv_cache_return_lse

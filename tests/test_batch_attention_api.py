@@ -9,7 +9,7 @@ import torch
 
 import flashinfer
 from flashinfer import dispatch
-from flashinfer.batch_plan import require_workspace
+from flashinfer.attention.batch_checks import require_workspace
 from flashinfer.device import simulated
 from test_batch_attention_reference import make_paged, ws
 
@@ -78,7 +78,7 @@ def test_page_index_beyond_cache():
 
 
 def test_largest_page_id_is_one_reduction_that_still_sees_negatives():
-    from flashinfer.batch_plan import largest_page_id
+    from flashinfer.attention.batch_checks import largest_page_id
     ids = np.array([3, 0x7FFFFFFF, 5], dtype=np.int32)
     assert largest_page_id(ids, "kv_indices") == 0x7FFFFFFF
     with pytest.raises(ValueError, match=r"kv_indices must be >= 0.*got -2147483648"):
@@ -291,7 +291,7 @@ def test_two_phase_planner_prepares_before_the_upload_and_finishes_with_its_view
     import numpy as np
 
     from flashinfer.backends.reference import batch_attention as ref
-    from flashinfer.batch_attention_params import Prepared
+    from flashinfer.attention.batch_params import Prepared
 
     seen = {}
 

@@ -536,7 +536,7 @@ def gpu_inputs(n, m, hq, hk, d, dtype, layout, seed=0):
 
 
 def params_for(dtype, d, causal=False, window=-1, lse=True):
-    from flashinfer.attention_params import AttentionParams
+    from flashinfer.attention.params import AttentionParams
 
     return AttentionParams(sm_scale=d ** -0.5, causal=causal, window_left=window,
                            return_lse=lse, o_dtype=dtype)

@@ -12,10 +12,10 @@ import torch
 
 from flashinfer.backends.cudnn import batch_plan as bp
 from flashinfer.backends.cudnn import batch_support, support
-from flashinfer.batch_attention_params import BatchPlan, KVInput, RunScales
+from flashinfer.attention.batch_params import BatchPlan, KVInput, RunScales
 from flashinfer.capability_db import database, import_error
 from flashinfer.device import simulated
-from flashinfer.plan_upload import Tail
+from flashinfer.attention.upload import Tail
 from flashinfer.dispatch import Problem, clear_cache, select
 
 OPS = ("batch_decode", "batch_prefill_paged", "batch_prefill_ragged")

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from conftest import capture_cuda_graph, HAS_CUDA, TOLERANCE, poison, rel_error
-from flashinfer.attention_params import AttentionParams
+from flashinfer.attention.params import AttentionParams
 from flashinfer.backends import flash_attn as fa
-from flashinfer.batch_attention_params import BatchPlan, KVInput, RunScales
+from flashinfer.attention.batch_params import BatchPlan, KVInput, RunScales
 from flashinfer.device import simulated
 from flashinfer.dispatch import Problem, select
 

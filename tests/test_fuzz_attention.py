@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, strategies as st
 
 import flashinfer
-from flashinfer.attention_params import MAX_SOFTMAX_SCALE
+from flashinfer.attention.params import MAX_SOFTMAX_SCALE
 from flashinfer.capability_db import database
 from flashinfer.dispatch import BackendUnavailableError, NoBackendError
 

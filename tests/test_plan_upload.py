@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from flashinfer.batch_plan import host_index_arrays
-from flashinfer.plan_upload import PlanUpload, Tail
+from flashinfer.attention.batch_checks import host_index_arrays
+from flashinfer.attention.upload import PlanUpload, Tail
 
 gpu = pytest.mark.gpu
 
@@ -179,7 +179,7 @@ class _TailPlanner:
         self.tail, self.seen = tail, {}
 
     def prepare(self, plan):
-        from flashinfer.batch_attention_params import Prepared
+        from flashinfer.attention.batch_params import Prepared
 
         def finish(views):
             self.seen = views
@@ -199,7 +199,7 @@ def test_a_planner_gets_the_page_ids_with_their_tail(monkeypatch, graph):
     import types
 
     import flashinfer
-    from flashinfer import batch_plan
+    from flashinfer.attention import batch_wrapper as batch_plan
 
     planner = _TailPlanner(5)
     choice = types.SimpleNamespace(backend="fake", variant="tail", kernel=planner, name="fake")

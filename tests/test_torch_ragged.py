@@ -11,7 +11,7 @@ import torch
 
 from conftest import capture_cuda_graph, TOLERANCE, poison, rel_error
 from flashinfer.backends import torch_native
-from flashinfer.batch_attention_params import KVInput, RunScales
+from flashinfer.attention.batch_params import KVInput, RunScales
 from flashinfer.dispatch import select
 from test_flash_attn import (SMS, assert_lse_close, candidate, emulated_varlen, make_plan,
                              naive_batch, ragged_inputs, ragged_problem, run_planner)

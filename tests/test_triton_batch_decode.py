@@ -14,7 +14,7 @@ import torch
 
 from conftest import HAS_CUDA, TOLERANCE, poison, rel_error
 from flashinfer import device as fdevice
-from flashinfer.batch_attention_params import BatchPlan, KVInput, RunScales
+from flashinfer.attention.batch_params import BatchPlan, KVInput, RunScales
 from flashinfer.capability_db import database
 from flashinfer.dispatch import Problem
 from flashinfer.backends import extra_reasons

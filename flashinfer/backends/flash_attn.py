@@ -36,8 +36,8 @@ import inspect
 import numpy as np
 import torch
 
-from ..attention_params import AttentionParams
-from ..batch_attention_params import BatchPlan, KVInput, RunScales
+from ..attention.params import AttentionParams
+from ..attention.batch_params import BatchPlan, KVInput, RunScales
 from ..capability_db import import_error
 from ..reasons import Reason
 from . import KernelTable

@@ -1,6 +1,6 @@
 """cuDNN adapter: attention through cuDNN frontend SDPA graphs, GEMMs through its matmul graphs.
 
-The kernels follow the canonical signature of :mod:`flashinfer.attention_params`
+The kernels follow the canonical signature of :mod:`flashinfer.attention.params`
 (``out, lse = kernel(q, k, v, params)``) and serve what ``capability_db/cudnn.toml`` declares:
 fp16/bf16, causal (bottom-right), GQA/MQA, sliding window, base-2 lse, NHD or HND views.
 How a call is split into graphs and planned once per geometry is in :mod:`.plan`; per-SM
@@ -11,7 +11,7 @@ only one imported lazily, inside the kernels.
 GEMMs: ``mm_bf16`` and ``bmm_fp8`` as matmul graphs (:mod:`.gemm`, built and cached in
 :mod:`._gemm_graphs`).
 
-Batch attention (:mod:`flashinfer.batch_attention_params`): planners for ``batch_decode``,
+Batch attention (:mod:`flashinfer.attention.batch_params`): planners for ``batch_decode``,
 ``batch_prefill_paged`` and ``batch_prefill_ragged``; bucketed graph keys and padded metadata in
 :mod:`.batch_plan`, adapter checks in :mod:`.batch_support`, graphs and runners in
 :mod:`._batch_graphs` (imports ``cudnn``, imported lazily inside the planners).
@@ -54,7 +54,7 @@ def _check_decode(problem):
 
 
 def _batch_planner(plan):
-    """A :class:`~flashinfer.batch_attention_params.BatchPlan` → its runner (host work here)."""
+    """A :class:`~flashinfer.attention.batch_params.BatchPlan` → its runner (host work here)."""
     from . import _batch_graphs
 
     return _batch_graphs.plan(plan)

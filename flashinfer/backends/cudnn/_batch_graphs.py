@@ -41,8 +41,8 @@ import numpy as np
 import torch
 
 from ._graphs import _DTYPES, _LOG2E, _binding, _workspace, build_plans
-from ...batch_attention_params import Prepared
-from ...plan_upload import Tail
+from ...attention.batch_params import Prepared
+from ...attention.upload import Tail
 from .batch_plan import (RAGGED, BatchSpec, build_metadata, byte_layout, container,
                          decode_arrays, fill_page_table, fits, gather_decode_table, kv_key,
                          make_spec, metadata_layout, unpack)
@@ -323,7 +323,7 @@ def _spec_and_buffers(plan) -> tuple[BatchSpec, _Buffers]:
 
 
 def prepare(plan) -> Prepared:
-    """The two-phase planner (see :class:`~flashinfer.batch_attention_params.Prepared`).
+    """The two-phase planner (see :class:`~flashinfer.attention.batch_params.Prepared`).
 
     Dense decode makes ``seq_len_kv`` and what the page table is gathered from on the host
     (:func:`~.batch_plan.decode_arrays`): they ride in the plan's one upload (``seq_len_kv``

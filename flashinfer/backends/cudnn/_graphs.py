@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import cudnn
 import torch
 
-from ...attention_params import AttentionParams
+from ...attention.params import AttentionParams
 from .plan import CallPlan, GraphCache, GraphSpec, apply_view, call_key, needs_copy, plan_call
 
 GRAPH_CACHE = GraphCache(maxsize=256)
@@ -167,7 +167,7 @@ def _operand(t: torch.Tensor) -> torch.Tensor:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttentionParams
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The canonical single-request kernel (see :mod:`flashinfer.attention_params`)."""
+    """The canonical single-request kernel (see :mod:`flashinfer.attention.params`)."""
     if params.custom_mask is not None or params.logits_soft_cap > 0 or params.pos_encoding_mode != "NONE":
         raise ValueError("cudnn attention serves no custom_mask, logits_soft_cap or "
                          f"pos_encoding_mode={params.pos_encoding_mode!r}; the dispatcher should not "

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ...dispatch import length_bucket
-from ...plan_upload import Tail
+from ...attention.upload import Tail
 
 DECODE, PAGED, RAGGED = "batch_decode", "batch_prefill_paged", "batch_prefill_ragged"
 
@@ -127,7 +127,7 @@ def kv_key(k: torch.Tensor, v: torch.Tensor) -> tuple:
 
 
 def make_spec(plan, *, device_index: int, scale: float, min_kv: int = 1) -> BatchSpec:
-    """The bucketed graph key of a :class:`~flashinfer.batch_attention_params.BatchPlan`;
+    """The bucketed graph key of a :class:`~flashinfer.attention.batch_params.BatchPlan`;
     ``min_kv`` raises the pages (rows) per request the graph is declared for."""
     b = plan.batch_size
     ragged_q = plan.op != DECODE or plan.q_len_per_req > 1

@@ -13,7 +13,7 @@ when ``s_q > s_kv``, so when ``qo_len > kv_len`` the rows are split into segment
 its own graph on a row slice of ``q`` / ``out`` (views, no copy):
 
 * causal: rows ``r_abs < 0`` see no key at all; they are not run (output 0, lse ``-inf``, the
-  contract of :mod:`flashinfer.attention_params`), the others form one segment of ``kv_len``
+  contract of :mod:`flashinfer.attention.params`), the others form one segment of ``kv_len``
   rows;
 * window without causal: rows ``r_abs < 0`` see every key (unmasked segment), the last
   ``kv_len`` rows run with the left bound only.

@@ -1,5 +1,5 @@
 """Reference single-request attention: float32 math, every feature of
-:class:`~flashinfer.attention_params.AttentionParams`; the oracle the fast backends are tested
+:class:`~flashinfer.attention.params.AttentionParams`; the oracle the fast backends are tested
 against.
 
 Kernels ``single_decode`` and ``single_prefill`` share one implementation (decode is
@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ...attention_params import AttentionParams, get_alibi_slopes
+from ...attention.params import AttentionParams, get_alibi_slopes
 from . import KERNELS
 
 #: score elements materialised per chunk of query rows (64 Mi floats = 256 MiB)
@@ -54,7 +54,7 @@ def visible_keys(rows: torch.Tensor, qo_len: int, kv_len: int, params: Attention
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttentionParams
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The canonical single-request kernel (see :mod:`flashinfer.attention_params`)."""
+    """The canonical single-request kernel (see :mod:`flashinfer.attention.params`)."""
     qo_len, num_qo_heads, _ = q.shape
     kv_len, num_kv_heads, _ = k.shape
     head_dim_vo = v.shape[-1]

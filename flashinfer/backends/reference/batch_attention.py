@@ -19,8 +19,8 @@ import math
 
 import torch
 
-from ...attention_params import AttentionParams
-from ...batch_attention_params import BatchPlan, KVInput, RunScales
+from ...attention.params import AttentionParams
+from ...attention.batch_params import BatchPlan, KVInput, RunScales
 from ...reasons import Reason
 from . import KERNELS
 from .attention import attention

@@ -5,7 +5,7 @@ already in the cache dtype (``flashinfer.page`` checks), so this is a plain copy
 
 On the CPU, :mod:`flashinfer.page` has checked the index arrays before this runs. On a GPU it has
 not (that would need a synchronisation), so this kernel applies the rules of
-:func:`flashinfer.page_checks.append_checks` with device ops, reports a fault into the error
+:func:`flashinfer.attention.page_rules.append_checks` with device ops, reports a fault into the error
 record, and writes no bad token: each one repeats the first valid token's write (same slot,
 same value), so the scatter's result does not depend on the order of duplicate writes.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ...index_checks import report_device
-from ...page_checks import append_checks
+from ...attention.page_rules import append_checks
 from . import KERNELS
 
 

@@ -8,7 +8,7 @@ integer views (``page.py``), so the copy is bit exact for any dtype, fp8 include
 Offsets are int64, so any cache size is addressable.
 
 Every index is checked before it is dereferenced, by the rules of
-``flashinfer.page_checks.append_checks``: a token that breaks one copies nothing, and the
+``flashinfer.attention.page_rules.append_checks``: a token that breaks one copies nothing, and the
 program of its first head block reports the fault into the error record (``_fault_kernels``).
 """
 

@@ -1,6 +1,6 @@
 """Triton split-K paged decode (flash-decoding): the ``batch_decode`` planner and its runner.
 
-Contract: :mod:`flashinfer.batch_attention_params`. The planner fixes the launch shape and
+Contract: :mod:`flashinfer.attention.batch_params`. The planner fixes the launch shape and
 allocates (or carves from ``plan.workspace``) the fp32 split scratch; the runner launches two
 kernels (``_paged_decode_kernels.py``) and does nothing else: no host sync, no allocation, so it
 can be captured in a CUDA graph.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...batch_attention_params import BatchPlan, KVInput, RunScales
+from ...attention.batch_params import BatchPlan, KVInput, RunScales
 from ...reasons import Reason
 from . import KERNELS
 

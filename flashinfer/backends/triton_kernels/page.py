@@ -17,7 +17,7 @@ import contextlib
 
 import torch
 
-from ... import page_checks
+from ...attention import page_rules
 from ...index_checks import record
 from . import KERNELS
 
@@ -64,8 +64,8 @@ def append_paged_kv(append_key: torch.Tensor, append_value: torch.Tensor,
             k_cache.shape[0],
             *k.stride(), *v.stride(),
             *_cache_strides(kc, kv_layout), *_cache_strides(vc, kv_layout),
-            page_checks.APPEND_BATCH.code, page_checks.APPEND_INDPTR.code,
-            page_checks.APPEND_POSITION.code, page_checks.APPEND_PAGE.code,
+            page_rules.APPEND_BATCH.code, page_rules.APPEND_INDPTR.code,
+            page_rules.APPEND_POSITION.code, page_rules.APPEND_PAGE.code,
             BLOCK_H=block_h, BLOCK_D=block_d,
             num_warps=4 if block_h * block_d >= 1024 else 1,
         )

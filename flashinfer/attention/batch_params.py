@@ -33,7 +33,7 @@ Runner call (all tensors on ``plan.device``):
 * ``lse``: ``[total_qo, num_qo_heads]`` float32 base 2, or ``None`` when not requested
 * ``scales``: :class:`RunScales` (floats, already validated)
 
-Semantics are those of the single-request ops (attention_params.py) applied per request ``b``:
+Semantics are those of the single-request ops (attention/params.py) applied per request ``b``:
 its queries ``q[qo_indptr[b]:qo_indptr[b+1]]`` attend to its ``kv_lens[b]`` keys, read for paged
 ops from pages ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` (the last page holding
 ``kv_last_page_len[b]`` entries) and for ragged ops from rows ``kv_indptr[b]:kv_indptr[b+1]``.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .index_checks import Check, fault
+from ..index_checks import Check, fault
 
 APPEND = "append_paged_kv_cache"
 APPEND_BATCH = fault(APPEND, "batch_indices", "a request index in [0, {bound}) (len(kv_indptr) - 1)")

@@ -5,24 +5,23 @@ Ops ``batch_prefill_paged`` and ``batch_prefill_ragged``. Note the upstream posi
 differ: paged ``plan(..., sm_scale, window_left, logits_soft_cap, ...)`` vs ragged
 ``plan(..., window_left, logits_soft_cap, sm_scale, ...)``. A custom mask (flattened per-request
 ``qo_len x kv_len`` bool blocks, or ``packed_custom_mask`` in little bit order per request)
-replaces ``causal``. See :mod:`flashinfer.batch_plan` for the shared rules.
+replaces ``causal``. See :mod:`flashinfer.attention.batch_checks` for the shared rules.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import index_checks
-from .api_logging import flashinfer_api
-
-from .attention_params import check_rope_scalars
-from .batch_attention_params import BatchPlan, KVInput
-from .batch_decode import paged_kv_pages
-from .batch_plan import (
-    KV_DTYPES, Q_DTYPES, BatchWrapperBase, canonical_dtype, check_fixed_buffer, check_indptr,
-    host_index_arrays, index_array, page_indices, paged_kv_lens, planned_device_fields,
-    positive_int, set_plan_attributes, unpack_segments,
+from .. import index_checks
+from ..api_logging import flashinfer_api
+from .batch_checks import (
+    KV_DTYPES, Q_DTYPES, canonical_dtype, check_fixed_buffer, check_indptr, host_index_arrays,
+    index_array, page_indices, paged_kv_lens, paged_kv_pages, planned_device_fields, positive_int,
+    unpack_segments,
 )
+from .batch_params import BatchPlan, KVInput
+from .batch_wrapper import BatchWrapperBase, set_plan_attributes
+from .params import check_rope_scalars
 
 __all__ = ["BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper"]
 

@@ -1,23 +1,8 @@
-"""From the user's index arrays to a :class:`~flashinfer.batch_attention_params.BatchPlan`, and
-the plan/run machinery the three batch wrappers share.
-
-Validation happens in ``plan()`` on *host* copies (CPU int32): dtype int32, rank 1, lengths,
-``indptr[0] == 0`` and monotone, ``last_page_len`` in ``[1, page_size]`` (``[0, page_size]`` for a
-request with no page), page indices ``>= 0``. An index array given on the host is used as is (no
-device-to-host copy); all of a plan's host arrays reach the device in one non-blocking copy
-(:mod:`flashinfer.plan_upload`). An indptr / last_page_len given on the device is copied to the
-host once (a synchronisation, as upstream does for ``indptr``) so that it can be checked; page
-ids kept on the device reach the plan's device buffer through the upload's pinned buffer (a
-device-to-host copy, then the plan's one host-to-device copy: see :mod:`flashinfer.plan_upload`),
-and plan() checks that host copy at its end (:class:`DeviceIdsCheck`), so the GPU round trip
-overlaps the host work in between — still a wait for the work already queued before plan();
-``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1`` skips the wait and the check, as upstream does. Page
-indices are checked against the *cache size* in ``run()``: plan() does not see the cache, so it keeps
-the largest index (a Python int) and every run() compares it with ``k_cache.shape[0]`` — an int
-comparison, no device work.
+"""The plan()/run() machinery the three batch wrappers share (their argument checks are
+:mod:`flashinfer.attention.batch_checks`).
 
 The Decision is made before the upload (it needs only host values); a two-phase planner
-(``batch_attention_params.Prepared``) adds its own host arrays to the same copy.
+(``batch_params.Prepared``) adds its own host arrays to the same copy.
 
 ``run()`` only checks metadata (shapes, dtypes, devices), allocates ``out``/``lse`` whose sizes
 the plan fixed, and calls the runner the plan made: no host sync, no decision.
@@ -37,198 +22,19 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
-from typing import NamedTuple
 
-import numpy as np
 import torch
 
-from . import dispatch, envs
-from .attention_params import check_softmax_scale
-from .batch_attention_params import BatchPlan, KVInput, RunScales, bind_device_arrays
-from .plan_upload import PlanUpload, Tail
-from .prefill import check_kv_layout
+from .. import dispatch
+from .batch_checks import FP8_DTYPES, DeviceIdsCheck, scale_arg
+from .batch_params import BatchPlan, KVInput, RunScales, bind_device_arrays
+from .checks import check_kv_layout
+from .params import check_softmax_scale
+from .upload import PlanUpload, Tail
 
-Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-KV_DTYPES = Q_DTYPES + FP8_DTYPES
 RUN_FEATURES = ("lse", "sinks")
 _NO_FEATURES: frozenset = frozenset()
 _UNIT_SCALES = RunScales()
-
-
-# ------------------------------------------------------------------------------------------
-# argument checks
-
-def canonical_dtype(name: str, value, default, allowed) -> torch.dtype:
-    """``torch.dtype`` or its string spelling (``"bfloat16"``, ``"torch.float16"``)."""
-    if value is None:
-        value = default
-    if isinstance(value, str):
-        value = getattr(torch, value.removeprefix("torch."), value)
-    if not isinstance(value, torch.dtype) or value not in allowed:
-        raise ValueError(f"{name}={value!r} is not supported; allowed: "
-                         f"{', '.join(str(d).removeprefix('torch.') for d in allowed)}")
-    return value
-
-
-def positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-def index_array(name: str, t) -> torch.Tensor:
-    """``t`` itself, once checked to be a 1-D int32 tensor (on any device)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be an int32 torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.int32:
-        raise ValueError(f"{name} must be int32 (int64 indexes wrongly upstream), got {t.dtype}")
-    if t.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-    return t
-
-
-def host_index_arrays(*named: tuple[str, object]) -> list[torch.Tensor]:
-    """:func:`index_array` of every ``(name, tensor)``, with the arrays that live on a GPU brought
-    to the host in one copy (one synchronisation for all of them, not one each)."""
-    arrays = [index_array(name, t) for name, t in named]
-    out = [t.clone() if t.device.type == "cpu" else None for t in arrays]
-    remote = [i for i, t in enumerate(arrays) if t.device.type != "cpu"]
-    if len(remote) > 1 and len({arrays[i].device for i in remote}) == 1:
-        host = torch.cat([arrays[i] for i in remote]).to("cpu")
-        for i, part in zip(remote, host.split([arrays[i].shape[0] for i in remote])):
-            out[i] = part
-    else:
-        for i in remote:
-            out[i] = arrays[i].to("cpu")
-    return out
-
-
-def _np(a) -> np.ndarray:
-    """A host array as numpy (numpy on the host copy: a few microseconds less per op than
-    torch)."""
-    return a if isinstance(a, np.ndarray) else a.numpy()
-
-
-def check_indptr(name: str, host, batch_size: int | None = None) -> None:
-    """``host``: the CPU copy (tensor or numpy) of an indptr array."""
-    a = _np(host)
-    if a.shape[0] < 1 or (batch_size is not None and a.shape[0] != batch_size + 1):
-        want = "batch_size + 1" if batch_size is None else str(batch_size + 1)
-        raise ValueError(f"{name} must have length {want}, got {a.shape[0]}")
-    if a[0] != 0:
-        raise ValueError(f"{name}[0] must be 0, got {int(a[0])}")
-    if a.shape[0] > 1 and bool((a[1:] < a[:-1]).any()):
-        raise ValueError(f"{name} must be non-decreasing (monotone), got {a.tolist()[:16]}")
-
-
-def paged_kv_lens(indptr, last_page_len, page_size: int) -> torch.Tensor:
-    """kv length per request on the host (int32 CPU tensor) from the CPU copies (tensor or
-    numpy) of ``indptr`` and ``last_page_len``; checks ``last_page_len`` against ``page_size``."""
-    ind, last = _np(indptr), _np(last_page_len)
-    pages = ind[1:] - ind[:-1]
-    # a request with pages needs last in [1, page_size]; one without, last in [0, page_size]
-    if bool(((last < (pages > 0)) | (last > page_size)).any()):
-        raise ValueError(f"paged_kv_last_page_len must be in [1, page_size={page_size}] for every "
-                         f"request with pages, got {last.tolist()[:16]}")
-    lens = pages * page_size
-    lens += last - page_size
-    np.maximum(lens, 0, out=lens)  # no page: length 0
-    return torch.from_numpy(lens.astype(np.int32, copy=False))
-
-
-def page_indices(name: str, t: torch.Tensor, n_pages: int, indptr_name: str = "indptr",
-                 deferred: bool = False) -> tuple[torch.Tensor, "int | DeviceIdsCheck"]:
-    """The first ``n_pages`` entries of a validated int32 page-id array (a view, on its own
-    device; the plan's upload copies it), checked ``>= 0``, and their largest id (-1 when
-    empty, or when not known: see below). A device array, ``deferred`` (a wrapper's plan(),
-    whose upload brings the ids to the host): a :class:`DeviceIdsCheck` in place of the id,
-    resolved at the end of plan(); not deferred: checked on a host copy, one synchronisation
-    here. With ``FLASHINFER_TRUST_DEVICE_PAGE_IDS=1`` a device array is not checked (-1)."""
-    if t.shape[0] < n_pages:
-        raise ValueError(f"{name} must hold {indptr_name}[-1]={n_pages} page ids, got {t.shape[0]}")
-    ids = t if t.shape[0] == n_pages else t[:n_pages]
-    if not n_pages:
-        return ids, -1
-    if ids.device.type == "cpu":
-        return ids, largest_page_id(ids.numpy(), name)
-    if envs.TRUST_DEVICE_PAGE_IDS.get():
-        return ids, -1
-    if deferred:
-        return ids, DeviceIdsCheck(name)
-    return ids, largest_page_id(ids.cpu().numpy(), name)
-
-
-def largest_page_id(ids: np.ndarray, name: str) -> int:
-    """The largest of int32 page ids, ValueError naming ``name`` when one is negative: one
-    reduction over the ids seen as uint32, where a negative id is above every valid one."""
-    hi = int(ids.view(np.uint32).max())
-    if hi > 0x7FFFFFFF:
-        raise ValueError(f"{name} must be >= 0 (page ids into the cache), got {int(ids.min())}")
-    return hi
-
-
-class DeviceIdsCheck(NamedTuple):
-    """The bounds check of device page ids, left to the end of plan(): the plan's upload
-    copies them to the host on their way (``PlanUpload.host_copy("kv_indices")``)."""
-
-    name: str  # the argument, for the error
-
-    def resolve(self, upload: PlanUpload) -> int:
-        """The largest id; ValueError when an id is negative."""
-        return largest_page_id(upload.host_copy("kv_indices"), self.name)
-
-
-def check_fixed_buffer(name: str, buf, device: torch.device, length: int | None = None) -> torch.Tensor:
-    if buf is None:
-        raise ValueError(f"use_cuda_graph=True requires {name} (a fixed int32 buffer on the device)")
-    if not isinstance(buf, torch.Tensor) or buf.dtype != torch.int32 or buf.dim() != 1:
-        raise ValueError(f"{name} must be a 1-D int32 tensor, got "
-                         f"{getattr(buf, 'dtype', type(buf).__name__)} {tuple(getattr(buf, 'shape', ()))}")
-    if buf.device != device:
-        raise ValueError(f"{name} is on {buf.device} but the workspace buffer is on {device}")
-    if length is not None and buf.shape[0] != length:
-        raise ValueError(f"{name} must have length {length}, got {buf.shape[0]}")
-    return buf
-
-
-def planned_device_fields(arrays: dict, fixed: dict) -> dict:
-    """A plan's device fields before its upload: the fixed buffers' views (a CUDA-graph
-    wrapper), else None (set by the upload, see ``_finish_plan``)."""
-    return {name: (None if fixed.get(name) is None else fixed[name][:t.shape[0]])
-            for name, t in arrays.items()}
-
-
-def require_workspace(plan: BatchPlan, nbytes: int, who: str) -> torch.Tensor:
-    """For planners: ``nbytes`` of ``plan.workspace`` as uint8, or a ValueError stating the need."""
-    ws = plan.workspace
-    have = 0 if ws is None else ws.numel() * ws.element_size()
-    if have < nbytes:
-        raise ValueError(f"float_workspace_buffer too small for {who}: needs {nbytes} bytes "
-                         f"({nbytes / 2**20:.1f} MiB), has {have}")
-    return ws.view(torch.uint8)[:nbytes]
-
-
-def scale_arg(name: str, value) -> float:
-    if value is None:
-        return 1.0
-    if isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} as a tensor is not supported yet; pass a Python float")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TypeError(f"{name} must be a finite float or None, got {value!r}")
-    return float(value)
-
-
-def unpack_segments(packed: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-    """Per-request little-bit-order packed masks (``segment_packbits``) -> flat bool mask."""
-    bits = ((packed.to(torch.int32)[:, None] >> torch.arange(8, device=packed.device)) & 1).flatten()
-    index, byte = [], 0
-    for n in sizes:
-        index.append(torch.arange(byte * 8, byte * 8 + n))
-        byte += (n + 7) // 8
-    if byte != packed.shape[0]:
-        raise ValueError(f"packed_custom_mask must hold {byte} bytes for these lengths, got {packed.shape[0]}")
-    return bits[torch.cat(index).to(packed.device)].to(torch.bool)
 
 
 # ------------------------------------------------------------------------------------------
@@ -345,7 +151,7 @@ class BatchWrapperBase:
                      non_blocking: bool) -> None:
         """Decide for every run-time feature combination, upload the index arrays ``arrays``
         (into ``fixed`` buffers where given) together with what two-phase planners prepared
-        (:class:`~flashinfer.batch_attention_params.Prepared`), set the plan's device fields,
+        (:class:`~flashinfer.attention.batch_params.Prepared`), set the plan's device fields,
         build the runners, keep the plan. ``plan`` arrives with its device fields unset (the
         fixed buffers' views for a CUDA-graph wrapper): the Decision needs only host values."""
         lb = dispatch.length_bucket
@@ -542,8 +348,4 @@ def set_plan_attributes(wrapper: BatchWrapperBase, plan: BatchPlan, window_left:
     wrapper._replay_args = replay_args
 
 
-__all__ = ["BatchWrapperBase", "canonical_dtype", "index_array", "host_index_arrays", "check_indptr",
-           "paged_kv_lens",
-           "page_indices", "DeviceIdsCheck",
-           "check_fixed_buffer", "planned_device_fields", "require_workspace", "unpack_segments",
-           "set_plan_attributes"]
+__all__ = ["BatchWrapperBase", "set_plan_attributes"]

@@ -1,10 +1,10 @@
 """Batch decode against a paged KV cache (upstream ``BatchDecodeWithPagedKVCacheWrapper``).
 
 ``plan()`` validates the page table on host copies, builds a
-:class:`~flashinfer.batch_attention_params.BatchPlan` for op ``batch_decode`` (``q_len_per_req``
+:class:`~flashinfer.attention.batch_params.BatchPlan` for op ``batch_decode`` (``q_len_per_req``
 queries per request, causal inside a request when > 1), decides, and gets the backend's runner;
 ``run(q [batch * q_len_per_req, H_qo, D], paged_kv_cache)`` only checks metadata and runs it.
-See :mod:`flashinfer.batch_plan` for the shared rules.
+See :mod:`flashinfer.attention.batch_checks` for the shared rules.
 """
 
 from __future__ import annotations
@@ -14,17 +14,15 @@ import warnings
 import numpy as np
 import torch
 
-from . import index_checks
-from .api_logging import flashinfer_api
-
-from .attention_params import check_rope_scalars
-from .batch_attention_params import BatchPlan, KVInput
-from .batch_plan import (
-    KV_DTYPES, Q_DTYPES, BatchWrapperBase, canonical_dtype, check_fixed_buffer, check_indptr,
-    host_index_arrays, index_array, page_indices, paged_kv_lens, planned_device_fields, positive_int,
-    set_plan_attributes,
+from .. import index_checks
+from ..api_logging import flashinfer_api
+from .batch_checks import (
+    KV_DTYPES, Q_DTYPES, canonical_dtype, check_fixed_buffer, check_indptr, host_index_arrays,
+    index_array, page_indices, paged_kv_lens, paged_kv_pages, planned_device_fields, positive_int,
 )
-from .page import unpack_paged_kv_cache
+from .batch_params import BatchPlan, KVInput
+from .batch_wrapper import BatchWrapperBase, set_plan_attributes
+from .params import check_rope_scalars
 
 __all__ = ["BatchDecodeWithPagedKVCacheWrapper", "CUDAGraphBatchDecodeWithPagedKVCacheWrapper"]
 
@@ -199,28 +197,6 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
 
     def forward_return_lse(self, q, paged_kv_cache, *args, **kwargs):
         return self.forward(q, paged_kv_cache, *args, **kwargs, return_lse=True)
-
-
-def paged_kv_pages(paged_kv_cache, plan: BatchPlan, max_page: int, check_kv, indices_name: str):
-    """Split the cache into page views and check them against the plan (metadata only);
-    ``indices_name``: plan()'s page-id argument, for the message."""
-    k_cache, v_cache = unpack_paged_kv_cache(paged_kv_cache, plan.kv_layout)
-    check_kv("k_cache", k_cache, plan)
-    check_kv("v_cache", v_cache, plan)
-    nhd = plan.kv_layout == "NHD"
-    page_size, heads = (k_cache.shape[1], k_cache.shape[2]) if nhd else (k_cache.shape[2], k_cache.shape[1])
-    if page_size != plan.page_size:
-        raise ValueError(f"paged_kv_cache page_size {page_size} differs from the planned {plan.page_size}")
-    if heads != plan.num_kv_heads:
-        raise ValueError(f"paged_kv_cache has {heads} kv heads, the plan {plan.num_kv_heads}")
-    if k_cache.shape[-1] != plan.head_dim_qk or v_cache.shape[-1] != plan.head_dim_vo:
-        raise ValueError(f"paged_kv_cache head dims ({k_cache.shape[-1]}, {v_cache.shape[-1]}) differ "
-                         f"from the planned ({plan.head_dim_qk}, {plan.head_dim_vo})")
-    if max_page >= k_cache.shape[0]:
-        raise ValueError(f"{indices_name} given to plan() holds page id {max_page}, beyond the "
-                         f"{k_cache.shape[0]} pages of paged_kv_cache; allowed: page ids in "
-                         f"[0, {k_cache.shape[0]})")
-    return k_cache, v_cache
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):

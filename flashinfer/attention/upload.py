@@ -2,7 +2,7 @@
 
 A plan needs ``qo_indptr``, ``kv_indptr``, ``kv_lens``, ``kv_last_page_len`` and the page ids on
 the device, and a two-phase planner may add arrays of its own (cuDNN decode: ``seq_len_kv`` and
-the page-table source, see ``batch_attention_params.Prepared``). Copied one by one that is a
+the page-table source, see ``batch_params.Prepared``). Copied one by one that is a
 ``cudaMemcpyAsync`` from pageable memory each (a staged, partly blocking copy) and an allocation
 each: most of a plan's host time at batch 64. :class:`PlanUpload` packs the host arrays (numpy
 or CPU tensors) into a pinned buffer and copies them with one non-blocking copy into one device

@@ -1,0 +1,284 @@
+"""Single-request attention: ``single_prefill_with_kv_cache`` (upstream module
+``flashinfer.prefill``) and ``single_decode_with_kv_cache`` (``flashinfer.decode``).
+
+Each validates its arguments (:mod:`flashinfer.attention.checks`), then runs one
+``torch.library`` custom op (``torch.ops.flashinfer.single_prefill_with_kv_cache`` /
+``..._decode_...``) whose body, :func:`run_single`, builds the dispatch
+:class:`~flashinfer.dispatch.Problem`, lets the dispatcher choose a kernel and calls it with the
+canonical signature of :mod:`flashinfer.attention.params`. Decode is the same computation with
+one query row (op ``single_decode``, never ``causal``; the kernel receives ``q`` as
+``[1, num_qo_heads, head_dim]``).
+
+Problem facts: dtypes ``q``, ``kv``, ``o``; shape ``head_dim_qk``, ``head_dim_vo``,
+``num_qo_heads``, ``num_kv_heads``, ``qo_len`` and ``kv_len`` (both bucketed to powers of two);
+layout ``NHD`` / ``HND``. Features are set exactly when they change the result: ``causal`` only
+when ``qo_len > 1`` and no custom mask (it hides nothing for one query row); ``window`` only when
+``window_left < kv_len - 1`` (a wider window hides nothing); ``gqa`` when ``num_qo_heads !=
+num_kv_heads``; ``soft_cap`` when the cap is ``> 0``; ``alibi`` / ``rope_llama`` by
+``pos_encoding_mode``; ``custom_mask`` when a (packed) mask is given; ``lse`` when
+``return_lse``; ``head_dim_differs``, ``kv_dtype_differs`` (k/v dtype != q dtype) and
+``o_dtype_differs`` (``o_dtype`` != q dtype); ``large_sm_scale`` when the softmax scale is above
+``LARGE_SOFTMAX_SCALE``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+from .. import dispatch
+from ..api_logging import flashinfer_api
+from ..custom_op import custom_op
+from .checks import check_common, check_kv_layout, check_mask, check_o_dtype, check_qkv, float_arg
+from .params import LARGE_SOFTMAX_SCALE, AttentionParams, cached_alibi_slopes, check_softmax_scale
+
+__all__ = ["single_decode_with_kv_cache", "single_prefill_with_kv_cache",
+           "single_prefill_with_kv_cache_return_lse"]
+
+# ------------------------------------------------------------------------------------------
+# the op body shared by single_prefill and single_decode
+
+
+def run_single(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               custom_mask: Optional[torch.Tensor], causal: bool, kv_layout: str,
+               pos_encoding_mode: str, sm_scale: float, window_left: int, logits_soft_cap: float,
+               rope_scale: float, rope_theta: float, return_lse: bool, o_dtype: torch.dtype,
+               v_scale: float, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatch and run one validated call; ``q`` is ``[qo_len, H_qo, D]``, k/v as given.
+
+    Returns ``(out, lse)``; ``lse`` is an empty float32 tensor when ``return_lse`` is False.
+    """
+    if kv_layout == "HND":
+        k, v = k.transpose(0, 1), v.transpose(0, 1)
+    qo_len, num_qo_heads, head_dim_qk = q.shape
+    kv_len, num_kv_heads, head_dim_vo = v.shape
+    if custom_mask is not None or qo_len == 1:
+        causal = False
+    if window_left >= kv_len - 1:
+        window_left = -1
+    features = {
+        "causal": causal, "gqa": num_qo_heads != num_kv_heads, "window": window_left >= 0,
+        "soft_cap": logits_soft_cap > 0, "alibi": pos_encoding_mode == "ALIBI",
+        "rope_llama": pos_encoding_mode == "ROPE_LLAMA", "custom_mask": custom_mask is not None,
+        "lse": return_lse, "head_dim_differs": head_dim_qk != head_dim_vo,
+        "kv_dtype_differs": k.dtype != q.dtype, "o_dtype_differs": o_dtype != q.dtype,
+        "large_sm_scale": sm_scale > LARGE_SOFTMAX_SCALE,
+    }
+    problem = dispatch.Problem.make(
+        op, q.device,
+        dtypes={"q": q.dtype, "kv": k.dtype, "o": o_dtype},
+        shape={"head_dim_qk": head_dim_qk, "head_dim_vo": head_dim_vo,
+               "num_qo_heads": num_qo_heads, "num_kv_heads": num_kv_heads,
+               "qo_len": dispatch.length_bucket(qo_len), "kv_len": dispatch.length_bucket(kv_len)},
+        features=[name for name, used in features.items() if used],
+        layout=kv_layout)
+    decision = dispatch.decide(problem, backend)
+    params = AttentionParams(
+        sm_scale=sm_scale, causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap,
+        pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta,
+        custom_mask=custom_mask, return_lse=return_lse, o_dtype=o_dtype,
+        alibi_slopes=(cached_alibi_slopes(num_qo_heads, q.device)
+                      if pos_encoding_mode == "ALIBI" else None))
+    out, lse = decision.kernel(q, k, v, params)
+    if v_scale != 1.0:
+        out = (out.to(torch.float32) * v_scale).to(o_dtype)
+    if lse is None:
+        lse = q.new_empty((0,), dtype=torch.float32)
+    return out, lse
+
+
+def _prefill_fake(q, k, v, custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale,
+                  window_left, logits_soft_cap, rope_scale, rope_theta, return_lse, o_dtype,
+                  v_scale, backend):
+    out = q.new_empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=o_dtype)
+    lse = q.new_empty((q.shape[0], q.shape[1]) if return_lse else (0,), dtype=torch.float32)
+    return out, lse
+
+
+@custom_op("single_prefill_with_kv_cache", mutates_args=(), fake=_prefill_fake)
+def _single_prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       custom_mask: Optional[torch.Tensor], causal: bool, kv_layout: str,
+                       pos_encoding_mode: str, sm_scale: float, window_left: int,
+                       logits_soft_cap: float, rope_scale: float, rope_theta: float,
+                       return_lse: bool, o_dtype: torch.dtype, v_scale: float, backend: str
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    return run_single("single_prefill", q, k, v, custom_mask, causal, kv_layout, pos_encoding_mode,
+                      sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, return_lse,
+                      o_dtype, v_scale, backend)
+
+
+# ------------------------------------------------------------------------------------------
+# public API
+
+
+@flashinfer_api
+def single_prefill_with_kv_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale_q: Optional[torch.Tensor] = None,
+    scale_k: Optional[torch.Tensor] = None,
+    scale_v: Optional[torch.Tensor] = None,
+    o_dtype: Optional[torch.dtype] = None,
+    custom_mask: Optional[torch.Tensor] = None,
+    packed_custom_mask: Optional[torch.Tensor] = None,
+    causal: bool = False,
+    kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE",
+    use_fp16_qk_reduction: bool = False,
+    sm_scale: Optional[float] = None,
+    window_left: int = -1,
+    logits_soft_cap: Optional[float] = None,
+    rope_scale: Optional[float] = None,
+    rope_theta: Optional[float] = None,
+    backend: str = "auto",
+    return_lse: bool = False,
+    kv_cache_sf: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None,
+):
+    r"""Attention of one request's ``qo_len`` query tokens over its whole KV.
+
+    Parameters
+    ----------
+    q : ``[qo_len, num_qo_heads, head_dim_qk]``, float16 / bfloat16 / float32.
+    k : ``[kv_len, num_kv_heads, head_dim_qk]`` (NHD) or ``[num_kv_heads, kv_len, head_dim_qk]``
+        (HND); float16 / bfloat16 / float32 (may differ from q's dtype; v must match k's).
+    v : like ``k`` with last dimension ``head_dim_vo``.
+    scale_q, scale_k, scale_v, kv_cache_sf : fp8 / NVFP4 quantisation inputs; not supported yet
+        (a value other than None raises ``NotImplementedError``).
+    o_dtype : output dtype, default q's dtype.
+    custom_mask : bool ``[qo_len, kv_len]``, True = keep; replaces ``causal``.
+    packed_custom_mask : uint8 ``[ceil(qo_len * kv_len / 8)]``, the row-major mask bit-packed
+        little-endian (``flashinfer.packbits(mask, bitorder="little")``); wins over custom_mask.
+    causal : bottom-right aligned: query ``r`` sees keys ``j <= kv_len - qo_len + r``.
+    kv_layout : ``"NHD"`` or ``"HND"``.
+    pos_encoding_mode : ``"NONE"``, ``"ROPE_LLAMA"`` (RoPE applied inside, q at positions
+        ``kv_len - qo_len + r``) or ``"ALIBI"`` (slopes :func:`get_alibi_slopes`).
+    use_fp16_qk_reduction : accepted for compatibility; a precision-lowering hint no backend here
+        uses (results are as if False).
+    sm_scale : default ``1 / sqrt(head_dim_qk)``; multiplied by ``k_scale`` when given.
+    window_left : ``-1`` or a left window: query at position ``i`` sees keys ``j >= i - window_left``.
+    logits_soft_cap : ``cap * tanh(s / cap)`` on the scaled logits when ``> 0``.
+    rope_scale, rope_theta : RoPE parameters, default 1.0 and 1e4.
+    backend : ``"auto"`` or a backend / alias from :mod:`flashinfer.overrides` (``"fa2"``,
+        ``"fa3"``, ``"torch"``, ``"cudnn"``, ``"reference"``, ``"torch:flash_varlen"``, ...).
+    return_lse : also return the base-2 log-sum-exp ``[qo_len, num_qo_heads]`` float32.
+    k_scale, v_scale : float calibration scales: ``k_scale`` multiplies ``sm_scale``, ``v_scale``
+        the output.
+
+    Returns
+    -------
+    ``out [qo_len, num_qo_heads, head_dim_vo]`` in ``o_dtype``, and ``lse`` when ``return_lse``.
+    """
+    for name, value in (("scale_q", scale_q), ("scale_k", scale_k), ("scale_v", scale_v),
+                        ("kv_cache_sf", kv_cache_sf)):
+        if value is not None:
+            raise NotImplementedError(f"{name} (fp8 / NVFP4 quantised attention) is not supported "
+                                      f"yet; pass {name}=None with float16/bfloat16/float32 inputs")
+    layout = check_kv_layout(kv_layout)
+    qo_len, kv_len, _, _, head_dim_qk, _ = check_qkv(q, k, v, layout, 3, same_head_dim=False)
+    mode, window_left, cap, scale, rope_scale, rope_theta = check_common(
+        pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
+        head_dim_qk, backend)
+    scale *= float_arg("k_scale", k_scale, 1.0)
+    check_softmax_scale(scale, "sm_scale * k_scale")
+    out_scale = float_arg("v_scale", v_scale, 1.0)
+    out_dtype = check_o_dtype(o_dtype, q.dtype)
+    mask = check_mask(q, custom_mask, packed_custom_mask, qo_len, kv_len)
+    out, lse = _single_prefill_op(q, k, v, mask, bool(causal), layout, mode, scale, window_left,
+                                  cap, rope_scale, rope_theta, bool(return_lse), out_dtype,
+                                  out_scale, backend)
+    return (out, lse) if return_lse else out
+
+
+single_prefill_with_kv_cache_return_lse = functools.partial(single_prefill_with_kv_cache,
+                                                            return_lse=True)
+single_prefill_with_kv_cache_return_lse.__doc__ = (
+    "``single_prefill_with_kv_cache(..., return_lse=True)``: returns ``(out, lse)``.")
+
+
+
+# ------------------------------------------------------------------------------------------
+# single decode
+
+
+def _decode_fake(q, k, v, kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap,
+                 rope_scale, rope_theta, return_lse, v_scale, backend):
+    out = q.new_empty((q.shape[0], v.shape[-1]))
+    lse = q.new_empty((q.shape[0],) if return_lse else (0,), dtype=torch.float32)
+    return out, lse
+
+
+@custom_op("single_decode_with_kv_cache", mutates_args=(), fake=_decode_fake)
+def _single_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layout: str,
+                      pos_encoding_mode: str, sm_scale: float, window_left: int,
+                      logits_soft_cap: float, rope_scale: float, rope_theta: float,
+                      return_lse: bool, v_scale: float, backend: str
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = run_single("single_decode", q.unsqueeze(0), k, v, None, False, kv_layout,
+                          pos_encoding_mode, sm_scale, window_left, logits_soft_cap, rope_scale,
+                          rope_theta, return_lse, q.dtype, v_scale, backend)
+    return out.squeeze(0), (lse.squeeze(0) if return_lse else lse)
+
+
+@flashinfer_api
+def single_decode_with_kv_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE",
+    use_tensor_cores: bool = False,
+    q_scale: Optional[float] = None,
+    k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None,
+    window_left: int = -1,
+    logits_soft_cap: Optional[float] = None,
+    sm_scale: Optional[float] = None,
+    rope_scale: Optional[float] = None,
+    rope_theta: Optional[float] = None,
+    return_lse: bool = False,
+    backend: str = "auto",
+):
+    r"""Decode attention of one query token per head over one request's KV.
+
+    Parameters
+    ----------
+    q : ``[num_qo_heads, head_dim]``, float16 / bfloat16 / float32.
+    k, v : ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]``
+        (HND), float16 / bfloat16 / float32 (k and v share a dtype, which may differ from q's).
+    kv_layout : ``"NHD"`` or ``"HND"``.
+    pos_encoding_mode : ``"NONE"``, ``"ROPE_LLAMA"`` (q at position ``kv_len - 1``, key ``j`` at
+        ``j``) or ``"ALIBI"`` (bias ``slope_h * j``).
+    use_tensor_cores : accepted for compatibility. Upstream it picks the prefill kernel instead of
+        the CUDA-core decode kernel (same result); here the dispatcher picks the kernel, so it is
+        a hint with no effect on the result.
+    q_scale, k_scale : float calibration scales multiplied into ``sm_scale``.
+    v_scale : float calibration scale multiplied into the output (skipped when 1.0).
+    window_left : ``-1`` or the number of earlier keys the query also sees (``j >= kv_len - 1 -
+        window_left``).
+    logits_soft_cap : ``cap * tanh(s / cap)`` on the scaled logits when ``> 0``.
+    sm_scale : default ``1 / sqrt(head_dim)``.
+    rope_scale, rope_theta : RoPE parameters, default 1.0 and 1e4.
+    return_lse : also return the base-2 log-sum-exp ``[num_qo_heads]`` float32.
+    backend : ``"auto"`` or a backend / alias from :mod:`flashinfer.overrides` (ours; upstream
+        has no ``backend`` argument here).
+
+    Returns
+    -------
+    ``out [num_qo_heads, head_dim]`` in q's dtype, and ``lse`` when ``return_lse``.
+    """
+    layout = check_kv_layout(kv_layout)
+    _, _, _, _, head_dim, _ = check_qkv(q, k, v, layout, 2, same_head_dim=True)
+    mode, window_left, cap, scale, rope_scale, rope_theta = check_common(
+        pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
+        head_dim, backend)
+    scale *= float_arg("q_scale", q_scale, 1.0) * float_arg("k_scale", k_scale, 1.0)
+    check_softmax_scale(scale, "sm_scale * q_scale * k_scale")
+    out_scale = float_arg("v_scale", v_scale, 1.0)
+    out, lse = _single_decode_op(q, k, v, layout, mode, scale, window_left, cap, rope_scale,
+                                 rope_theta, bool(return_lse), out_scale, backend)
+    return (out, lse) if return_lse else out
