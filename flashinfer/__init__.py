@@ -50,7 +50,7 @@ from .prefill import (  # noqa: F401,E402
 )
 from . import gemm, quantization  # noqa: F401,E402
 from .gemm import bmm_fp8, mm_bf16, mm_fp8  # noqa: F401,E402
-from .gemm_grouped import SegmentGEMMWrapper, grouped_mm_bf16, grouped_mm_fp8  # noqa: F401,E402
+from .gemm import SegmentGEMMWrapper, grouped_mm_bf16, grouped_mm_fp8  # noqa: F401,E402
 from . import fused_moe  # noqa: F401,E402
 from .fused_moe import (  # noqa: F401,E402
     ActivationType, RoutingMethodType, cutlass_fused_moe, fused_topk_deepseek, trtllm_bf16_moe,

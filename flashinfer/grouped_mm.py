@@ -1,6 +1,6 @@
 """Upstream's module path ``flashinfer.grouped_mm``: the grouped GEMMs live in
-:mod:`flashinfer.gemm_grouped`."""
+:mod:`flashinfer.gemm.grouped`."""
 
-from .gemm_grouped import grouped_mm_bf16, grouped_mm_fp8  # noqa: F401
+from .gemm.grouped import grouped_mm_bf16, grouped_mm_fp8  # noqa: F401
 
 __all__ = ["grouped_mm_bf16", "grouped_mm_fp8"]

@@ -16,6 +16,7 @@ from flashinfer import dispatch, fp4
 from flashinfer import gemm as G
 from flashinfer import quantization as Q
 from flashinfer.dispatch import Problem
+from flashinfer.gemm.checks import scale_feature
 
 from conftest import FUZZ, TOLERANCE, raises_naming, usable_backends
 
@@ -282,7 +283,7 @@ def run_groupwise(case, device):
     if case["mode"] == "MN":
         sa, sb = sa.t().contiguous(), sb.t().contiguous()
     gran = (gm, gn, gk)
-    feature = G._scale_feature(gran, k)
+    feature = scale_feature(gran, k)
     dtypes = {"a": dt, "b": dt, "out": case["out_dtype"]}
     for backend in backends_for("gemm_fp8_groupwise", device, dtypes, {"m": m, "n": n, "k": k},
                                 (feature,)):

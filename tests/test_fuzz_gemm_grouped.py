@@ -26,7 +26,7 @@ from flashinfer import index_checks
 from flashinfer.backends import get_kernel
 from flashinfer.dispatch import Problem
 from flashinfer.gemm import SegmentGEMMWrapper, group_gemm_fp8_nt_groupwise
-from flashinfer.gemm_grouped import FAULTS, grouped_mm_bf16, grouped_mm_fp8
+from flashinfer.gemm.grouped import FAULTS, grouped_mm_bf16, grouped_mm_fp8
 
 from conftest import FUZZ, FUZZ_SLOW, HAS_CUDA, TOLERANCE, raises_naming, rel_error, \
     usable_backends

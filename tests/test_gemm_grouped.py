@@ -8,7 +8,7 @@ import torch
 import flashinfer
 from flashinfer.dispatch import BackendUnavailableError, record_decisions
 from flashinfer.gemm import SegmentGEMMWrapper, group_gemm_fp8_nt_groupwise
-from flashinfer.gemm_grouped import FAULTS, grouped_mm_bf16, grouped_mm_fp8
+from flashinfer.gemm.grouped import FAULTS, grouped_mm_bf16, grouped_mm_fp8
 from conftest import TOLERANCE, poison, raises_naming, rel_error
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2

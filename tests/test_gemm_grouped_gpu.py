@@ -7,7 +7,7 @@ import torch
 
 from flashinfer.dispatch import BackendUnavailableError
 from flashinfer.gemm import SegmentGEMMWrapper, group_gemm_fp8_nt_groupwise
-from flashinfer.gemm_grouped import grouped_mm_bf16
+from flashinfer.gemm.grouped import grouped_mm_bf16
 from conftest import capture_cuda_graph, poison, rel_error
 
 pytestmark = pytest.mark.gpu

@@ -9,7 +9,7 @@ import torch
 
 from flashinfer.backends import row_cleanup
 from flashinfer.backends.reference.gemm_grouped import segment_gemm as reference_segment_gemm
-from flashinfer.gemm_grouped import FAULTS
+from flashinfer.gemm.grouped import FAULTS
 
 
 pytestmark = pytest.mark.usefixtures("kernel_device")

@@ -18,7 +18,7 @@ from flashinfer.device import simulated
 from flashinfer.dispatch import BackendUnavailableError, Problem, select
 from flashinfer.gemm import SegmentGEMMWrapper, group_gemm_fp8_nt_groupwise
 from flashinfer import index_checks
-from flashinfer.gemm_grouped import FAULTS, grouped_mm_bf16
+from flashinfer.gemm.grouped import FAULTS, grouped_mm_bf16
 from conftest import TOLERANCE, capture_cuda_graph, poison, raises_naming, rel_error
 
 pytest.importorskip("triton")

@@ -1,13 +1,13 @@
 """Reference grouped / segment GEMM: one float64 matmul per segment, rounded once to ``out``.
 
-Signatures are the canonical ones of :mod:`flashinfer.gemm_grouped`. Runs on any device; fp8
+Signatures are the canonical ones of :mod:`flashinfer.gemm.grouped`. Runs on any device; fp8
 tensors are only converted (to float64), never multiplied as fp8. Rows of ``out`` that no
 segment covers (before ``indptr[0]`` or from ``indptr[-1]`` on) are written as zeros, the value
 upstream's zero-initialised output leaves there.
 
 :func:`segments` reads the offsets and weight indices on the host (a sync on a GPU: the slow
 path) after reporting their bad entries into the device's error record under the caller's names
-(``faults``, :class:`flashinfer.gemm_grouped.SegmentFaults`); the segments it returns follow the
+(``faults``, :class:`flashinfer.gemm.grouped.SegmentFaults`); the segments it returns follow the
 documented result for bad entries (nothing past a bad offset, zero rows for a bad weight index).
 The torch loop kernels use it too.
 """

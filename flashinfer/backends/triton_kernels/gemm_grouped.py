@@ -1,13 +1,13 @@
 """Triton grouped / segment GEMM: launch configuration and the registered kernels.
 
-Kernel signatures and semantics: :mod:`flashinfer.gemm_grouped`. The @triton.jit code lives in
+Kernel signatures and semantics: :mod:`flashinfer.gemm.grouped`. The @triton.jit code lives in
 ``_gemm_grouped_kernels.py`` (imported on first use; this module must import without Triton),
 whose docstring states how tiles map to segments: one launch over tiles that never straddle two
 segments, found on the device from the offsets (no host sync, CUDA-graph safe); rows outside
 ``[indptr[0], indptr[-1])`` are written as zeros by the same launch. The same launch checks the
 offsets and weight indices and reports the first bad entry of each into the device's error
 record under the caller's names (``faults``: the codes of its
-:class:`~flashinfer.gemm_grouped.SegmentFaults`), with the documented result (nothing computed
+:class:`~flashinfer.gemm.grouped.SegmentFaults`), with the documented result (nothing computed
 past a bad offset, zero rows for a bad weight index).
 
 * ``segment_gemm`` — fp16 / bf16 ``x`` and weights (``[W, K, N]`` or column-major

@@ -68,21 +68,21 @@ from typing import Literal, Optional, Tuple
 
 import torch
 
-from . import dispatch, index_checks
-from .api_logging import flashinfer_api
-from .custom_op import custom_op
-from .dispatch import Problem
-from .index_checks import Check, Fault, fault
-from .gemm import (
-    _FP8, _FP8_OUT, _backend, _cdiv, _granularity, _no_output, _out_dtype, _output,
-    _scalar_scale, _scale_feature, _tensor,
+from .. import dispatch, index_checks
+from ..api_logging import flashinfer_api
+from ..custom_op import custom_op
+from ..dispatch import Problem
+from ..index_checks import Check, Fault, fault
+from .checks import (
+    FP8, FP8_OUT, backend_arg, cdiv, granularity_arg, no_output, out_dtype_arg, output_arg,
+    scalar_scale_arg, scale_feature, tensor_arg,
 )
 
 __all__ = ["SegmentGEMMWrapper", "group_gemm_fp8_nt_groupwise", "grouped_mm_bf16",
            "grouped_mm_fp8"]
 
 _INDEX = (torch.int32, torch.int64)
-_SEGMENT_X = (torch.float16, torch.bfloat16) + _FP8
+_SEGMENT_X = (torch.float16, torch.bfloat16) + FP8
 _GROUPED_OUT = (torch.bfloat16, torch.float16, torch.float32)
 #: upstream segment-GEMM backends (CUTLASS SM80 / SM90 kernels): torch serves both here
 _SEGMENT_BACKENDS = {"sm80": "torch", "sm90": "torch"}
@@ -94,7 +94,7 @@ def _resolve(backend) -> str:
         raise ValueError(f"backend={backend!r} is an upstream FlashInfer kernel with no "
                          "counterpart in this library; use 'auto', 'torch', 'triton' or "
                          "'reference'")
-    return _backend(backend)
+    return backend_arg(backend)
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,7 +223,7 @@ def _segment_faults(caller: str, x, weights, seg_indptr, weight_indices) -> Segm
     return faults
 
 
-@custom_op("segment_gemm", mutates_args=("out",), fake=_no_output)
+@custom_op("segment_gemm", mutates_args=("out",), fake=no_output)
 def _segment_gemm_op(out: torch.Tensor, x: torch.Tensor, weights: torch.Tensor,
                      seg_indptr: torch.Tensor, weight_indices: Optional[torch.Tensor],
                      weight_column_major: bool, alpha: Optional[torch.Tensor], caller: str,
@@ -259,7 +259,7 @@ def _segment_gemm_new_op(x: torch.Tensor, weights: torch.Tensor, seg_indptr: tor
     return out
 
 
-@custom_op("group_gemm_fp8_groupwise", mutates_args=("out",), fake=_no_output)
+@custom_op("group_gemm_fp8_groupwise", mutates_args=("out",), fake=no_output)
 def _group_gemm_fp8_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                        a_scale: torch.Tensor, b_scale: torch.Tensor, m_indptr: torch.Tensor,
                        gm: int, gn: int, gk: int, backend: str) -> None:
@@ -272,7 +272,7 @@ def _group_gemm_fp8_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
         dtypes={"a": a.dtype, "b": b.dtype, "out": out.dtype},
         shape={"num_groups": dispatch.length_bucket(b.shape[0]),
                "m": dispatch.length_bucket(a.shape[0]), "n": b.shape[1], "k": k},
-        features=(_scale_feature((gm, gn, gk), k),))
+        features=(scale_feature((gm, gn, gk), k),))
     dispatch.decide(problem, backend).kernel(a, b, a_scale, b_scale, m_indptr, (gm, gn, gk),
                                              out, faults)
 
@@ -339,8 +339,8 @@ class SegmentGEMMWrapper:
         segment i uses weight i). Output ``[rows, d_out]`` in ``x``'s dtype (bf16 for fp8
         ``x``; a given fp8-call ``out`` may be fp16). Returns ``out``.
         """
-        _tensor("x", x, 2, _SEGMENT_X)
-        _tensor("weights", weights, 3, (x.dtype,), x.device)
+        tensor_arg("x", x, 2, _SEGMENT_X)
+        tensor_arg("weights", weights, 3, (x.dtype,), x.device)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
             raise ValueError(f"batch_size must be a non-negative int, got {batch_size!r}")
         if not isinstance(weight_column_major, bool):
@@ -370,13 +370,13 @@ class SegmentGEMMWrapper:
             seg_indptr = seg_indptr.to(x.device)
         else:
             _offsets("seg_indptr", seg_indptr, batch_size + 1, x.device)
-        if x.dtype in _FP8:
+        if x.dtype in FP8:
             dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
-            dtype = _out_dtype("out.dtype", dtype, _FP8_OUT)
+            dtype = out_dtype_arg("out.dtype", dtype, FP8_OUT)
         else:
             dtype = x.dtype
         if out is not None:
-            out = _output(out, (x.shape[0], d_out), dtype, x.device)
+            out = output_arg(out, (x.shape[0], d_out), dtype, x.device)
         return _segment_gemm(out, x, weights, seg_indptr, weight_indices, weight_column_major,
                              None, self._dispatch_backend, caller, n=d_out, dtype=dtype)
 
@@ -384,8 +384,8 @@ class SegmentGEMMWrapper:
 
 
 def _grouped_inputs(a, b, m_indptr, dtypes) -> None:
-    _tensor("a", a, 2, dtypes)
-    _tensor("b", b, 3, dtypes, a.device)
+    tensor_arg("a", a, 2, dtypes)
+    tensor_arg("b", b, 3, dtypes, a.device)
     if b.shape[2] != a.shape[1]:
         raise ValueError(f"b must be [num_experts, n, k] with k = a.shape[1] = {a.shape[1]}, "
                          f"got b.shape {tuple(b.shape)}")
@@ -398,9 +398,9 @@ def _grouped_out(out, a, b, out_dtype) -> tuple[Optional[torch.Tensor], torch.dt
     """The caller's ``out`` checked (None stays None: the op makes it) and the output dtype."""
     if isinstance(out, torch.Tensor):
         out_dtype = out.dtype
-    dtype = _out_dtype("out_dtype", out_dtype, _GROUPED_OUT)
+    dtype = out_dtype_arg("out_dtype", out_dtype, _GROUPED_OUT)
     if out is not None:
-        out = _output(out, (a.shape[0], b.shape[1]), dtype, a.device)
+        out = output_arg(out, (a.shape[0], b.shape[1]), dtype, a.device)
     return out, dtype
 
 
@@ -427,11 +427,11 @@ def grouped_mm_fp8(a: torch.Tensor, b: torch.Tensor, m_indptr: torch.Tensor,
     ``out = alpha * a @ b[e].T`` per expert; ``alpha`` None (1.0) or an fp32 one-element
     tensor. Output bf16 (default), fp16 or fp32. Returns ``out [cum_m, n]``.
     """
-    _grouped_inputs(a, b, m_indptr, _FP8)
+    _grouped_inputs(a, b, m_indptr, FP8)
     if b.dtype != a.dtype:
         raise ValueError(f"b has dtype {b.dtype} but a has {a.dtype}; they must match")
     if alpha is not None:
-        _scalar_scale("alpha", alpha, a.device)
+        scalar_scale_arg("alpha", alpha, a.device)
     out, dtype = _grouped_out(out, a, b, out_dtype)
     return _segment_gemm(out, a, b, m_indptr, None, True, alpha, _resolve(backend),
                          "grouped_mm_fp8", n=b.shape[1], dtype=dtype)
@@ -442,7 +442,7 @@ def _group_scale(name: str, t, groups: Optional[int], rows: int, blocks_k: int, 
     """Check a grouped fp8 scale; return its K-major view (``[(G,) rows, blocks_k]``)."""
     lead = () if groups is None else (groups,)
     expected = lead + ((blocks_k, rows) if mode == "MN" else (rows, blocks_k))
-    _tensor(name, t, len(expected), (torch.float32,), device)
+    tensor_arg(name, t, len(expected), (torch.float32,), device)
     if tuple(t.shape) != expected:
         raise ValueError(f"{name} must have shape {expected} (scale_major_mode={mode!r}), "
                          f"got {tuple(t.shape)}")
@@ -468,7 +468,7 @@ def group_gemm_fp8_nt_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch
     fp16; ``out``'s dtype must equal ``out_dtype`` when both are given. Returns ``out [cum_m,
     n]``. ``mma_sm`` (1 or 2) and ``segment_alignment`` (>= 1) are checked and ignored.
     """
-    _grouped_inputs(a, b, m_indptr, _FP8)
+    _grouped_inputs(a, b, m_indptr, FP8)
     if scale_major_mode not in ("MN", "K"):
         raise ValueError(f"scale_major_mode must be 'MN' or 'K', got {scale_major_mode!r}")
     if mma_sm not in (1, 2):
@@ -476,11 +476,11 @@ def group_gemm_fp8_nt_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch
     if isinstance(segment_alignment, bool) or not isinstance(segment_alignment, int) \
             or segment_alignment < 1:
         raise ValueError(f"segment_alignment must be an int >= 1, got {segment_alignment!r}")
-    gm, gn, gk = _granularity(scale_granularity_mnk)
+    gm, gn, gk = granularity_arg(scale_granularity_mnk)
     (m, k), (groups, n) = a.shape, b.shape[:2]
-    a_scale = _group_scale("a_scale", a_scale, None, _cdiv(m, gm), _cdiv(k, gk),
+    a_scale = _group_scale("a_scale", a_scale, None, cdiv(m, gm), cdiv(k, gk),
                            scale_major_mode, a.device)
-    b_scale = _group_scale("b_scale", b_scale, groups, _cdiv(n, gn), _cdiv(k, gk),
+    b_scale = _group_scale("b_scale", b_scale, groups, cdiv(n, gn), cdiv(k, gk),
                            scale_major_mode, a.device)
     backend = _resolve(backend)
     if isinstance(out, torch.Tensor):
@@ -488,8 +488,8 @@ def group_gemm_fp8_nt_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch
             raise ValueError(f"out dtype mismatch: out.dtype = {out.dtype}, "
                              f"out_dtype = {out_dtype}")
         out_dtype = out.dtype
-    dtype = _out_dtype("out_dtype", out_dtype or torch.bfloat16, _FP8_OUT)
-    out = _output(out, (m, n), dtype, a.device)
+    dtype = out_dtype_arg("out_dtype", out_dtype or torch.bfloat16, FP8_OUT)
+    out = output_arg(out, (m, n), dtype, a.device)
     if out.numel():
         _group_gemm_fp8_op(out, a, b, a_scale, b_scale, m_indptr, gm, gn, gk, backend)
     else:

@@ -78,150 +78,25 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import dispatch
-from .aliasing import check_no_overlap
-from .api_logging import flashinfer_api
-from .custom_op import custom_op
-from .dispatch import Problem
+from .. import dispatch
+from ..aliasing import check_no_overlap
+from ..api_logging import flashinfer_api
+from ..custom_op import custom_op
+from ..dispatch import Problem
+from .checks import (
+    BF16_OUT, FP8, FP8_OUT, backend_arg, block_scale_arg, cdiv, dtype_names, empty_k,
+    granularity_arg, no_output, out_dtype_arg, output_arg, scalar_scale_arg, scale_feature,
+    tensor_arg,
+)
 
 __all__ = ["mm_bf16", "bmm_fp8", "mm_fp8", "gemm_fp8_nt_groupwise", "gemm_fp8_nt_blockscaled",
            "mm_fp4"]
-
-_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-_FP8_OUT = (torch.bfloat16, torch.float16)
-_BF16_OUT = (torch.bfloat16, torch.float16, torch.float32)
-
-#: upstream backend names and what they mean here (None: no counterpart).
-_UPSTREAM_BACKENDS: dict[str, Optional[str]] = {
-    "cublas": "torch", "cublaslt": "torch",
-    "tgv": None, "tinygemm": None, "cutile": None, "trtllm_low_latency": None,
-    "cutedsl_low_latency": None,
-}
-
-
-# --------------------------------------------------------------------------------------------
-# validation (metadata only: runs on fake tensors too)
-
-
-def _names(dtypes) -> str:
-    return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
-
-
-def _tensor(name: str, t, rank: int, dtypes, device=None) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != rank:
-        raise ValueError(f"{name} must be {rank}-D, got shape {tuple(t.shape)}")
-    if t.dtype not in dtypes:
-        raise ValueError(f"{name} has unsupported dtype {t.dtype}; allowed: {_names(dtypes)}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name} is on {t.device} but a is on {device}")
-    return t
-
-
-def _out_dtype(name: str, dtype, allowed) -> torch.dtype:
-    if dtype not in allowed:
-        raise ValueError(f"{name}={dtype} is not supported; allowed: {_names(allowed)}")
-    return dtype
-
-
-def _output(out, shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
-    if out is None:
-        return torch.empty(shape, dtype=dtype, device=device)
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-    if tuple(out.shape) != shape:
-        raise ValueError(f"out shape mismatch: expected {shape}, got {tuple(out.shape)}")
-    if out.dtype != dtype:
-        raise ValueError(f"out dtype mismatch: expected {dtype}, got {out.dtype}")
-    if out.device != device:
-        raise ValueError(f"out is on {out.device} but a is on {device}")
-    if not out.is_contiguous():
-        raise ValueError(f"out must be contiguous (row-major), got strides {out.stride()}")
-    return out
-
-
-def _scalar_scale(name: str, t, device) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a float32 torch.Tensor with one element, "
-                        f"got {type(t).__name__}")
-    if t.dtype != torch.float32 or t.numel() != 1:
-        raise ValueError(f"{name} must be a float32 tensor with one element (a per-tensor "
-                         f"scale), got dtype {t.dtype}, shape {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device} but a is on {device}")
-    return t
-
-
-def _backend(backend) -> str:
-    if not isinstance(backend, str):
-        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
-    key = backend.strip().lower()
-    if key not in _UPSTREAM_BACKENDS:
-        return backend  # the dispatcher resolves it (ValueError naming it when unknown)
-    mapped = _UPSTREAM_BACKENDS[key]
-    if mapped is None:
-        raise ValueError(f"backend={backend!r} is an upstream FlashInfer kernel with no "
-                         "counterpart in this library; use 'auto', 'torch' or 'reference' "
-                         "(or 'cudnn' / 'cutlass' where they declare the op)")
-    return mapped
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _granularity(value) -> tuple[int, int, int]:
-    if (not isinstance(value, (tuple, list)) or len(value) != 3
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
-        raise ValueError(f"scale_granularity_mnk must be three positive ints (m, n, k), "
-                         f"got {value!r}")
-    return tuple(value)
-
-
-def _block_scale(name: str, t, rows: int, blocks_k: int, mode: Optional[str],
-                 device) -> torch.Tensor:
-    """Check a groupwise scale and return it as the logical ``[rows, blocks_k]`` view."""
-    expected = (blocks_k, rows) if mode == "MN" else (rows, blocks_k)
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.float32:
-        raise ValueError(f"{name} has unsupported dtype {t.dtype}; allowed: float32")
-    if tuple(t.shape) != expected:
-        raise ValueError(f"{name} must have shape {expected} (scale_major_mode="
-                         f"{mode!r}), got {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device} but a is on {device}")
-    return t.t() if mode == "MN" else t
-
-
-def _scale_feature(granularity: tuple[int, int, int], k: int) -> str:
-    gm, gn, gk = granularity
-    if gm == 1 and gn == 1 and gk >= k:
-        return "scale_rowwise"
-    return {(1, 128, 128): "scale_1x128",
-            (128, 128, 128): "scale_128x128"}.get(granularity, "scale_groupwise")
-
 
 # --------------------------------------------------------------------------------------------
 # custom ops (dispatch + kernel call; opaque to torch.compile)
 
 
-def _no_output(*args, **kwargs) -> None:
-    """Fake impl of the ops below: they only write into ``out``."""
-    return None
-
-
-def _empty_k(out: torch.Tensor, bias: Optional[torch.Tensor] = None) -> None:
-    """``k = 0``: every dot product is empty, ``out = 0`` (plus ``bias``); the chosen kernel is
-    not launched (vendor GEMMs differ on whether they accept it) and no scale is read."""
-    if bias is None:
-        out.zero_()
-    else:
-        out.copy_(bias.expand(out.shape))
-
-
-@custom_op("mm_bf16", mutates_args=("out",), fake=_no_output)
+@custom_op("mm_bf16", mutates_args=("out",), fake=no_output)
 def _mm_bf16_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                 bias: Optional[torch.Tensor], backend: str) -> None:
     problem = Problem.make("mm_bf16", a.device,
@@ -232,7 +107,7 @@ def _mm_bf16_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     check_no_overlap("mm_bf16", "out", out, a=a, b=b, bias=bias)
     decision = dispatch.decide(problem, backend)
     if a.shape[1] == 0:
-        _empty_k(out, bias)
+        empty_k(out, bias)
     else:
         decision.kernel(a, b, bias, out)
 
@@ -247,31 +122,31 @@ def _bmm_fp8_decision(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor,
     return dispatch.decide(problem, backend)
 
 
-@custom_op("bmm_fp8", mutates_args=("out",), fake=_no_output)
+@custom_op("bmm_fp8", mutates_args=("out",), fake=no_output)
 def _bmm_fp8_op(out: torch.Tensor, A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor,
                 B_scale: torch.Tensor, backend: str) -> None:
     check_no_overlap("bmm_fp8", "out", out, A=A, B=B, A_scale=A_scale, B_scale=B_scale)
     decision = _bmm_fp8_decision(A, B, out, backend)
     if A.shape[2] == 0:
-        _empty_k(out)
+        empty_k(out)
     else:
         decision.kernel(A, B, A_scale, B_scale, out)
 
 
-@custom_op("mm_fp8", mutates_args=("out",), fake=_no_output)
+@custom_op("mm_fp8", mutates_args=("out",), fake=no_output)
 def _mm_fp8_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                alpha: Optional[torch.Tensor], backend: str) -> None:
     check_no_overlap("mm_fp8", "out", out, a=a, b=b, alpha=alpha)
     A, B, O = a.unsqueeze(0), b.t().unsqueeze(0), out.unsqueeze(0)
     decision = _bmm_fp8_decision(A, B, O, backend)
     if a.shape[1] == 0:
-        _empty_k(out)
+        empty_k(out)
         return
     one = torch.ones((), dtype=torch.float32, device=a.device)
     decision.kernel(A, B, one if alpha is None else alpha, one, O)
 
 
-@custom_op("gemm_fp8_groupwise", mutates_args=("out",), fake=_no_output)
+@custom_op("gemm_fp8_groupwise", mutates_args=("out",), fake=no_output)
 def _gemm_fp8_groupwise_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                            a_scale: torch.Tensor, b_scale: torch.Tensor, gm: int, gn: int,
                            gk: int, backend: str) -> None:
@@ -280,17 +155,17 @@ def _gemm_fp8_groupwise_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                            dtypes={"a": a.dtype, "b": b.dtype, "out": out.dtype},
                            shape={"m": dispatch.length_bucket(a.shape[0]), "n": b.shape[0],
                                   "k": k},
-                           features=(_scale_feature((gm, gn, gk), k),))
+                           features=(scale_feature((gm, gn, gk), k),))
     check_no_overlap("gemm_fp8_nt_groupwise", "out", out, a=a, b=b, a_scale=a_scale,
                      b_scale=b_scale)
     decision = dispatch.decide(problem, backend)
     if k == 0:
-        _empty_k(out)
+        empty_k(out)
     else:
         decision.kernel(a, b, a_scale, b_scale, (gm, gn, gk), out)
 
 
-@custom_op("mm_fp4", mutates_args=("out",), fake=_no_output)
+@custom_op("mm_fp4", mutates_args=("out",), fake=no_output)
 def _mm_fp4_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor,
                b_descale: torch.Tensor, alpha: Optional[torch.Tensor], block_size: int,
                use_8x4_sf_layout: bool, backend: str) -> None:
@@ -304,7 +179,7 @@ def _mm_fp4_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_descale: t
                      alpha=alpha)
     decision = dispatch.decide(problem, backend)
     if a.shape[1] == 0:
-        _empty_k(out)
+        empty_k(out)
     else:
         decision.kernel(a, b, a_descale, b_descale.t(), alpha, block_size, use_8x4_sf_layout,
                         out)
@@ -323,17 +198,17 @@ def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = Non
     must equal ``out_dtype``). Runs on every SM (fp32 accumulation). Returns ``out [m, n]``.
     ``pdl`` is ignored. ``backend``: see the module docstring.
     """
-    _tensor("a", a, 2, (torch.bfloat16,))
-    _tensor("b", b, 2, (torch.bfloat16,), a.device)
+    tensor_arg("a", a, 2, (torch.bfloat16,))
+    tensor_arg("b", b, 2, (torch.bfloat16,), a.device)
     if b.shape[0] != a.shape[1]:
         raise ValueError(f"b must be [k, n] with k = a.shape[1] = {a.shape[1]}, "
                          f"got b.shape {tuple(b.shape)}")
     if bias is not None:
-        _tensor("bias", bias, 1, (torch.bfloat16,), a.device)
+        tensor_arg("bias", bias, 1, (torch.bfloat16,), a.device)
         if bias.shape[0] != b.shape[1]:
             raise ValueError(f"bias must have shape ({b.shape[1]},), got {tuple(bias.shape)}")
-    backend = _backend(backend)
-    out = _output(out, (a.shape[0], b.shape[1]), _out_dtype("out_dtype", out_dtype, _BF16_OUT),
+    backend = backend_arg(backend)
+    out = output_arg(out, (a.shape[0], b.shape[1]), out_dtype_arg("out_dtype", out_dtype, BF16_OUT),
                   a.device)
     if out.numel():
         _mm_bf16_op(out, a, b, bias, backend)
@@ -350,15 +225,15 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
     ``A_scale``, ``B_scale``: fp32 one-element tensors (dequantisation scales); ``dtype``: output
     dtype, bf16 or fp16. Returns ``out [b, m, n]``. ``backend``: see the module docstring.
     """
-    _tensor("A", A, 3, _FP8)
-    _tensor("B", B, 3, _FP8, A.device)
+    tensor_arg("A", A, 3, FP8)
+    tensor_arg("B", B, 3, FP8, A.device)
     if B.shape[0] != A.shape[0] or B.shape[1] != A.shape[2]:
         raise ValueError(f"B must be [b, k, n] = [{A.shape[0]}, {A.shape[2]}, n] to match "
                          f"A {tuple(A.shape)}, got B.shape {tuple(B.shape)}")
-    _scalar_scale("A_scale", A_scale, A.device)
-    _scalar_scale("B_scale", B_scale, A.device)
-    backend = _backend(backend)
-    out = _output(out, (A.shape[0], A.shape[1], B.shape[2]), _out_dtype("dtype", dtype, _FP8_OUT),
+    scalar_scale_arg("A_scale", A_scale, A.device)
+    scalar_scale_arg("B_scale", B_scale, A.device)
+    backend = backend_arg(backend)
+    out = output_arg(out, (A.shape[0], A.shape[1], B.shape[2]), out_dtype_arg("dtype", dtype, FP8_OUT),
                   A.device)
     if out.numel():
         _bmm_fp8_op(out, A, B, A_scale, B_scale, backend)
@@ -376,21 +251,21 @@ def mm_fp8(a: torch.Tensor, b: torch.Tensor, alpha: Optional[torch.Tensor] = Non
     Upstream's pre-shuffled ``[k // 128, n, 128]`` weights (``prepare_low_latency_gemm_weights``)
     need its trtllm low-latency kernel, which this library does not have: they are rejected.
     """
-    _tensor("a", a, 2, _FP8)
+    tensor_arg("a", a, 2, FP8)
     if isinstance(b, torch.Tensor) and b.dim() == 3:
         raise ValueError(f"b of shape {tuple(b.shape)} looks like a prepared [k // 128, n, 128] "
                          "weight (prepare_low_latency_gemm_weights), which needs upstream's "
                          "trtllm_low_latency kernel (not available here); pass the unprocessed "
                          "[n, k] weight")
-    _tensor("b", b, 2, _FP8, a.device)
+    tensor_arg("b", b, 2, FP8, a.device)
     if b.shape[1] != a.shape[1]:
         raise ValueError(f"b must be [n, k] with k = a.shape[1] = {a.shape[1]}, "
                          f"got b.shape {tuple(b.shape)}")
     if alpha is not None:
-        _scalar_scale("alpha", alpha, a.device)
-    backend = _backend(backend)
-    out = _output(out, (a.shape[0], b.shape[0]),
-                  _out_dtype("out_dtype", out_dtype, (torch.bfloat16,)), a.device)
+        scalar_scale_arg("alpha", alpha, a.device)
+    backend = backend_arg(backend)
+    out = output_arg(out, (a.shape[0], b.shape[0]),
+                  out_dtype_arg("out_dtype", out_dtype, (torch.bfloat16,)), a.device)
     if out.numel():
         _mm_fp8_op(out, a, b, alpha, backend)
     return out
@@ -412,8 +287,8 @@ def gemm_fp8_nt_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tenso
     for ``"MN"``. Output bf16 (default) or fp16; ``out``'s dtype wins over ``out_dtype``, as
     upstream. Returns ``out [m, n]``. ``mma_sm`` (1 or 2) is ignored.
     """
-    _tensor("a", a, 2, _FP8)
-    _tensor("b", b, 2, _FP8, a.device)
+    tensor_arg("a", a, 2, FP8)
+    tensor_arg("b", b, 2, FP8, a.device)
     if b.shape[1] != a.shape[1]:
         raise ValueError(f"b must be [n, k] with k = a.shape[1] = {a.shape[1]}, "
                          f"got b.shape {tuple(b.shape)}")
@@ -421,17 +296,17 @@ def gemm_fp8_nt_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tenso
         raise ValueError(f"scale_major_mode must be None, 'K' or 'MN', got {scale_major_mode!r}")
     if mma_sm not in (1, 2):
         raise ValueError(f"mma_sm must be 1 or 2, got {mma_sm!r}")
-    gm, gn, gk = _granularity(scale_granularity_mnk)
+    gm, gn, gk = granularity_arg(scale_granularity_mnk)
     (m, k), n = a.shape, b.shape[0]
-    a_scale = _block_scale("a_scale", a_scale, _cdiv(m, gm), _cdiv(k, gk), scale_major_mode,
+    a_scale = block_scale_arg("a_scale", a_scale, cdiv(m, gm), cdiv(k, gk), scale_major_mode,
                            a.device)
-    b_scale = _block_scale("b_scale", b_scale, _cdiv(n, gn), _cdiv(k, gk), scale_major_mode,
+    b_scale = block_scale_arg("b_scale", b_scale, cdiv(n, gn), cdiv(k, gk), scale_major_mode,
                            a.device)
-    backend = _backend(backend)
+    backend = backend_arg(backend)
     if out is not None and isinstance(out, torch.Tensor):
         out_dtype = out.dtype
-    dtype = _out_dtype("out_dtype", out_dtype or torch.bfloat16, _FP8_OUT)
-    out = _output(out, (m, n), dtype, a.device)
+    dtype = out_dtype_arg("out_dtype", out_dtype or torch.bfloat16, FP8_OUT)
+    out = output_arg(out, (m, n), dtype, a.device)
     if out.numel():
         _gemm_fp8_groupwise_op(out, a, b, a_scale, b_scale, gm, gn, gk, backend)
     return out
@@ -458,14 +333,14 @@ def _fp4_scale(name: str, t, rows: int, cols: int, layout, transposed: bool, use
                device) -> torch.Tensor:
     """Check a swizzled scale tensor: 2-D, holding the layout's padded storage, the scale
     columns (``cols`` or padded to 4) on dim 1 (dim 0 when ``transposed``)."""
-    from .fp4 import sf_storage_shape
+    from ..fp4 import sf_storage_shape
 
     allowed = (torch.float8_e4m3fn, torch.uint8) if use_nvfp4 else (torch.uint8,)
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in allowed:
         raise ValueError(f"{name} has unsupported dtype {t.dtype}; allowed with use_nvfp4="
-                         f"{use_nvfp4}: {_names(allowed)}")
+                         f"{use_nvfp4}: {dtype_names(allowed)}")
     srows, scols = sf_storage_shape(rows, cols, layout)
     col_dim = 0 if transposed else 1
     if t.dim() != 2 or t.shape[col_dim] not in (cols, scols) or t.numel() != srows * scols:
@@ -502,10 +377,10 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor, b_descale:
     FP4 kernels that are not wired here (an error with their reasons), ``"b12x"`` has no
     counterpart (``ValueError``).
     """
-    from .fp4 import SfLayout
+    from ..fp4 import SfLayout
 
-    _tensor("a", a, 2, _FP4_PACKED)
-    _tensor("b", b, 2, _FP4_PACKED, a.device)
+    tensor_arg("a", a, 2, _FP4_PACKED)
+    tensor_arg("b", b, 2, _FP4_PACKED, a.device)
     if b.shape[0] != a.shape[1]:
         raise ValueError(f"b must be [k/2, n] with k/2 = a.shape[1] = {a.shape[1]} (pass the "
                          f"packed [n, k/2] weight transposed), got b.shape {tuple(b.shape)}")
@@ -526,14 +401,14 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor, b_descale:
     _fp4_scale("a_descale", a_descale, m, cols, a_layout, False, use_nvfp4, a.device)
     _fp4_scale("b_descale", b_descale, n, cols, SfLayout.layout_128x4, True, use_nvfp4, a.device)
     if alpha is not None:
-        _scalar_scale("alpha", alpha, a.device)
+        scalar_scale_arg("alpha", alpha, a.device)
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str, got {type(backend).__name__}")
     if backend.strip().lower() == "b12x":
         raise ValueError("backend='b12x' is an upstream FlashInfer kernel with no counterpart "
                          "in this library; use 'auto', 'torch' or 'reference'")
-    backend = _backend(backend)
-    out = _output(out, (m, n), _out_dtype("out_dtype", out_dtype, _FP8_OUT), a.device)
+    backend = backend_arg(backend)
+    out = output_arg(out, (m, n), out_dtype_arg("out_dtype", out_dtype, FP8_OUT), a.device)
     if out.numel():
         packed_a = a if a.dtype == torch.uint8 else a.view(torch.uint8)
         packed_b = b if b.dtype == torch.uint8 else b.view(torch.uint8)
@@ -542,4 +417,3 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor, b_descale:
     return out
 
 
-from .gemm_grouped import SegmentGEMMWrapper, group_gemm_fp8_nt_groupwise  # noqa: E402,F401
