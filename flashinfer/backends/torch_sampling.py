@@ -1,6 +1,6 @@
 """torch backend for the sampling family: the sort + cumsum baseline users write today.
 
-One descending sort per row gives every keep rule of :mod:`flashinfer.sampling` as a prefix of
+One descending sort per row gives every keep rule of :mod:`flashinfer.sampling.ops` as a prefix of
 the sorted row (top-k, top-p and min-p keep "everything at least this large"), the exclusive
 cumulative sum gives the mass strictly larger than each entry (ties share the sum of their first
 member), and an inverse CDF over the kept prefix draws the sample. float32 throughout, any device.

@@ -1,6 +1,6 @@
 """Reference sampling kernels: plain torch, float64 where it matters, written to be read.
 
-Every kernel takes the canonical signature documented in :mod:`flashinfer.sampling`. The keep
+Every kernel takes the canonical signature documented in :mod:`flashinfer.sampling.ops`. The keep
 rules are computed exactly in float64 from "how many entries are strictly larger" and "how much
 mass is strictly larger" than each entry (a sort plus a suffix sum, so ties are handled as the
 contract says). Samples are drawn by inverse CDF over the kept entries.
@@ -134,7 +134,7 @@ def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, 
     rows, inside = _mapped_rows(indices, probs.shape[0], count, probs.device)
     p = probs.double()[rows]
     top_p, min_p = _per_row(top_p, rows, torch.float64), _per_row(min_p, rows, torch.float64)
-    # a threshold outside its rule (module docstring of flashinfer.sampling) makes the row invalid
+    # a threshold outside its rule (module docstring of flashinfer.sampling.ops) makes the row invalid
     ok = inside & valid_rows(p) & fraction_ok(top_p) & fraction_ok(min_p)
     p = torch.where(ok.unsqueeze(-1), p, 0)
     kept = torch.where(keep_mask(p, _per_row(top_k, rows, torch.int64), top_p, min_p, joint),

@@ -63,7 +63,7 @@ pass; ``softmax_kernel`` two passes (online max/sum, write); ``logits_sample_ker
 
 Per-row thresholds are tested where they are loaded (a free check): a top-p / min-p outside
 [0, 1] or NaN makes a sampled row invalid (token 0, valid False) and a renormalised row zero; a
-temperature that is not a finite number > 0 makes a softmax row zero (flashinfer.sampling's
+temperature that is not a finite number > 0 makes a softmax row zero (flashinfer.sampling.ops's
 contract).
 """
 

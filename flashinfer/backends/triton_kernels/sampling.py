@@ -1,6 +1,6 @@
 """Triton sampling family: launch configuration and the registered kernels.
 
-Kernel signatures and semantics: :mod:`flashinfer.sampling` (the contract in the op module's
+Kernel signatures and semantics: :mod:`flashinfer.sampling.ops` (the contract in the op module's
 docstring). The @triton.jit code lives in modules imported on first use (this module must import
 without Triton), one idea each:
 

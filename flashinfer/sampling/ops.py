@@ -97,14 +97,15 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import dispatch
-from .api_logging import flashinfer_api
-from .custom_op import custom_op
-from .dispatch import Problem
-from .sampling_args import (INDEX_DTYPES, check_backend, check_index_rows, check_nan_arg,
-                            check_rows, distribution,
-                            fraction_arg, index_map, resolve_seed, seed_kind, temperature_arg,
-                            top_k_arg, vector_arg, get_seed_and_offset)
+from .. import dispatch
+from ..api_logging import flashinfer_api
+from ..custom_op import custom_op
+from ..dispatch import Problem
+from .args import (
+    INDEX_DTYPES, check_backend, check_index_rows, check_nan_arg, check_rows, distribution,
+    fraction_arg, index_map, resolve_seed, seed_kind, temperature_arg, top_k_arg, vector_arg,
+    get_seed_and_offset,
+)
 
 __all__ = [
     "softmax", "sampling_from_logits", "sampling_from_probs", "top_p_sampling_from_probs",

@@ -1,7 +1,7 @@
-"""Argument handling of :mod:`flashinfer.sampling`: generators to (seed, offset), and the checks of
+"""Argument handling of :mod:`flashinfer.sampling.ops`: generators to (seed, offset), and the checks of
 distributions, index arrays, thresholds and seeds (metadata only, so they run on fake tensors
 while tracing too; :func:`check_rows`, which reads a CPU threshold tensor's values, is called by
-the ops themselves, on real tensors). The rules are stated in :mod:`flashinfer.sampling`'s
+the ops themselves, on real tensors). The rules are stated in :mod:`flashinfer.sampling.ops`'s
 docstring."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .index_checks import Check, enforce, fault
+from ..index_checks import Check, enforce, fault
 
 #: ``indices`` of the sampling functions: output ``i`` reads input row ``indices[i]``
 INDICES_FAULT = fault("flashinfer.sampling", "indices",
@@ -154,7 +154,7 @@ def check_rows(name: str, t: Optional[torch.Tensor]) -> None:
     CPU: ValueError naming the argument, the first bad row, its value and what is allowed. No
     synchronisation is involved. A tensor on a GPU is not read back (that would wait for the
     GPU and break CUDA-graph capture): there the kernels return such a row invalid (module
-    docstring of :mod:`flashinfer.sampling`). Called inside the ops, on real tensors."""
+    docstring of :mod:`flashinfer.sampling.ops`). Called inside the ops, on real tensors."""
     if t is None or t.device.type != "cpu":
         return
     good, allowed = _ROW_RULES[name]
