@@ -56,9 +56,9 @@ from .fused_moe import (  # noqa: F401,E402
     ActivationType, RoutingMethodType, cutlass_fused_moe, fused_topk_deepseek, trtllm_bf16_moe,
     trtllm_fp4_block_scale_moe, trtllm_fp8_block_scale_moe, trtllm_fp8_per_tensor_scale_moe,
 )
-from . import fp4  # noqa: F401,E402
+from . import fp4_quantization  # noqa: F401,E402
 from .gemm import mm_fp4  # noqa: F401,E402
-from .fp4 import (  # noqa: F401,E402
+from .quantization import (  # noqa: F401,E402
     SfLayout, block_scale_interleave, e2m1_and_ufp8sf_scale_to_float, fp4_quantize,
     mxfp4_dequantize, mxfp4_dequantize_host, mxfp4_quantize, nvfp4_block_scale_interleave,
     nvfp4_quantize,

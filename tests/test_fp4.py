@@ -2,7 +2,7 @@
 torch dequant backends, validation, decisions on simulated SMs, torch.compile).
 
 The float64 oracles here decode nibbles and unswizzle scales with their own loops (the layout
-formulas written out once more), never with flashinfer.fp4's helpers.
+formulas written out once more), never with flashinfer.quantization.fp4's helpers.
 """
 
 import math
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import flashinfer
-from flashinfer import fp4
+from flashinfer.quantization import fp4, fp4_format
 from flashinfer.device import simulated
 from flashinfer.dispatch import BackendUnavailableError, Problem, StrictModeError, select
 
@@ -22,7 +22,7 @@ SMS = ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0", "cpu"]
 
 
 # --------------------------------------------------------------------------------------------
-# float64 oracles (independent of flashinfer.fp4)
+# float64 oracles (independent of flashinfer.quantization)
 
 
 def code_value(code: int) -> float:
@@ -87,20 +87,20 @@ def nearest_code_value(v: torch.Tensor) -> torch.Tensor:
 
 def test_e2m1_round_trip_of_all_16_codes():
     codes = torch.arange(16, dtype=torch.uint8)
-    values = fp4.e2m1_to_float(codes, torch.float64)
+    values = fp4_format.e2m1_to_float(codes, torch.float64)
     assert values.tolist() == [code_value(c) for c in range(16)]
-    assert torch.equal(fp4.float_to_e2m1(values), codes)  # -0.0 keeps its sign bit (code 8)
+    assert torch.equal(fp4_format.float_to_e2m1(values), codes)  # -0.0 keeps its sign bit (code 8)
 
 
 def test_e2m1_rounding_ties_to_even_and_saturation():
     ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
-    assert fp4.e2m1_to_float(fp4.float_to_e2m1(ties)).tolist() == [0, 1, 1, 2, 2, 4, 4]
-    assert fp4.e2m1_to_float(fp4.float_to_e2m1(-ties)).tolist() == [0, -1, -1, -2, -2, -4, -4]
+    assert fp4_format.e2m1_to_float(fp4_format.float_to_e2m1(ties)).tolist() == [0, 1, 1, 2, 2, 4, 4]
+    assert fp4_format.e2m1_to_float(fp4_format.float_to_e2m1(-ties)).tolist() == [0, -1, -1, -2, -2, -4, -4]
     big = torch.tensor([6.5, 7.0, 1e9, -1e9])
-    assert fp4.e2m1_to_float(fp4.float_to_e2m1(big)).tolist() == [6, 6, 6, -6]
+    assert fp4_format.e2m1_to_float(fp4_format.float_to_e2m1(big)).tolist() == [6, 6, 6, -6]
     torch.manual_seed(0)
     x = torch.randn(4096, dtype=torch.float64) * 3
-    got = fp4.e2m1_to_float(fp4.float_to_e2m1(x), torch.float64)
+    got = fp4_format.e2m1_to_float(fp4_format.float_to_e2m1(x), torch.float64)
     assert torch.equal(got, nearest_code_value(x))
 
 
@@ -453,7 +453,7 @@ def test_mm_fp4_gpu_torch_vs_reference(m, n, k, nvfp4, out_dtype):
 
 def test_legacy_module_path_reexports_the_same_objects():
     import flashinfer.fp4_quantization as fp4q
-    from flashinfer import fp4
+    from flashinfer.quantization import fp4
 
     for name in fp4q.__all__:
         assert getattr(fp4q, name) is getattr(fp4, name)

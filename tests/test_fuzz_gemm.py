@@ -12,7 +12,8 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from flashinfer import dispatch, fp4
+from flashinfer import dispatch
+from flashinfer.quantization import fp4
 from flashinfer import gemm as G
 from flashinfer import quantization as Q
 from flashinfer.dispatch import Problem

@@ -172,14 +172,3 @@ def per_token_group_quant_8bit(x: torch.Tensor, group_size: int, eps: float = 1e
         buf[:, :rows] = scale.t()
         return x_q, buf[:, :rows].t()
     return x_q, scale.reshape(*lead, h // group_size)
-
-# FP4 (NVFP4 / MXFP4) helpers live in flashinfer.fp4; upstream exports them from this module.
-from .fp4 import (  # noqa: E402,F401
-    SfLayout, block_scale_interleave, e2m1_and_ufp8sf_scale_to_float, fp4_quantize,
-    mxfp4_dequantize, mxfp4_dequantize_host, mxfp4_quantize, nvfp4_block_scale_interleave,
-    nvfp4_quantize,
-)
-
-__all__ += ["SfLayout", "block_scale_interleave", "e2m1_and_ufp8sf_scale_to_float",
-            "fp4_quantize", "mxfp4_dequantize", "mxfp4_dequantize_host", "mxfp4_quantize",
-            "nvfp4_block_scale_interleave", "nvfp4_quantize"]
