@@ -31,8 +31,9 @@ import torch
 
 from . import __version__, device, dispatch, envs, kernel_pack, overrides
 from .backends.cutlass import runtime as cutlass_runtime
-from .backends import BACKEND_NAMES
-from .capability_db import DTYPE_NAMES, Record, database, import_error
+from .backend_names import BACKEND_NAMES
+from .capability_db import DTYPE_NAMES, Record, database
+from .optional_packages import import_error
 from .dispatch_rules import DispatchRulesError
 from .op_catalog import OPS, op_spec
 from .problems import DTYPE_ALIASES, representative
@@ -424,7 +425,7 @@ def _export_pack(args: argparse.Namespace) -> int:
 def _warm_cutlass(args: argparse.Namespace) -> int:
     """``warmup --cutlass``: compile (or load) the CUTLASS GEMM kernels into the disk cache."""
     from .backends import cutlass
-    from .capability_db import import_error
+    from .optional_packages import import_error
 
     missing = import_error("cutlass_cppgen")
     if missing is not None:

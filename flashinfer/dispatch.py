@@ -49,12 +49,14 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import torch
 
 from . import envs, overrides
-from .backends import BACKEND_NAMES, extra_reasons, get_kernel
+from .backend_names import BACKEND_NAMES
+from .backends import extra_reasons, get_kernel
 from .capability_db import database
 from .device import DeviceFacts, facts_of, sm_family
 from .dispatch_rules import ordering
 from .op_catalog import op_spec
 from .reasons import Reason
+from .shape_buckets import length_bucket
 
 __all__ = [
     "Problem", "Reason", "Candidate", "Decision", "BackendUnavailableError", "NoBackendError",
@@ -71,11 +73,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     if name is None:
         name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
     return name
-
-
-def length_bucket(n: int) -> int:
-    """Round a sequence length up to a power of two, so the Decision cache stays small."""
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
 @dataclass(frozen=True)
@@ -424,7 +421,7 @@ def _decide(problem: Problem, backend: str | None, family: str, state: tuple) ->
 
 def clear_cache() -> None:
     """Forget every cached Decision (e.g. after installing a vendor package)."""
-    from .capability_db import import_error
+    from .optional_packages import import_error
 
     select.cache_clear()
     _MEMO.clear()

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .backend_names import known_backend_spellings
 from .op_catalog import FAMILIES
 
 
@@ -60,9 +61,7 @@ def _parse_str(raw: str, var: EnvVar) -> str:
 
 def _parse_backend(raw: str, var: EnvVar) -> str:
     # Validated against the backend names and upstream aliases; returns the raw spelling,
-    # which overrides.resolve_alias() turns into backend specs.
-    from .overrides import known_backend_spellings
-
+    # which backend_names.resolve_spelling() turns into backend specs.
     if raw.lower() not in known_backend_spellings():
         raise _bad(var, raw, ", ".join(sorted(known_backend_spellings())))
     return raw.lower()

@@ -11,7 +11,7 @@ problem, the call raises with its reasons. A global override (``FLASHINFER_BACKE
 ``use_backend("cudnn")``) only applies to ops that backend has a capability record for; for
 other ops it is skipped and recorded, so forcing cuDNN for attention does not break RMSNorm.
 
-Spellings: one canonical name per backend (``flashinfer.backends.BACKEND_NAMES``) plus
+Spellings (:mod:`flashinfer.backend_names`): one canonical name per backend plus
 upstream FlashInfer's names as aliases. An alias may stand for several kernels; the override
 then allows any of them, in the dispatch rules' order:
 
@@ -39,44 +39,8 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from . import envs
-from .backends import BACKEND_NAMES
+from .backend_names import resolve_spelling
 from .op_catalog import FAMILIES
-
-ALIASES: dict[str, tuple[str, ...]] = {
-    "fa2": ("flash_attn:fa2", "flash_attn:fa2_block_table", "torch:flash_varlen"),
-    "fa3": ("flash_attn:fa3",),
-    "flash-attn": ("flash_attn",),
-    "flashattention": ("flash_attn",),
-    "cublas": ("torch",),
-    "sdpa": ("torch",),
-    "trtllm-gen": ("trtllm",),
-    "xqa": ("trtllm",),
-    "cute-dsl": ("cutlass",),
-    "pytorch": ("reference",),
-    "ref": ("reference",),
-}
-
-
-def known_backend_spellings() -> frozenset[str]:
-    return frozenset(BACKEND_NAMES) | frozenset(ALIASES) | {"auto"}
-
-
-def resolve_spelling(name: str, *, what: str = "backend") -> tuple[str, ...] | None:
-    """``"fa3"`` → ``("flash_attn:fa3",)``; ``"auto"`` → ``None``; unknown → ``ValueError``."""
-    if not isinstance(name, str):
-        raise TypeError(f"{what} must be a str, got {type(name).__name__}")
-    key = name.strip().lower()
-    if key == "auto":
-        return None
-    if key in BACKEND_NAMES:
-        return (key,)
-    if key in ALIASES:
-        return ALIASES[key]
-    if ":" in key and key.split(":", 1)[0] in BACKEND_NAMES:
-        return (key,)
-    raise ValueError(f"{what}={name!r} is not a known backend; valid: "
-                     f"{', '.join(sorted(known_backend_spellings()))}")
-
 
 @dataclass(frozen=True)
 class Override:

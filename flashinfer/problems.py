@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from .device import DeviceFacts
-from .dispatch import Problem, length_bucket
+from .dispatch import Problem
+from .shape_buckets import length_bucket
 from .op_catalog import op_spec
 
 #: dtype of the roles that hold indices, not values (never take the ``dtype`` argument).

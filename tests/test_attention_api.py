@@ -5,7 +5,7 @@ torch.compile."""
 import pytest
 import torch
 
-from flashinfer import dispatch, overrides
+from flashinfer import backend_names, dispatch, overrides
 from flashinfer.backends import torch_native
 from flashinfer.decode import single_decode_with_kv_cache
 from flashinfer.device import simulated
@@ -141,11 +141,11 @@ def test_causal_dropped_for_one_query_row_and_decode_problem():
 
 # --- backend spellings ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("spelling", sorted(overrides.known_backend_spellings()))
+@pytest.mark.parametrize("spelling", sorted(backend_names.known_backend_spellings()))
 def test_every_backend_spelling_is_accepted(spelling):
     """Reference spellings run on CPU; the others are known, so they fail with reasons only."""
     q, k, v = qkv()
-    allowed = overrides.resolve_spelling(spelling)
+    allowed = backend_names.resolve_spelling(spelling)
     if allowed is None or all(a.split(":")[0] == "reference" for a in allowed):
         assert single_prefill_with_kv_cache(q, k, v, backend=spelling).shape == (4, 4, 16)
         assert single_decode_with_kv_cache(q[0], k, v, backend=spelling).shape == (4, 16)

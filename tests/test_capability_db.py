@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from flashinfer.backends import BACKEND_NAMES, adapter_table
+from flashinfer.backend_names import BACKEND_NAMES
+from flashinfer.backends import adapter_table
 from flashinfer.capability_db import CapabilityDBError, database, load, parse_file
 from flashinfer.device import simulated
 from flashinfer.dispatch import Problem

@@ -18,13 +18,13 @@ import pytest
 
 import flashinfer
 from flashinfer import cli, dispatch_rules, envs
-from flashinfer.backends import BACKEND_NAMES
+from flashinfer.backend_names import BACKEND_NAMES
 from flashinfer.capability_db import database
 from flashinfer.device import simulated
 from flashinfer.dispatch import select
 from flashinfer.dispatch_rules import ordering
 from flashinfer.op_catalog import OPS
-from flashinfer.overrides import known_backend_spellings
+from flashinfer.backend_names import known_backend_spellings
 from flashinfer.problems import default_shape, representative
 
 REPO = Path(__file__).resolve().parents[1]
@@ -349,7 +349,7 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_readme_alias_table_matches_overrides():
-    from flashinfer.overrides import ALIASES
+    from flashinfer.backend_names import ALIASES
 
     readme = (REPO / "README.md").read_text()
     rows = {}

@@ -14,7 +14,8 @@ import torch
 from conftest import TOLERANCE, rel_error
 from flashinfer.backends import cudnn as cudnn_backend
 from flashinfer.backends.cudnn import plan, support
-from flashinfer.capability_db import database, import_error
+from flashinfer.capability_db import database
+from flashinfer.optional_packages import import_error
 from flashinfer.device import simulated
 from flashinfer.dispatch import Problem, clear_cache, select
 

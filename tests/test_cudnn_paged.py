@@ -13,7 +13,8 @@ import torch
 from flashinfer.backends.cudnn import batch_plan as bp
 from flashinfer.backends.cudnn import batch_support, support
 from flashinfer.attention.batch_params import BatchPlan, KVInput, RunScales
-from flashinfer.capability_db import database, import_error
+from flashinfer.capability_db import database
+from flashinfer.optional_packages import import_error
 from flashinfer.device import simulated
 from flashinfer.attention.upload import Tail
 from flashinfer.dispatch import Problem, clear_cache, select

@@ -15,7 +15,7 @@ import torch
 
 from flashinfer.backends import cutlass
 from flashinfer.backends.cutlass import runtime
-from flashinfer.capability_db import import_error
+from flashinfer.optional_packages import import_error
 from flashinfer.device import simulated
 from flashinfer.dispatch import Problem, select
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from flashinfer import envs
-from flashinfer.backends import BACKEND_NAMES
+from flashinfer.backend_names import BACKEND_NAMES
 from flashinfer.op_catalog import FAMILIES
-from flashinfer.overrides import ALIASES, known_backend_spellings
+from flashinfer.backend_names import ALIASES, known_backend_spellings
 
 ALL = sorted(envs.REGISTRY)
 BOOLS = sorted(n for n, v in envs.REGISTRY.items() if v.kind == "bool")

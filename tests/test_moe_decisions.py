@@ -7,7 +7,7 @@ torch stays for fp8 experts below SM 8.9, which triton refuses; the CPU keeps to
 
 import pytest
 
-from flashinfer.capability_db import import_error
+from flashinfer.optional_packages import import_error
 from flashinfer.device import simulated
 from flashinfer.dispatch import NoBackendError, Problem, select
 

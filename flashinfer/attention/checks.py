@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from .. import overrides
+from ..backend_names import resolve_spelling
 from .params import POS_ENCODING_MODES
 
 KV_LAYOUTS = ("NHD", "HND")
@@ -121,7 +121,7 @@ def check_common(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope
     rope_theta = positive_float_arg("rope_theta", rope_theta, 1e4)
     if mode == "ROPE_LLAMA" and head_dim_qk % 2:
         raise ValueError(f"pos_encoding_mode='ROPE_LLAMA' needs an even head_dim_qk, got {head_dim_qk}")
-    overrides.resolve_spelling(backend)
+    resolve_spelling(backend)
     return mode, window_left, cap, scale, rope_scale, rope_theta
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
+from ..backend_names import BACKEND_NAMES
 from ..reasons import Reason
 
 #: backend name -> adapter module (relative to this package). Order = tie-break order.
@@ -31,7 +32,7 @@ _ADAPTERS = {
     "reference": ".reference",
 }
 
-BACKEND_NAMES: tuple[str, ...] = tuple(_ADAPTERS)
+assert tuple(_ADAPTERS) == BACKEND_NAMES, "one adapter per backend name, in the same order"
 
 CheckFn = Callable[..., list[Reason]]
 

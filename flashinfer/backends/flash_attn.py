@@ -38,7 +38,7 @@ import torch
 
 from ..attention.params import AttentionParams
 from ..attention.batch_params import BatchPlan, KVInput, RunScales
-from ..capability_db import import_error
+from ..optional_packages import import_error
 from ..reasons import Reason
 from . import KernelTable
 from .torch_native import aligned, cu_seqlens, fill_empty, finish_lse, store_outputs, window_needs_causal

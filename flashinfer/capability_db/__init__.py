@@ -44,8 +44,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
+from ..backend_names import BACKEND_NAMES
 from ..device import parse_sm
 from ..op_catalog import OPS
+from ..optional_packages import import_error
 from ..reasons import Reason
 
 DB_DIR = Path(__file__).resolve().parent
@@ -175,16 +177,6 @@ class Record:
 
 def _sm_text(sm: tuple[int, int] | None) -> str:
     return "" if sm is None else f"{sm[0]}.{sm[1]}"
-
-
-@functools.lru_cache(maxsize=None)
-def import_error(module: str) -> str | None:
-    """``None`` if ``module`` imports, else the import error as text (cached per process)."""
-    try:
-        importlib.import_module(module)
-    except Exception as exc:  # noqa: BLE001 - any import failure is a reason, never a crash
-        return f"import failed: {type(exc).__name__}: {exc}"
-    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,8 +317,6 @@ class CapabilityDB:
 
 
 def load(directory: Path = DB_DIR) -> CapabilityDB:
-    from ..backends import BACKEND_NAMES
-
     descriptions, records = {}, []
     for path in sorted(directory.glob("*.toml")):
         backend, description, recs = parse_file(path, BACKEND_NAMES)

@@ -48,6 +48,7 @@ else:  # pragma: no cover
 
 from ..capability_db import ShapeLimit, _SHAPE_KEYS
 from ..device import SM_FAMILIES, sm_family
+from ..backend_names import BACKEND_NAMES
 from ..op_catalog import OPS
 
 RULES_DIR = Path(__file__).resolve().parent
@@ -92,8 +93,6 @@ def _fail(source: str, where: str, message: str) -> DispatchRulesError:
 
 
 def _check_order(order: Any, source: str, where: str) -> tuple[str, ...]:
-    from ..backends import BACKEND_NAMES
-
     if not isinstance(order, list) or not order:
         raise _fail(source, where, f"expected a non-empty list of backend names, got {order!r}")
     for entry in order:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...dispatch import length_bucket
+from ...shape_buckets import length_bucket
 from ...attention.upload import Tail
 
 DECODE, PAGED, RAGGED = "batch_decode", "batch_prefill_paged", "batch_prefill_ragged"

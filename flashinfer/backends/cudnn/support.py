@@ -31,7 +31,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-from ...capability_db import import_error
+from ...optional_packages import import_error
 from ...reasons import Reason
 
 MIN_FRONTEND = (1, 13, 0)
