@@ -431,7 +431,9 @@ def _warm_cutlass(args: argparse.Namespace) -> int:
     if missing is not None:
         print(f"cutlass_cppgen does not import ({missing}): install nvidia-cutlass")
         return 1
-    rows = cutlass.compile_all("cuda")
+    from .warmup import cutlass_specs
+
+    rows = cutlass.compile_all(cutlass_specs(torch.cuda.get_device_capability()), "cuda")
     if args.json:
         print(json.dumps(rows, indent=1))
     else:

@@ -281,3 +281,14 @@ def warm_moe(device, experts: int, top_k: int, hidden: int, inter: int,
     finally:
         _MOE_WEIGHTS.clear()
     return results
+
+
+def cutlass_specs(sm: tuple[int, int]) -> tuple:
+    """The CUTLASS adapter's kernels for the ops whose ``cutlass`` capability records admit
+    ``sm`` (``flashinfer warmup --cutlass`` compiles these)."""
+    from .backends import cutlass
+    from .capability_db import database
+
+    admitted = {r.op for r in database().records if r.backend == "cutlass"
+                and (r.sm_min is None or sm >= r.sm_min) and (r.sm_max is None or sm <= r.sm_max)}
+    return cutlass.specs_for(admitted)

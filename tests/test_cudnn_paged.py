@@ -16,7 +16,7 @@ from flashinfer.attention.batch_params import BatchPlan, KVInput, RunScales
 from flashinfer.capability_db import database
 from flashinfer.optional_packages import import_error
 from flashinfer.device import simulated
-from flashinfer.attention.upload import Tail
+from flashinfer.attention.batch_params import Tail
 from flashinfer.dispatch import Problem, clear_cache, select
 
 OPS = ("batch_decode", "batch_prefill_paged", "batch_prefill_ragged")

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import flashinfer
-from flashinfer.quantization import fp4, fp4_format
+from flashinfer import fp4_format
+from flashinfer.quantization import fp4
 from flashinfer.device import simulated
 from flashinfer.dispatch import BackendUnavailableError, Problem, StrictModeError, select
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from flashinfer.attention.batch_checks import host_index_arrays
-from flashinfer.attention.upload import PlanUpload, Tail
+from flashinfer.attention.batch_params import Tail
+from flashinfer.attention.upload import PlanUpload
 
 gpu = pytest.mark.gpu
 

@@ -49,8 +49,9 @@ replaces causal. A query row that sees no key gets output 0 and lse -inf.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
+import numpy as np
 import torch
 
 
@@ -145,3 +146,21 @@ class Prepared:
 class Runner(Protocol):
     def __call__(self, q: torch.Tensor, kv: KVInput, out: torch.Tensor,
                  lse: torch.Tensor | None, scales: RunScales) -> None: ...
+
+
+class Tail(NamedTuple):
+    """An array followed by ``count`` zeros, uploaded as one array without first being copied
+    into a longer one. ``array``: on the host or on the device (the zeros are written in the
+    pinned buffer either way). The cuDNN decode page table pads with it: page 0, a valid page
+    of any cache that has pages, in entries no kernel reads."""
+
+    array: "np.ndarray | torch.Tensor"
+    count: int
+
+    def joined(self) -> "np.ndarray | torch.Tensor":
+        n = self.array.shape[0]
+        if isinstance(self.array, torch.Tensor):
+            return torch.cat((self.array, self.array.new_zeros(self.count)))
+        out = np.zeros(n + self.count, dtype=self.array.dtype)
+        out[:n] = self.array
+        return out

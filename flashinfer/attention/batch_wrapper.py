@@ -27,10 +27,10 @@ import torch
 
 from .. import dispatch
 from .batch_checks import FP8_DTYPES, DeviceIdsCheck, scale_arg
-from .batch_params import BatchPlan, KVInput, RunScales, bind_device_arrays
+from .batch_params import BatchPlan, KVInput, RunScales, Tail, bind_device_arrays
 from .checks import check_kv_layout
 from .params import check_softmax_scale
-from .upload import PlanUpload, Tail
+from .upload import PlanUpload
 
 RUN_FEATURES = ("lse", "sinks")
 _NO_FEATURES: frozenset = frozenset()

@@ -30,10 +30,10 @@ A CUDA-graph wrapper hands its fixed buffers in ``fixed``: those arrays are copi
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 import torch
+
+from .batch_params import Tail
 
 #: alignment of every array in the packed buffers, in int32 elements (256 bytes: what cuDNN
 #: wants of the operands a planner sends along, see ``Prepared``)
@@ -179,24 +179,6 @@ class PlanUpload:
             self._views = {k: v for k, v in self._views.items() if k[0] != "device"}
 
 
-class Tail(NamedTuple):
-    """An array followed by ``count`` zeros, uploaded as one array without first being copied
-    into a longer one. ``array``: on the host or on the device (the zeros are written in the
-    pinned buffer either way). The cuDNN decode page table pads with it: page 0, a valid page
-    of any cache that has pages, in entries no kernel reads."""
-
-    array: "np.ndarray | torch.Tensor"
-    count: int
-
-    def joined(self) -> "np.ndarray | torch.Tensor":
-        n = self.array.shape[0]
-        if isinstance(self.array, torch.Tensor):
-            return torch.cat((self.array, self.array.new_zeros(self.count)))
-        out = np.zeros(n + self.count, dtype=self.array.dtype)
-        out[:n] = self.array
-        return out
-
-
 def _tensor(t) -> torch.Tensor:
     if isinstance(t, Tail):
         t = t.joined()
@@ -213,4 +195,4 @@ def _into(target: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
     return target[:t.shape[0]]
 
 
-__all__ = ["PlanUpload", "Tail"]
+__all__ = ["PlanUpload"]

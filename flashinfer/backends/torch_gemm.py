@@ -129,7 +129,7 @@ def mm_fp4_dequant(a: torch.Tensor, b: torch.Tensor, a_sf: torch.Tensor, b_sf: t
                    out: torch.Tensor) -> None:
     """No native FP4: dequantise both operands to bf16 (exact for e4m3 scales), one torch.mm
     with an fp32 result (cuBLAS; fp32 matmul of the bf16 values on the CPU), times alpha."""
-    from ..quantization.fp4_format import gemm_operands
+    from ..fp4_format import gemm_operands
 
     a_deq, b_deq = gemm_operands(a, b, a_sf, b_sf, block_size, a_sf_8x4, torch.bfloat16)
     if not a.is_cuda:

@@ -43,7 +43,7 @@ Canonical kernel signatures (every backend registers exactly these; kernels writ
   ``[N, K/block_size]`` scales, any shape holding it (read in row-major order); scales e4m3
   (``float8_e4m3fn`` or its uint8 bytes) for ``block_size`` 16, UE8M0 uint8 for 32; ``alpha``
   None or fp32 one element; ``out [M, N]`` contiguous bf16/fp16.
-  ``out = alpha * dequant(a) @ dequant(b)`` (layouts: :mod:`flashinfer.quantization.fp4_format`).
+  ``out = alpha * dequant(a) @ dequant(b)`` (layouts: :mod:`flashinfer.fp4_format`).
 
 Scales multiply (they are dequantisation scales, ``amax / fp8_max``). K or N that is not a
 multiple of the scale granularity is served (the last block is partial) by the reference;
@@ -333,7 +333,7 @@ def _fp4_scale(name: str, t, rows: int, cols: int, layout, transposed: bool, use
                device) -> torch.Tensor:
     """Check a swizzled scale tensor: 2-D, holding the layout's padded storage, the scale
     columns (``cols`` or padded to 4) on dim 1 (dim 0 when ``transposed``)."""
-    from ..quantization.fp4_format import sf_storage_shape
+    from ..fp4_format import sf_storage_shape
 
     allowed = (torch.float8_e4m3fn, torch.uint8) if use_nvfp4 else (torch.uint8,)
     if not isinstance(t, torch.Tensor):
@@ -377,7 +377,7 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_descale: torch.Tensor, b_descale:
     FP4 kernels that are not wired here (an error with their reasons), ``"b12x"`` has no
     counterpart (``ValueError``).
     """
-    from ..quantization.fp4_format import SfLayout
+    from ..fp4_format import SfLayout
 
     tensor_arg("a", a, 2, _FP4_PACKED)
     tensor_arg("b", b, 2, _FP4_PACKED, a.device)

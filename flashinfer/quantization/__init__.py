@@ -1,6 +1,6 @@
 """Quantisation (upstream module ``flashinfer.quantization``): the FP8 / INT8 quantisers
 (:mod:`flashinfer.quantization.fp8`) and the FP4 ones (:mod:`flashinfer.quantization.fp4`,
-whose formats are :mod:`flashinfer.quantization.fp4_format`)."""
+whose formats are :mod:`flashinfer.fp4_format`)."""
 
 from .fp4 import (  # noqa: F401
     SfLayout, block_scale_interleave, e2m1_and_ufp8sf_scale_to_float, fp4_quantize,

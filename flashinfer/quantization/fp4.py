@@ -4,7 +4,7 @@ Pure torch ops on any device; these are the reference implementations (upstream'
 need SM 10.x / 12.x). ``backend`` and ``enable_pdl`` arguments are accepted for compatibility and
 ignored: upstream uses them only to pick its CUDA implementation.
 
-The formats (e2m1 codes, block scales, scale layouts) are :mod:`flashinfer.quantization.fp4_format`'s.
+The formats (e2m1 codes, block scales, scale layouts) are :mod:`flashinfer.fp4_format`'s.
 
 Non-finite values: a block holding NaN gets a NaN scale (e4m3 NaN, or UE8M0 255, which every
 dequantiser here reads as NaN), so it dequantises to NaN (NaN in, NaN out); a block holding
@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .fp4_format import (
+from ..fp4_format import (
     SfLayout, dequantize, e2m1_to_float, float_to_e2m1, float_to_ue8m0, from_layout, pack_e2m1,
     sf_offsets, sf_storage_shape, to_layout,
 )

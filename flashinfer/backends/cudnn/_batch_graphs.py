@@ -42,7 +42,7 @@ import torch
 
 from ._graphs import _DTYPES, _LOG2E, _binding, _workspace, build_plans
 from ...attention.batch_params import Prepared
-from ...attention.upload import Tail
+from ...attention.batch_params import Tail
 from .batch_plan import (RAGGED, BatchSpec, build_metadata, byte_layout, container,
                          decode_arrays, fill_page_table, fits, gather_decode_table, kv_key,
                          make_spec, metadata_layout, unpack)

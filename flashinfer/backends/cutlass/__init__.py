@@ -142,25 +142,19 @@ def _check_case(spec: KernelSpec, device: torch.device, gen: torch.Generator):
     return (bmm_fp8, (a8, w8.transpose(1, 2), sa, sb, out)), out, want
 
 
-def specs_for(sm: tuple[int, int]) -> tuple[KernelSpec, ...]:
-    """The kernels of this adapter that its capability records admit on an SM (``mm_bf16``:
-    8.0-9.0, ``bmm_fp8``: 9.0)."""
-    from ...capability_db import database
-
-    def admitted(op: str) -> bool:
-        return any((r.sm_min is None or sm >= r.sm_min) and (r.sm_max is None or sm <= r.sm_max)
-                   for r in database().for_backend_op("cutlass", op))
-
-    return ((tuple(MM_BF16.values()) if admitted("mm_bf16") else ())
-            + (tuple(BMM_FP8.values()) if admitted("bmm_fp8") else ()))
+def specs_for(ops) -> tuple[KernelSpec, ...]:
+    """The kernels of this adapter that serve ``ops`` (of ``mm_bf16``, ``bmm_fp8``); which ops a
+    device admits is its capability records' say (``flashinfer.warmup.cutlass_specs``)."""
+    ops = set(ops)
+    return ((tuple(MM_BF16.values()) if "mm_bf16" in ops else ())
+            + (tuple(BMM_FP8.values()) if "bmm_fp8" in ops else ()))
 
 
-def compile_all(device: torch.device | str = "cuda") -> list[dict]:
-    """Compile (or load from the disk cache) every kernel of this adapter the device's SM
-    admits (:func:`specs_for`), nvcc runs in parallel, then run each once on a small GEMM
-    checked against float64; ``[{"kernel", "seconds", "ok"}]``."""
+def compile_all(specs, device: torch.device | str = "cuda") -> list[dict]:
+    """Compile (or load from the disk cache) the kernels ``specs``, nvcc running in parallel,
+    then run each once on a small GEMM checked against float64;
+    ``[{"kernel", "seconds", "ok"}]``."""
     device = torch.device(device)
-    specs = specs_for(torch.cuda.get_device_capability(device))
     started = time.perf_counter()
     seconds = runtime.compile_many(specs, device)
     rows = []

@@ -52,7 +52,7 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_sf: torch.Tensor, b_sf: torch.Ten
            alpha: torch.Tensor | None, block_size: int, a_sf_8x4: bool,
            out: torch.Tensor) -> None:
     """Dequantise both FP4 operands to float64 (exact), one float64 matmul, round once."""
-    from ...quantization.fp4_format import gemm_operands
+    from ...fp4_format import gemm_operands
 
     a_deq, b_deq = gemm_operands(a, b, a_sf, b_sf, block_size, a_sf_8x4, torch.float64)
     acc = a_deq @ b_deq.t()
