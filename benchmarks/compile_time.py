@@ -26,8 +26,8 @@ def compile_once(arch: int) -> float:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from flashinfer.backends.triton_kernels import _sampling_kernels as K
-    from flashinfer.backends.triton_kernels import sampling as S
+    from flashinfer.backends.triton import _sampling_kernels as K
+    from flashinfer.backends.triton import sampling as S
 
     q, warps = S.LAUNCH_SHAPE
     sig = {"probs": "*fp32", "out": "*i32", "valid": "*i1", "idx_ptr": "*i32", "k_ptr": "*i32",

@@ -20,7 +20,7 @@ import torch
 import flashinfer
 from flashinfer import dispatch
 from flashinfer.backends.cudnn import _batch_graphs as cg
-from flashinfer.backends.cudnn import batch_plan as bp
+from flashinfer.backends.cudnn import batch_buckets as bp
 from flashinfer.attention.batch_checks import (
     check_indptr, host_index_arrays, page_indices, paged_kv_lens,
 )

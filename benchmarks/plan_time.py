@@ -21,7 +21,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import flashinfer  # noqa: E402
-from flashinfer.backends.cudnn import batch_plan as cudnn_plan  # noqa: E402
+from flashinfer.backends.cudnn import batch_buckets as cudnn_plan  # noqa: E402
 
 BATCH, KV_LEN, PAGE, HQ, HKV, D = 64, 4096, 16, 32, 8, 128
 

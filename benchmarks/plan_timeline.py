@@ -43,7 +43,7 @@ def timed(name, fn):
 
 def wrap_all():
     from flashinfer.backends.cudnn import _batch_graphs as graphs
-    from flashinfer.backends.cudnn import batch_plan as cudnn_plan
+    from flashinfer.backends.cudnn import batch_buckets as cudnn_plan
 
     targets = [
         (batch_decode, ["host_index_arrays", "check_indptr", "page_indices", "paged_kv_lens",

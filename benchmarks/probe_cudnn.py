@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from flashinfer.attention.params import AttentionParams  # noqa: E402
-from flashinfer.backends import get_kernel  # noqa: E402
+from flashinfer.dispatch import kernel_for  # noqa: E402
 
 # name, op, dtype, layout, qo_len, kv_len, num_qo_heads, num_kv_heads, head_dim, causal, window
 CASES = [
@@ -76,7 +76,7 @@ def local_oracle(q, k, v, params):
 
 def oracle_for(op):
     try:
-        return get_kernel("reference", op, "default"), "reference"
+        return kernel_for("reference", op, "default"), "reference"
     except LookupError:
         return local_oracle, "local fp32"
 
@@ -139,7 +139,7 @@ def main() -> int:
           f"cuDNN {backend} | oracle "
           f"prefill={oracle_for('single_prefill')[1]} decode={oracle_for('single_decode')[1]}",
           flush=True)
-    kernels = {op: get_kernel("cudnn", op, "default") for op in ("single_prefill", "single_decode")}
+    kernels = {op: kernel_for("cudnn", op, "default") for op in ("single_prefill", "single_decode")}
     torch.manual_seed(0)
     passed = 0
     for case in CASES:

@@ -29,7 +29,7 @@ from bench_timing import graph_ms
 from moe import LAYER, _layer_call, _route, _weights
 from profile_moe import kernel_times
 
-from flashinfer.backends.triton_kernels import moe as tmoe
+from flashinfer.backends.triton import moe as tmoe
 from flashinfer.fused_moe.core import ExpertSpec
 
 

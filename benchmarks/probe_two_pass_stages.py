@@ -22,8 +22,8 @@ import torch
 
 from bench_timing import graph_ms
 
-from flashinfer.backends.triton_kernels import _sampling_two_pass_kernels as K2
-from flashinfer.backends.triton_kernels.sampling import two_pass_groups
+from flashinfer.backends.triton import _sampling_two_pass_kernels as K2
+from flashinfer.backends.triton.sampling import two_pass_groups
 
 CUTS = {
     "pass1": ("    # between the passes",
@@ -35,7 +35,7 @@ CUTS = {
 
 def _absolute(src: str) -> str:
     """The module's relative imports made absolute (a copy runs outside the package)."""
-    return src.replace("from ._", "from flashinfer.backends.triton_kernels._")
+    return src.replace("from ._", "from flashinfer.backends.triton._")
 
 
 def _variants(tmp: str, against: str = "") -> dict:
@@ -52,7 +52,7 @@ def _variants(tmp: str, against: str = "") -> dict:
     if os.path.isfile(against):
         old = open(against).read()
     elif against:
-        path = "flashinfer/backends/triton_kernels/_sampling_two_pass_kernels.py"
+        path = "flashinfer/backends/triton/_sampling_two_pass_kernels.py"
         old = subprocess.run(["git", "show", f"{against}:{path}"], capture_output=True, text=True,
                              check=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout
     if against:

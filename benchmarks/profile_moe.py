@@ -21,7 +21,7 @@ import torch
 
 from moe import LAYER, _route, _weights
 
-from flashinfer.backends.triton_kernels import moe as tmoe
+from flashinfer.backends.triton import moe as tmoe
 from flashinfer.fused_moe.core import ExpertSpec
 
 

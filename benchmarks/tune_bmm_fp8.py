@@ -21,7 +21,7 @@ import torch
 from bench_timing import capture, interleaved_graph_ms
 from gemm import BATCHED, GRAPH_PASSES, _call, _inputs
 
-from flashinfer.backends.triton_kernels import gemm as tgemm
+from flashinfer.backends.triton import gemm as tgemm
 
 DECODE_CANDIDATES = [
     (16, 128, 128, 4, 4), (16, 64, 128, 4, 4), (16, 32, 128, 4, 4), (16, 128, 256, 4, 3),

@@ -4,7 +4,7 @@
     python benchmarks/tune_moe.py --out tune_moe.json
 
 Prints the best configuration per token count beside the one ``launch_config`` picks now; the
-table in ``flashinfer/backends/triton_kernels/moe.py`` is set from this output.
+table in ``flashinfer/backends/triton/moe.py`` is set from this output.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from bench_timing import graph_ms
 from moe import LAYER, TOKENS, _route, _weights
 
 import flashinfer
-from flashinfer.backends.triton_kernels import moe as tmoe
+from flashinfer.backends.triton import moe as tmoe
 
 #: LaunchConfig fields: (block_m, block_n1, block_n2, block_k, warps1, stages1, warps2, stages2,
 #: group_m); W8A8 (fp8 block-scaled experts) needs block_k == block_n1 == 128

@@ -9,7 +9,7 @@ two-pass kernel at a shape: two plain summing passes over each row, one program 
 
     python benchmarks/tune_sampling.py --out tune_sampling.json
 
-``LAUNCH_SHAPE`` in ``flashinfer/backends/triton_kernels/sampling.py`` is set from its output.
+``LAUNCH_SHAPE`` in ``flashinfer/backends/triton/sampling.py`` is set from its output.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import triton.language as tl
 
 from bench_timing import graph_ms
 
-from flashinfer.backends import adapter_table
-from flashinfer.backends.triton_kernels import sampling as ts
+from flashinfer.dispatch import kernel_for
+from flashinfer.backends.triton import sampling as ts
 
 SHAPES = [(128, 4), (256, 4), (256, 8), (256, 16), (512, 4), (512, 8), (512, 16), (1024, 8),
           (1024, 16)]
@@ -55,7 +55,7 @@ def _stream_floor(probs, out):
 
 
 def _kernel(op):
-    return adapter_table("triton").kernels[(op, "default")]
+    return kernel_for("triton", op, "default")
 
 
 def _cases(batch: int):
@@ -66,13 +66,12 @@ def _cases(batch: int):
     valid = torch.empty(batch, dtype=torch.bool, device="cuda")
     masked = torch.empty_like(logits)
     sample = _kernel("sampling_from_probs")
-    table = adapter_table("triton").kernels
-    two_pass = table[("sampling_from_probs", "two_pass")]
-    nucleus = table[("sampling_from_probs", "nucleus")]
-    renorm_two_pass = table[("renorm_probs", "two_pass")]
-    mask_two_pass = table[("top_k_mask_logits", "two_pass")]
-    logits_one_pass = table[("sampling_from_logits", "one_pass")]
-    renorm_bracket = table[("renorm_probs", "bracket")]
+    two_pass = kernel_for("triton", "sampling_from_probs", "two_pass")
+    nucleus = kernel_for("triton", "sampling_from_probs", "nucleus")
+    renorm_two_pass = kernel_for("triton", "renorm_probs", "two_pass")
+    mask_two_pass = kernel_for("triton", "top_k_mask_logits", "two_pass")
+    logits_one_pass = kernel_for("triton", "sampling_from_logits", "one_pass")
+    renorm_bracket = kernel_for("triton", "renorm_probs", "bracket")
     renormed = torch.empty_like(probs)
     mask = _kernel("top_k_mask_logits")
     return {

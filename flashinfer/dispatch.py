@@ -50,7 +50,7 @@ import torch
 
 from . import envs, overrides
 from .backend_names import BACKEND_NAMES
-from .backends import extra_reasons, get_kernel
+from .backends import resolve
 from .capability_db import database
 from .device import DeviceFacts, facts_of, sm_family
 from .dispatch_rules import ordering
@@ -61,6 +61,7 @@ from .shape_buckets import length_bucket
 __all__ = [
     "Problem", "Reason", "Candidate", "Decision", "BackendUnavailableError", "NoBackendError",
     "StrictModeError", "select", "decide", "decide_each", "record_decisions", "dtype_name", "length_bucket",
+    "kernel_for", "adapter_reasons",
 ]
 
 
@@ -132,6 +133,7 @@ class Candidate:
     verified: bool = False
     note: str = ""
     emulation: bool = False  # a slow stand-in for a missing native kernel (record key)
+    kernel: str | None = None  # the record's "module:function"; None for a planned record
 
     @property
     def name(self) -> str:
@@ -140,6 +142,10 @@ class Candidate:
     @property
     def usable(self) -> bool:
         return not self.reasons
+
+    @property
+    def planned(self) -> bool:
+        return self.kernel is None
 
 
 @dataclass(frozen=True)
@@ -163,8 +169,11 @@ class Decision:
 
     @property
     def kernel(self) -> Callable:
+        """The function the chosen record names (imported on first use)."""
         if not self._kernel:
-            self._kernel.append(get_kernel(self.backend, self.problem.op, self.variant))
+            ref = next(c.kernel for c in self.candidates
+                       if c.backend == self.backend and c.variant == self.variant)
+            self._kernel.append(resolve(ref))
         return self._kernel[0]
 
     def rejected(self) -> tuple[Candidate, ...]:
@@ -178,7 +187,7 @@ class Decision:
         lines.append(f"order:   {' > '.join(self.order)}")
         lines.extend(f"note:    {n}" for n in self.notes)
         for cand in self.candidates:
-            status = "usable" if cand.usable else "rejected"
+            status = "usable" if cand.usable else "planned" if cand.planned else "rejected"
             flag = "" if cand.verified else " [not verified on hardware]"
             flag += " [emulation: refused by FLASHINFER_STRICT=1]" if cand.emulation else ""
             lines.append(f"  {cand.name:<24} {status}{flag}")
@@ -232,11 +241,34 @@ def evaluate_candidates(problem: Problem, *, assume_installed: bool = False,
     for record in database().for_op(problem.op):
         reasons = record.check(problem, assume_installed=assume_installed,
                                triton_interpret=triton_interpret)
-        if not reasons:
-            reasons = extra_reasons(record.backend, problem.op, record.variant, problem)
+        if not reasons and record.check_ref is not None:
+            reasons = list(resolve(record.check_ref)(problem))
         out.append(Candidate(record.backend, record.variant, tuple(reasons),
-                             record.verified_for(problem.sm), record.note, record.emulation))
+                             record.verified_for(problem.sm), record.note, record.emulation,
+                             record.kernel))
     return tuple(out)
+
+
+def _record(backend: str, op: str, variant: str):
+    for record in database().for_backend_op(backend, op):
+        if record.variant == variant:
+            return record
+    raise LookupError(f"no capability record for {backend}:{variant} serving {op}")
+
+
+def kernel_for(backend: str, op: str, variant: str = "default") -> Callable:
+    """The function the record (backend, op, variant) names, without choosing: for calling one
+    kernel directly (tests, benchmarks). ``LookupError`` when no such record or it is planned."""
+    record = _record(backend, op, variant)
+    if record.kernel is None:
+        raise LookupError(f"{backend}:{variant} for {op} is planned: no kernel is wired")
+    return resolve(record.kernel)
+
+
+def adapter_reasons(backend: str, op: str, variant: str, problem: Problem) -> list[Reason]:
+    """The record's adapter check (``check = "module:function"``) on ``problem``; [] without one."""
+    record = _record(backend, op, variant)
+    return list(resolve(record.check_ref)(problem)) if record.check_ref else []
 
 
 def _ordered(usable: list[Candidate], order: tuple[str, ...]) -> list[Candidate]:

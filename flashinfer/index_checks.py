@@ -24,7 +24,7 @@ from 0); ``key = entry << 32 | (value & 0xffffffff)`` is the minimum over the re
 code, so the record names the lowest bad entry and its value (clamped to int32); ``bound`` is the
 allowed bound written by the first reporter, for faults whose bound is the same for every entry;
 ``count`` counts bad entries seen. Triton kernels report with ``report_fault`` of
-``backends/triton_kernels/_fault_kernels.py``; torch code with :func:`report_device` (device ops
+``backends/triton/_fault_kernels.py``; torch code with :func:`report_device` (device ops
 only, no synchronisation, CUDA-graph safe).
 """
 

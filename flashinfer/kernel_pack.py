@@ -45,7 +45,7 @@ from . import envs
 #: the packs shipped with the package
 SHIPPED_DIR = Path(__file__).parent / "kernel_packs"
 #: the kernel modules a pack may hold kernels of (digested in the manifest)
-KERNEL_MODULE_DIR = Path(__file__).parent / "backends" / "triton_kernels"
+KERNEL_MODULE_DIR = Path(__file__).parent / "backends" / "triton"
 #: the files of a cache entry a pack keeps: the binary, its metadata, the group file
 _KEPT_SUFFIXES = (".cubin", ".hsaco", ".json")
 
@@ -214,7 +214,7 @@ def _kernel_module(kernel_name: str) -> str | None:
     import importlib
 
     for file in sorted(KERNEL_MODULE_DIR.glob("_*_kernels.py")):
-        mod = importlib.import_module(f"flashinfer.backends.triton_kernels.{file.stem}")
+        mod = importlib.import_module(f"flashinfer.backends.triton.{file.stem}")
         if hasattr(mod, kernel_name):
             return file.stem
     return None

@@ -13,7 +13,7 @@ import torch
 import flashinfer.activation as fact
 from conftest import TOLERANCE, poison, rel_error
 from flashinfer import dispatch, use_backend
-from flashinfer.backends.triton_kernels import activation as triton_act
+from flashinfer.backends.triton import activation as triton_act
 from flashinfer.device import simulated, sm_family
 from flashinfer.dispatch import BackendUnavailableError, Problem, select
 

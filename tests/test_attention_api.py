@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flashinfer import backend_names, dispatch, overrides
-from flashinfer.backends import torch_native
+from flashinfer.backends.torch import attention as torch_native
 from flashinfer.decode import single_decode_with_kv_cache
 from flashinfer.device import simulated
 from flashinfer.dispatch import (BackendUnavailableError, Problem, StrictModeError,

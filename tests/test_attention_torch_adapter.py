@@ -16,7 +16,7 @@ import torch
 
 from conftest import TOLERANCE, rel_error
 from flashinfer import dispatch, overrides
-from flashinfer.backends import torch_native
+from flashinfer.backends.torch import attention as torch_native
 from flashinfer.decode import single_decode_with_kv_cache
 from flashinfer.dispatch import BackendUnavailableError, select
 from flashinfer.prefill import single_prefill_with_kv_cache

@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 from flashinfer.backend_names import BACKEND_NAMES
-from flashinfer.backends import adapter_table
 from flashinfer.capability_db import CapabilityDBError, database, load, parse_file
 from flashinfer.device import simulated
 from flashinfer.dispatch import Problem
@@ -19,16 +18,32 @@ def test_every_backend_has_a_file_and_description():
     assert all(db.descriptions[b] for b in BACKEND_NAMES)
 
 
-def test_every_record_has_a_registered_kernel():
+def test_every_record_names_a_function_that_exists_or_is_planned():
+    from flashinfer.backends import resolve
+
     for rec in database().records:
-        assert (rec.op, rec.variant) in adapter_table(rec.backend).kernels, rec
+        if rec.planned:
+            assert not rec.verified and rec.check_ref is None, rec
+            continue
+        assert rec.kernel.split(":")[0].split(".")[0] == rec.backend, rec  # its own package
+        assert callable(resolve(rec.kernel)), rec
+        if rec.check_ref is not None:
+            assert rec.check_ref.split(":")[0].split(".")[0] == rec.backend, rec
+            assert callable(resolve(rec.check_ref)), rec
 
 
-def test_every_registered_kernel_has_a_record():
-    declared = {(r.backend, r.op, r.variant) for r in database().records}
-    for backend in BACKEND_NAMES:
-        for op, variant in adapter_table(backend).kernels:
-            assert (backend, op, variant) in declared, (backend, op, variant)
+def test_a_planned_record_is_never_usable():
+    from flashinfer.device import simulated
+    from flashinfer.dispatch import evaluate_candidates
+
+    planned = [r for r in database().records if r.planned]
+    assert planned  # the trtllm MoE, the CUTLASS FP4 GEMM
+    for rec in planned:
+        problem = Problem.make(rec.op, simulated(rec.sm_max or "9.0"))
+        (cand,) = [c for c in evaluate_candidates(problem, assume_installed=True)
+                   if c.backend == rec.backend and c.variant == rec.variant]
+        assert cand.planned and not cand.usable
+        assert any(r.field == "planned" for r in cand.reasons)
 
 
 def test_reference_serves_every_op_on_cpu_with_every_feature():
@@ -51,6 +66,7 @@ backend = "triton"
 description = "x"
 [[op]]
 name = "rmsnorm"
+kernel = "triton.norm:rmsnorm"
 sm_min = "8.0"
 sm_max = "9.0"
 verified = false
@@ -74,6 +90,13 @@ def test_good_file_parses(tmp_path):
     (('verified = false', 'verified = false\nshape.hidden_size = { most = 8 }'), "shape.hidden_size"),
     (('verified = false', 'verified = false\nfeatures = ["causal"]'), "features"),
     (('backend = "triton"', 'backend = "tritonx"'), "backend"),
+    (('kernel = "triton.norm:rmsnorm"', 'kernel = "triton.norm.rmsnorm"'), "kernel"),
+    (('kernel = "triton.norm:rmsnorm"', ''), "planned"),
+    (('kernel = "triton.norm:rmsnorm"', 'kernel = "triton.norm:rmsnorm"\nplanned = true'),
+     "planned"),
+    (('kernel = "triton.norm:rmsnorm"', 'planned = true\ncheck = "triton.norm:reasons"'),
+     "planned"),
+    (('kernel = "triton.norm:rmsnorm"', 'kernel = "triton.norm:rmsnorm"\ncheck = "x"'), "check"),
 ])
 def test_malformed_record_names_file_and_key(tmp_path, change, where):
     text = GOOD.replace(*change)

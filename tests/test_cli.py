@@ -416,7 +416,7 @@ def test_warm_gemm_runs_each_gemm_call_once_and_only_selects_them():
 def test_gemm_warm_up_reaches_each_triton_tile_height_on_sm90():
     """On SM 9.0 every bmm_fp8 warm-up call goes to the Triton kernel (the batched rule), each
     with another tile height, so each compiles a kernel a serving call would need."""
-    from flashinfer.backends.triton_kernels.gemm import block_m_for
+    from flashinfer.backends.triton.gemm import block_m_for
     from flashinfer.device import simulated
     from flashinfer.dispatch import Problem, length_bucket, select
 
@@ -446,7 +446,7 @@ def test_warm_moe_runs_the_layer_at_each_token_count():
 def test_moe_warm_up_reaches_every_tile_bucket(w8a8, experts, top_k):
     """The Triton MoE picks its tiles from the pairs per expert; the warm-up's token counts
     must land in every bucket a serving call can (checked against launch_config itself)."""
-    from flashinfer.backends.triton_kernels.moe import launch_config
+    from flashinfer.backends.triton.moe import launch_config
     from flashinfer.warmup import moe_calls
 
     counts = [int(name.rsplit(",T", 1)[1].rstrip("]"))

@@ -13,8 +13,9 @@ import torch
 
 from conftest import TOLERANCE, rel_error
 from flashinfer.backends import cudnn as cudnn_backend
-from flashinfer.backends.cudnn import plan, support
+from flashinfer.backends.cudnn import single_calls as plan, support
 from flashinfer.capability_db import database
+from flashinfer.dispatch import kernel_for
 from flashinfer.optional_packages import import_error
 from flashinfer.device import simulated
 from flashinfer.dispatch import Problem, clear_cache, select
@@ -72,9 +73,10 @@ def test_record_declares_what_the_adapter_implements(op):
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_adapter_registers_kernel_and_check(op):
-    assert (op, "default") in cudnn_backend.KERNELS.kernels
-    assert (op, "default") in cudnn_backend.KERNELS.checks
+def test_record_names_a_kernel_and_a_check(op):
+    (rec,) = database().for_backend_op("cudnn", op)
+    assert rec.kernel.startswith("cudnn") and rec.check_ref.startswith("cudnn")
+    assert callable(kernel_for("cudnn", op))
 
 
 def test_adapter_does_not_import_cudnn_at_top_level():
@@ -559,9 +561,9 @@ def skip_unless_cudnn_serves(op, q, k, v, features, layout):
 
 
 def run_cudnn(op, q, k, v, params):
-    from flashinfer.backends import get_kernel
+    from flashinfer.dispatch import kernel_for
 
-    return get_kernel("cudnn", op, "default")(q, k, v, params)
+    return kernel_for("cudnn", op, "default")(q, k, v, params)
 
 
 def assert_matches(out, lse, ref_out, ref_lse, dtype):
@@ -714,10 +716,10 @@ def test_gpu_call_captured_in_a_cuda_graph(n, m, causal, window):
     ("single_decode", 1, 513, False, 100),
 ])
 def test_gpu_matches_reference_backend(op, n, m, causal, window):
-    from flashinfer.backends import get_kernel
+    from flashinfer.dispatch import kernel_for
 
     try:
-        reference = get_kernel("reference", op, "default")
+        reference = kernel_for("reference", op, "default")
     except LookupError as exc:
         pytest.skip(f"reference backend has no {op} kernel yet: {exc}")
     q, k, v = gpu_inputs(n, m, 8, 2, 128, torch.bfloat16, "HND")

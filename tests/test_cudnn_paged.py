@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from flashinfer.backends.cudnn import batch_plan as bp
+from flashinfer.backends.cudnn import batch_buckets as bp
 from flashinfer.backends.cudnn import batch_support, support
 from flashinfer.attention.batch_params import BatchPlan, KVInput, RunScales
 from flashinfer.capability_db import database
+from flashinfer.dispatch import kernel_for
 from flashinfer.optional_packages import import_error
 from flashinfer.device import simulated
 from flashinfer.attention.batch_params import Tail
@@ -492,10 +493,10 @@ def test_planners_registered_without_importing_cudnn():
     import subprocess
     import sys
 
-    from flashinfer.backends import cudnn as adapter
     for op in OPS:
-        assert (op, "default") in adapter.KERNELS.kernels and (op, "default") in adapter.KERNELS.checks
-    code = ("import sys, flashinfer.backends.cudnn, flashinfer.backends.cudnn.batch_plan; "
+        (rec,) = database().for_backend_op("cudnn", op)
+        assert callable(kernel_for("cudnn", op)) and rec.check_ref is not None
+    code = ("import sys, flashinfer.backends.cudnn, flashinfer.backends.cudnn.batch_buckets; "
             "print('cudnn' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
@@ -544,7 +545,7 @@ def cuda_inputs(plan, *, pool_extra=5, pool=None, seed=0):
 def run_and_check(plan, q, kv, *, atol=2e-2):
     from flashinfer.backends import cudnn as adapter
 
-    runner = adapter.KERNELS.kernels[(plan.op, "default")](plan)
+    runner = kernel_for("cudnn", plan.op, "default")(plan)
     out = torch.full((q.shape[0], plan.num_qo_heads, plan.head_dim_vo), math.nan,
                      device=q.device, dtype=plan.o_dtype)
     lse = torch.full((q.shape[0], plan.num_qo_heads), math.nan, device=q.device)
@@ -688,7 +689,7 @@ def test_gpu_next_plan_of_a_wrapper_refills_its_buffers():
         kept.append(runner.buffers)
         assert reusable["cudnn"] is runner.buffers
     assert kept[0] is kept[1] and kept[2] is not kept[1]
-    fresh = adapter.KERNELS.kernels[(bp.DECODE, "default")](make_plan(
+    fresh = kernel_for("cudnn", bp.DECODE, "default")(make_plan(
         bp.DECODE, [1] * 12, [5] * 12, heads=(8, 2), dim=128, dtype=torch.bfloat16, device="cuda"))
     assert fresh.buffers is not kept[2]  # a plan without a wrapper's dict keeps nothing
 
@@ -707,7 +708,7 @@ def test_gpu_cuda_graph_capture_and_replay():
     q_buf, kv = cuda_inputs(plan, pool=400)
     out = torch.empty(b, 8, 128, device=dev, dtype=torch.bfloat16)
     lse = torch.empty(b, 8, device=dev)
-    runner = adapter.KERNELS.kernels[(bp.DECODE, "default")](plan)
+    runner = kernel_for("cudnn", bp.DECODE, "default")(plan)
     runner(q_buf, kv, out, lse, RunScales())  # warm-up: builds the graph
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -715,7 +716,7 @@ def test_gpu_cuda_graph_capture_and_replay():
         runner(q_buf, kv, out, lse, RunScales())
     for seed in (9, 10):
         plan = make_plan(bp.DECODE, [1] * b, random_lengths(b, 380, seed=seed), seed=seed, **common)
-        adapter.KERNELS.kernels[(bp.DECODE, "default")](plan)  # refills the runner's buffers
+        kernel_for("cudnn", bp.DECODE, "default")(plan)  # refills the runner's buffers
         q_buf.copy_(torch.randn_like(q_buf))
         out.fill_(math.nan)
         graph.replay()

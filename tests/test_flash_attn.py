@@ -16,7 +16,8 @@ import torch
 
 from conftest import capture_cuda_graph, HAS_CUDA, TOLERANCE, poison, rel_error
 from flashinfer.attention.params import AttentionParams
-from flashinfer.backends import flash_attn as fa
+from flashinfer.backends.flash_attn import attention as fa
+from flashinfer.dispatch import kernel_for
 from flashinfer.attention.batch_params import BatchPlan, KVInput, RunScales
 from flashinfer.device import simulated
 from flashinfer.dispatch import Problem, select
@@ -205,7 +206,7 @@ def calls(monkeypatch):
 def test_ragged_planner_plumbing(variant, qo_lens, kv_lens, kw, calls):
     plan = make_plan(qo_lens, kv_lens, **kw)
     q, k, v = ragged_inputs(plan, hnd=True)
-    planner = fa.KERNELS.kernels[("batch_prefill_ragged", variant)]
+    planner = kernel_for("flash_attn", "batch_prefill_ragged", variant)
     out, lse = run_planner(planner, plan, q, k, v)
     want_out, want_lse = naive_batch(
         q, k, v, qo_lens, kv_lens, sm_scale=plan.sm_scale, causal=plan.causal,
@@ -222,7 +223,7 @@ def test_ragged_scales_and_output_dtype(variant, calls):
     plan = make_plan([4, 3], [6, 3], causal=True, o_dtype=torch.float64)
     q, k, v = ragged_inputs(plan, seed=1)
     scales = RunScales(q_scale=0.5, k_scale=1.5, v_scale=0.25)
-    planner = fa.KERNELS.kernels[("batch_prefill_ragged", variant)]
+    planner = kernel_for("flash_attn", "batch_prefill_ragged", variant)
     out, lse = run_planner(planner, plan, q, k, v, scales=scales)
     want_out, want_lse = naive_batch(q, k, v, [4, 3], [6, 3], sm_scale=plan.sm_scale, causal=True,
                                      q_scale=0.5, k_scale=1.5, v_scale=0.25)
@@ -236,7 +237,7 @@ def test_ragged_scales_and_output_dtype(variant, calls):
 def test_ragged_without_lse_and_window_argument(variant, calls):
     plan = make_plan([5], [9], causal=True, window_left=2)
     q, k, v = ragged_inputs(plan, seed=2)
-    out, lse = run_planner(fa.KERNELS.kernels[("batch_prefill_ragged", variant)], plan, q, k, v,
+    out, lse = run_planner(kernel_for("flash_attn", "batch_prefill_ragged", variant), plan, q, k, v,
                            lse=False)
     assert lse is None
     want, _ = naive_batch(q, k, v, [5], [9], sm_scale=plan.sm_scale, causal=True, window_left=2)
@@ -247,7 +248,7 @@ def test_ragged_without_lse_and_window_argument(variant, calls):
 def test_fa3_head_dim_differs(calls):
     plan = make_plan([3, 5], [4, 6], head_dim_qk=48, head_dim_vo=16, causal=True)
     q, k, v = ragged_inputs(plan, seed=3)
-    out, lse = run_planner(fa.KERNELS.kernels[("batch_prefill_ragged", "fa3")], plan, q, k, v)
+    out, lse = run_planner(kernel_for("flash_attn", "batch_prefill_ragged", "fa3"), plan, q, k, v)
     want_out, want_lse = naive_batch(q, k, v, [3, 5], [4, 6], sm_scale=plan.sm_scale, causal=True)
     assert out.shape[-1] == 16 and rel_error(out, want_out) < TOLERANCE[torch.float32]
     assert_lse_close(lse, want_lse, TOLERANCE[torch.float32])
@@ -264,7 +265,7 @@ def test_single_kernels(variant, op, qo_len, causal, window_left, calls):
     q, k, v = torch.randn(qo_len, 4, 16), torch.randn(kv_len, 2, 16), torch.randn(kv_len, 2, 16)
     params = AttentionParams(sm_scale=0.3, causal=causal, window_left=window_left,
                              return_lse=True, o_dtype=torch.float64)
-    out, lse = fa.KERNELS.kernels[(op, variant)](q, k, v, params)
+    out, lse = kernel_for("flash_attn", op, variant)(q, k, v, params)
     want_out, want_lse = naive_batch(q, k, v, [qo_len], [kv_len], sm_scale=0.3,
                                      causal=causal or qo_len == 1, window_left=window_left)
     assert out.dtype == torch.float64 and rel_error(out, want_out) < TOLERANCE[torch.float32]
@@ -316,7 +317,7 @@ def make_paged(qo_lens, kv_lens, *, page_size, layout="NHD", spare_pages=3, spli
 
 
 def run_paged(variant, plan, q, k_cache, v_cache, *, lse=True, scales=RunScales()):
-    planner = fa.KERNELS.kernels[("batch_prefill_paged", variant)]
+    planner = kernel_for("flash_attn", "batch_prefill_paged", variant)
     out = poison(torch.empty(plan.total_qo, plan.num_qo_heads, plan.head_dim_vo,
                              dtype=plan.o_dtype, device=plan.device))
     lse_buf = poison(torch.empty(plan.total_qo, plan.num_qo_heads, device=plan.device)) if lse else None
@@ -427,7 +428,7 @@ def test_paged_scales_dtype_and_repeat_runs(variant, calls):
     plan, q, k_cache, v_cache, k, v = make_paged([4, 3], [6, 19], page_size=8, causal=True,
                                                  o_dtype=torch.float64, seed=1)
     scales = RunScales(q_scale=0.5, k_scale=1.5, v_scale=0.25)
-    runner = fa.KERNELS.kernels[("batch_prefill_paged", variant)](plan)
+    runner = kernel_for("flash_attn", "batch_prefill_paged", variant)(plan)
     want_out, want_lse = naive_batch(q, k, v, [4, 3], [6, 19], sm_scale=plan.sm_scale,
                                      causal=True, q_scale=0.5, k_scale=1.5, v_scale=0.25)
     for _ in range(2):  # the second run reuses the plan's buffers and row index
@@ -590,10 +591,10 @@ def test_fa2_old_version_rejected(monkeypatch):
     import types
     monkeypatch.setattr(fa, "import_error", lambda m: None)
     monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(__version__="2.5.9"))
-    reasons = fa._fa2_reasons(ragged_problem("9.0"))
+    reasons = fa.fa2_reasons(ragged_problem("9.0"))
     assert [(r.field, r.actual) for r in reasons] == [("version", "2.5.9")]
     monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(__version__="2.8.3"))
-    assert fa._fa2_reasons(ragged_problem("9.0")) == []
+    assert fa.fa2_reasons(ragged_problem("9.0")) == []
 
 
 def test_adapter_imports_no_vendor_module():
@@ -631,7 +632,7 @@ def test_gpu_ragged(variant, head_dim, qo_lens, kv_lens, kw):
     plan = make_plan(qo_lens, kv_lens, num_qo_heads=8, num_kv_heads=2, head_dim_qk=head_dim,
                      dtype=torch.bfloat16, device="cuda", **kw)
     q, k, v = ragged_inputs(plan, hnd=True)
-    out, lse = run_planner(fa.KERNELS.kernels[("batch_prefill_ragged", variant)], plan, q, k, v,
+    out, lse = run_planner(kernel_for("flash_attn", "batch_prefill_ragged", variant), plan, q, k, v,
                            scales=RunScales(q_scale=1.25, v_scale=0.5))
     want_out, want_lse = naive_batch(q.cpu().float(), k.cpu().float(), v.cpu().float(), qo_lens,
                                      kv_lens, sm_scale=plan.sm_scale, causal=plan.causal,
@@ -647,7 +648,7 @@ def test_gpu_ragged_cuda_graph_replay(variant):
     plan = make_plan([100, 3, 250], [300, 40, 250], num_qo_heads=8, num_kv_heads=2,
                      head_dim_qk=128, dtype=torch.bfloat16, device="cuda", causal=True,
                      cuda_graph=True)
-    runner = fa.KERNELS.kernels[("batch_prefill_ragged", variant)](plan)
+    runner = kernel_for("flash_attn", "batch_prefill_ragged", variant)(plan)
     q, k, v = ragged_inputs(plan, seed=5)
     out = torch.empty(plan.total_qo, 8, 128, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(plan.total_qo, 8, device="cuda")
@@ -657,7 +658,7 @@ def test_gpu_ragged_cuda_graph_replay(variant):
         q.copy_(q2), k.copy_(k2), v.copy_(v2)
         poison(out), poison(lse)
         graph.replay()
-        eager_out, eager_lse = run_planner(fa.KERNELS.kernels[("batch_prefill_ragged", variant)],
+        eager_out, eager_lse = run_planner(kernel_for("flash_attn", "batch_prefill_ragged", variant),
                                            plan, q2, k2, v2)
         assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
         want, _ = naive_batch(q2.cpu().float(), k2.cpu().float(), v2.cpu().float(),
@@ -677,7 +678,7 @@ def test_gpu_single(variant, op, qo_len):
     v = torch.randn(kv_len, 2, 128, device="cuda", dtype=torch.bfloat16)
     params = AttentionParams(sm_scale=128 ** -0.5, causal=op == "single_prefill",
                              return_lse=True, o_dtype=torch.bfloat16)
-    out, lse = fa.KERNELS.kernels[(op, variant)](q, k, v, params)
+    out, lse = kernel_for("flash_attn", op, variant)(q, k, v, params)
     want_out, want_lse = naive_batch(q.cpu().float(), k.cpu().float(), v.cpu().float(), [qo_len],
                                      [kv_len], sm_scale=params.sm_scale, causal=True)
     assert rel_error(out.cpu(), want_out) < TOLERANCE[torch.bfloat16]
@@ -729,7 +730,7 @@ def test_gpu_paged_cuda_graph_replay(variant, layout):
     kw = dict(page_size=16, layout=layout, num_qo_heads=8, num_kv_heads=2, head_dim_qk=128,
               dtype=torch.bfloat16, device="cuda", causal=True, cuda_graph=True)
     plan, q, k_cache, v_cache, _, _ = make_paged(qo_lens, kv_lens, **kw)
-    runner = fa.KERNELS.kernels[("batch_prefill_paged", variant)](plan)
+    runner = kernel_for("flash_attn", "batch_prefill_paged", variant)(plan)
     out = torch.empty(plan.total_qo, 8, 128, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(plan.total_qo, 8, device="cuda")
     stream = torch.cuda.Stream()

@@ -399,27 +399,26 @@ def test_mm_fp4_decisions(sm, features):
     if sm == "cpu":
         assert decision.backend == "reference"
         assert decision.order == ("reference", "torch:dequant_mm")
-        assert _reasons(decision, "cutlass") == {"device"}
+        assert _reasons(decision, "cutlass") == {"planned", "device"}
     elif sm == "7.5":  # no bf16 cuBLAS GEMM: the dequant path is not declared there
         assert decision.backend == "reference"
         assert _reasons(decision, "torch:dequant_mm") == {"sm"}
-        assert _reasons(decision, "cutlass") == {"sm"}
+        assert _reasons(decision, "cutlass") == {"planned", "sm"}
     else:
         assert decision.name == "torch:dequant_mm"
         assert decision.order == ("torch:dequant_mm", "reference")
-        if sm in ("10.0", "12.0"):  # native FP4 SMs: declared, rejected by the adapter
+        if sm in ("10.0", "12.0"):  # native FP4 SMs: declared, planned (no kernel wired)
             cand = next(c for c in decision.candidates if c.backend == "cutlass")
-            assert [r.field for r in cand.reasons] == ["adapter"]
-            assert "no native FP4 adapter here" in cand.reasons[0].message
+            assert [r.field for r in cand.reasons] == ["planned"] and cand.planned
             assert not cand.verified
         else:
-            assert _reasons(decision, "cutlass") == {"sm"}
+            assert _reasons(decision, "cutlass") == {"planned", "sm"}
 
 
 def test_mm_fp4_8x4_scales_are_not_served_by_cutlass():
     decision = select(_problem("10.0", ("sf_8x4",)), assume_installed=True)
     assert decision.name == "torch:dequant_mm"
-    assert _reasons(decision, "cutlass") == {"feature"}
+    assert _reasons(decision, "cutlass") == {"planned", "feature"}
 
 
 @pytest.mark.parametrize("sm", ["7.5", "8.0", "9.0", "10.0", "12.0"])

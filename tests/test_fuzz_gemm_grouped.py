@@ -23,7 +23,7 @@ from hypothesis import given, settings, strategies as st
 
 import flashinfer
 from flashinfer import index_checks
-from flashinfer.backends import get_kernel
+from flashinfer.dispatch import kernel_for
 from flashinfer.dispatch import Problem
 from flashinfer.gemm import SegmentGEMMWrapper, group_gemm_fp8_nt_groupwise
 from flashinfer.gemm.grouped import FAULTS, grouped_mm_bf16, grouped_mm_fp8
@@ -69,7 +69,7 @@ FP8_GPU = _backends("group_gemm_fp8_groupwise", "cuda")
 
 def _kernel(backend: str, op: str):
     name, _, variant = backend.partition(":")
-    return get_kernel(name, op, variant or "default")
+    return kernel_for(name, op, variant or "default")
 
 
 # --------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from hypothesis import given, settings, strategies as st
 
 import flashinfer
 from flashinfer import index_checks
-from flashinfer.backends import get_kernel
+from flashinfer.dispatch import kernel_for
 from flashinfer.dispatch import Problem
 from flashinfer.fused_moe import ActivationType, cutlass_fused_moe
 from flashinfer.fused_moe.checks import EXPERT_IDS
@@ -177,7 +177,7 @@ def test_kernel_skips_bad_ids_and_records_them(backend, case):
                       total, EXPERT_IDS)
     big, out = _embedded_out(case, "cpu")
     name, _, variant = backend.partition(":")
-    get_kernel(name, "fused_moe", variant or "default")(x, None, w1, None, w2, None, ids,
+    kernel_for(name, "fused_moe", variant or "default")(x, None, w1, None, w2, None, ids,
                                                         weights, spec, out)
     assert _sentinel_rows_intact(big) and not out.isnan().any()
     assert rel_error(out, _naive(case, x, ids, weights, w1, w2)) < TOL
@@ -210,7 +210,7 @@ def test_triton_alignment_reports_the_lowest_bad_pair_and_counts_all(tokens):
     """``prepare`` alone (the launch that checks the ids), in the interpreter on the CPU: the
     record names the lowest bad pair and counts every bad one, across alignment chunks."""
     pytest.importorskip("triton")
-    from flashinfer.backends.triton_kernels.moe import prepare
+    from flashinfer.backends.triton.moe import prepare
 
     g = torch.Generator().manual_seed(tokens)
     ids = torch.randint(0, 8, (tokens, 2), dtype=torch.int32, generator=g)

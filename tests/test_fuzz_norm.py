@@ -17,7 +17,7 @@ from hypothesis import given, strategies as st
 
 from flashinfer import activation as fact
 from flashinfer import norm as fnorm
-from flashinfer.backends.triton_kernels import norm as triton_norm
+from flashinfer.backends.triton import norm as triton_norm
 from flashinfer.dispatch import Problem
 
 from conftest import FUZZ, HAS_CUDA, TOLERANCE, raises_naming, usable_backends

@@ -154,7 +154,7 @@ def test_triton_kernel_skips_bad_tokens_and_records_them(case):
     """The kernel itself (no host check in front of it), in Triton's interpreter on the CPU."""
     if case["kind"] == "skip":
         return
-    from flashinfer.backends.triton_kernels import page as triton_page
+    from flashinfer.backends.triton import page as triton_page
     from flashinfer.page import unpack_paged_kv_cache
 
     cache, k, v, idx, _ = _tensors(case, "cpu")

@@ -15,7 +15,7 @@ from hypothesis import given, strategies as st
 
 import flashinfer
 from flashinfer import rope
-from flashinfer.backends import get_kernel
+from flashinfer.dispatch import kernel_for
 from flashinfer.dispatch import Problem
 from flashinfer.rope import RopeParams
 
@@ -336,7 +336,7 @@ def run_kernel_with_bad_positions(case, backend: str, device: str) -> None:
         k_out = torch.full_like(k, float("nan"))
     pos = torch.tensor(case["pos"], device=device)
     fault = rope.POSITIONS_FAULTS[CACHED + ("_inplace" if case["inplace"] else "")]
-    get_kernel(backend, "rope", "default")(
+    kernel_for(backend, "rope", "default")(
         q, k, q_out, k_out, pos, RopeParams(rot, case["interleave"], positions_fault=fault), cache)
     good = [t for t, p in enumerate(case["pos"]) if 0 <= p < case["max_pos"]]
     bad = [t for t in range(nnz) if t not in good]

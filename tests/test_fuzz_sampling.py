@@ -29,7 +29,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from flashinfer import sampling as S
-from flashinfer.backends import adapter_table
+from flashinfer.dispatch import kernel_for
 from flashinfer.dispatch import Problem
 
 from conftest import FUZZ, FUZZ_SLOW, HAS_CUDA, raises_naming, usable_backends
@@ -81,10 +81,10 @@ def _names(case: str, device: str) -> list[str]:
 
 def _kernel(name: str, op: str):
     if name == SPLIT:
-        from flashinfer.backends.triton_kernels.softmax import softmax_streaming
+        from flashinfer.backends.triton.softmax import softmax_streaming
         return lambda logits, out, t: softmax_streaming(logits, out, t, chunks=2)
     backend, _, variant = name.partition(":")
-    return adapter_table(backend).kernels[(op, variant or "default")]
+    return kernel_for(backend, op, variant or "default")
 
 
 CPU = [(case, name) for case in CASES for name in _names(case, "cpu")]

@@ -112,7 +112,7 @@ def test_segment_gemm_upstream_backend_names():
 def test_grouped_mm_kernel_on_cpu(column_major):
     """The torch:grouped_mm kernel (declared for CUDA) called directly on CPU tensors, where
     torch 2.13 also has torch._grouped_mm: offsets, gathered weights, masked rows."""
-    from flashinfer.backends.torch_gemm_grouped import segment_gemm_grouped
+    from flashinfer.backends.torch.gemm_grouped import segment_gemm_grouped
 
     torch.manual_seed(12)
     bounds, chosen = [1, 4, 4, 11], [2, 0, 2]  # row 0 and rows 11.. belong to no segment

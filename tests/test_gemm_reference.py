@@ -5,7 +5,7 @@ import torch
 
 import flashinfer
 from flashinfer import quantization as Q
-from flashinfer.backends import get_kernel
+from flashinfer.dispatch import kernel_for
 from flashinfer.gemm import bmm_fp8, gemm_fp8_nt_blockscaled, gemm_fp8_nt_groupwise, mm_bf16, mm_fp8
 from conftest import TOLERANCE, poison, rel_error
 
@@ -137,7 +137,7 @@ def test_torch_bmm_fp8_kernel_on_cpu(m):
     A, A_s = Q.quantize_fp8_per_tensor(torch.randn(2, m, 32))
     B, B_s = Q.quantize_fp8_per_tensor(torch.randn(2, 32, 16))  # row-major: adapter re-lays it
     out = poison(torch.empty(2, m, 16, dtype=torch.bfloat16))
-    get_kernel("torch", "bmm_fp8", "scaled_mm")(A, B, A_s, B_s, out)
+    kernel_for("torch", "bmm_fp8", "scaled_mm")(A, B, A_s, B_s, out)
     expected = (A.double() @ B.double()) * A_s.double() * B_s.double()
     assert rel_error(out, expected) < FP8_TOL
 
@@ -150,7 +150,7 @@ def test_torch_rowwise_kernel_on_cpu(m):
     b, b_s = Q.quantize_fp8_per_token(torch.randn(32, 64))
     out = poison(torch.empty(m, 32, dtype=torch.bfloat16))
     try:
-        get_kernel("torch", "gemm_fp8_groupwise", "scaled_mm_rowwise")(a, b, a_s, b_s,
+        kernel_for("torch", "gemm_fp8_groupwise", "scaled_mm_rowwise")(a, b, a_s, b_s,
                                                                         (1, 1, 64), out)
     except RuntimeError as exc:
         pytest.skip(f"row-wise torch._scaled_mm not on this CPU build: {exc}")

@@ -1,4 +1,4 @@
-"""Static check of the @triton.jit modules (``backends/triton_kernels/_*_kernels.py``): a module
+"""Static check of the @triton.jit modules (``backends/triton/_*_kernels.py``): a module
 level number a kernel reads must be a ``tl.constexpr``. Triton 3.6 (the H200's) refuses any
 other global at compile time, while the interpreter the CPU suite runs accepts it, so only this
 check catches it without a GPU."""
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import flashinfer.backends.triton_kernels as triton_kernels
+import flashinfer.backends.triton as triton_kernels
 
 MODULES = sorted(Path(triton_kernels.__file__).parent.glob("_*_kernels.py"))
 

@@ -69,12 +69,13 @@ def test_fused_moe(sm, features, weight, hidden):
         assert decision.order == ("triton", "torch", "reference")
         assert _reasons(decision, "triton") == set()
         assert _reasons(decision, "torch") == set()
-    # trtllm-gen is declared for Blackwell (SM 10.x) only, and never chosen: its adapter is
-    # not wired (the record documents what it would serve)
+    # trtllm-gen is declared for Blackwell (SM 10.x) only, and never chosen: it is planned (the
+    # record documents what it would serve; no kernel is wired)
     trtllm = _reasons(decision, "trtllm")
+    assert "planned" in trtllm
     if sm == "10.0":
         fp16 = "float16" in (weight, hidden)
-        assert trtllm == ({"dtype.hidden", "dtype.weight"} if fp16 else {"adapter"})
+        assert trtllm == ({"planned", "dtype.hidden", "dtype.weight"} if fp16 else {"planned"})
     else:
         assert "sm" in trtllm or "device" in trtllm
 
@@ -84,19 +85,20 @@ def test_trtllm_needs_tensorrt_llm_when_not_assumed():
     triton leads where it imports, else torch (which needs no vendor package)."""
     decision = select(_moe("10.0"))
     reasons = [r for c in decision.candidates if c.backend == "trtllm" for r in c.reasons]
-    assert [r.field for r in reasons] == ["import"] and "tensorrt_llm" in reasons[0].message
+    assert [r.field for r in reasons] == ["planned", "import"]
+    assert "tensorrt_llm" in reasons[1].message
     assert decision.backend == ("triton" if import_error("triton") is None else "torch")
     assert decision.order[-2:] == ("torch", "reference")
 
 
 @pytest.mark.parametrize("sm", SMS)
 def test_fp4_weights_have_no_backend(sm):
-    """FP4 (uint8-packed) weights: only trtllm-gen on SM 10.x would serve them, and its adapter
-    is not wired, so every device says why no backend can."""
+    """FP4 (uint8-packed) weights: only trtllm-gen on SM 10.x would serve them, and it is
+    planned only, so every device says why no backend can."""
     problem = _moe(sm, "uint8", "bfloat16")
     with pytest.raises(NoBackendError) as info:
         select(problem, assume_installed=True)
     if sm == "10.0":
-        assert _reasons(info.value, "trtllm") == {"adapter"}
+        assert _reasons(info.value, "trtllm") == {"planned"}
     assert _reasons(info.value, "reference") == {"dtype.weight"}
     assert _reasons(info.value, "torch") >= {"dtype.weight"}

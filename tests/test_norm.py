@@ -12,7 +12,7 @@ import flashinfer.norm as fnorm
 from conftest import TOLERANCE, poison, rel_error
 from flashinfer import use_backend
 from flashinfer import dispatch
-from flashinfer.backends.triton_kernels import norm as triton_norm
+from flashinfer.backends.triton import norm as triton_norm
 from flashinfer.device import simulated, sm_family
 from flashinfer.dispatch import BackendUnavailableError, Problem, select
 

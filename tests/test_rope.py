@@ -8,7 +8,7 @@ import torch
 
 import flashinfer
 from flashinfer import rope
-from flashinfer.backends import get_kernel
+from flashinfer.dispatch import kernel_for
 from flashinfer.capability_db import database
 from flashinfer.rope import RopeParams
 
@@ -282,7 +282,7 @@ def test_kernels_never_read_outside_the_cache(backend):
     q_out, k_out = poison(torch.empty_like(q)), poison(torch.empty_like(k))
     pos = torch.tensor([-1, 2, 4])
     cache = torch.randn(4, 4)
-    kernel = get_kernel(backend, "rope", "default")
+    kernel = kernel_for(backend, "rope", "default")
     fault = rope.POSITIONS_FAULTS["apply_rope_with_cos_sin_cache"]
     kernel(q, k, q_out, k_out, pos, RopeParams(4, False, positions_fault=fault), cache)
     assert torch.equal(q_out[[0, 2]], q[[0, 2]]) and torch.equal(k_out[[0, 2]], k[[0, 2]])

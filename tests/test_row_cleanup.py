@@ -7,7 +7,7 @@ against the reference."""
 import pytest
 import torch
 
-from flashinfer.backends import row_cleanup
+from flashinfer.backends.shared import row_cleanup
 from flashinfer.backends.reference.gemm_grouped import segment_gemm as reference_segment_gemm
 from flashinfer.gemm.grouped import FAULTS
 
@@ -38,7 +38,7 @@ def test_rows_outside_become_zero_and_inside_rows_are_untouched(monkeypatch, row
 
 
 def test_torch_grouped_kernel_returns_its_own_zeroed_result():
-    from flashinfer.backends.torch_gemm_grouped import segment_gemm_grouped
+    from flashinfer.backends.torch.gemm_grouped import segment_gemm_grouped
 
     if not hasattr(torch, "_grouped_mm"):
         pytest.skip("torch without _grouped_mm")

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from conftest import capture_cuda_graph, TOLERANCE, poison, rel_error
-from flashinfer.backends import torch_native
+from flashinfer.backends.torch import attention as torch_native
 from flashinfer.attention.batch_params import KVInput, RunScales
-from flashinfer.dispatch import select
+from flashinfer.dispatch import kernel_for, select
 from test_flash_attn import (SMS, assert_lse_close, candidate, emulated_varlen, make_plan,
                              naive_batch, ragged_inputs, ragged_problem, run_planner)
 
-PLANNER = torch_native.KERNELS.kernels[("batch_prefill_ragged", "flash_varlen")]
+PLANNER = kernel_for("torch", "batch_prefill_ragged", "flash_varlen")
 
 
 @pytest.fixture

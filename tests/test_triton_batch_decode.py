@@ -1,4 +1,4 @@
-"""Triton split-K paged decode planner (flashinfer/backends/triton_kernels/batch_decode.py).
+"""Triton split-K paged decode planner (flashinfer/backends/triton/batch_decode.py).
 
 The planner is driven directly through BatchPlan objects built here from python lists, and
 compared with a float64 oracle written in this file. CPU runs use TRITON_INTERPRET=1 (conftest)
@@ -17,8 +17,8 @@ from flashinfer import device as fdevice
 from flashinfer.attention.batch_params import BatchPlan, KVInput, RunScales
 from flashinfer.capability_db import database
 from flashinfer.dispatch import Problem
-from flashinfer.backends import extra_reasons
-from flashinfer.backends.triton_kernels import batch_decode as bd
+from flashinfer.dispatch import adapter_reasons
+from flashinfer.backends.triton import batch_decode as bd
 
 DEV = "cuda:0" if HAS_CUDA else "cpu"  # indexed, as a wrapper's plan.device (its workspace's)
 
@@ -225,11 +225,11 @@ def test_workspace_carved_or_too_small():
 
 
 def test_registered_planner_returns_runner():
-    from flashinfer.backends import get_kernel
+    from flashinfer.dispatch import kernel_for
 
     torch.manual_seed(9)
     plan, q, k, v = make_case([3, 10])
-    runner = get_kernel("triton", "batch_decode", "default")(plan)
+    runner = kernel_for("triton", "batch_decode", "default")(plan)
     out = poison(torch.empty_like(q))
     runner(q, KVInput(k, v), out, None, RunScales())
     assert rel_error(out.cpu(), oracle(plan, q, k, v)[0]) < TOLERANCE[torch.float16]
@@ -245,7 +245,7 @@ def _problem(sm, kv="bfloat16", features=("gqa",), page_size=16, head_dim=128):
 
 def _reasons(problem):
     (record,) = database().for_backend_op("triton", "batch_decode")
-    return record.check(problem, assume_installed=True) + extra_reasons(
+    return record.check(problem, assume_installed=True) + adapter_reasons(
         "triton", "batch_decode", "default", problem)
 
 

@@ -143,7 +143,7 @@ def test_bmm_fp8_128_row_tiles():
 def test_bmm_fp8_other_launch_shapes(monkeypatch, launch):
     """The tile shapes ``benchmarks/tune_bmm_fp8.py`` tries: K steps past K (masked), 64-deep
     steps, and column tiles narrower than N."""
-    from flashinfer.backends.triton_kernels import gemm as tgemm
+    from flashinfer.backends.triton import gemm as tgemm
 
     torch.manual_seed(10)
     A, A_s = Q.quantize_fp8_per_tensor(torch.randn(3, 5, 200))
@@ -157,7 +157,7 @@ def test_bmm_fp8_other_launch_shapes(monkeypatch, launch):
 
 def test_bmm_fp8_launch_narrows_tiles_for_decode_size_m():
     """64-wide column tiles for decode-size M (3 stages when K is one step), 128 beyond."""
-    from flashinfer.backends.triton_kernels import gemm as tgemm
+    from flashinfer.backends.triton import gemm as tgemm
 
     gpu = torch.device("cuda")
     assert tgemm.bmm_fp8_launch(1, 128, 512, gpu) == (16, 64, 128, 4, 4)

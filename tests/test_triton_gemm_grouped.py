@@ -12,8 +12,8 @@ import torch
 
 from flashinfer import overrides
 from flashinfer import quantization as Q
-from flashinfer.backends import get_kernel
-from flashinfer.backends.triton_kernels import gemm_grouped as triton_grouped
+from flashinfer.dispatch import kernel_for
+from flashinfer.backends.triton import gemm_grouped as triton_grouped
 from flashinfer.device import simulated
 from flashinfer.dispatch import BackendUnavailableError, Problem, select
 from flashinfer.gemm import SegmentGEMMWrapper, group_gemm_fp8_nt_groupwise
@@ -102,7 +102,7 @@ def test_segment_gemm_kernel_alpha_and_out_dtype(out_dtype):
     indptr = _indptr(LENS, HEAD)
     alpha = torch.tensor([0.75])
     out = poison(torch.empty(x.shape[0], 40, dtype=out_dtype))
-    get_kernel("triton", "segment_gemm", "default")(x, w, indptr, None, True, alpha, out,
+    kernel_for("triton", "segment_gemm", "default")(x, w, indptr, None, True, alpha, out,
                                                     FAULTS["grouped_mm_fp8"])
     expected = _naive(x, w, indptr.tolist(), range(len(LENS)), True, alpha=0.75)
     assert rel_error(out, expected) < TOLERANCE[out_dtype if out_dtype != torch.float32
@@ -148,7 +148,7 @@ def test_segment_gemm_bad_weight_index_gives_zero_rows_not_a_stray_read():
     x, w = _segment_inputs(torch.float16, False, lens=lens)
     indptr = _indptr(lens)
     out = poison(torch.empty(x.shape[0], w.shape[2], dtype=torch.float16))
-    get_kernel("triton", "segment_gemm", "default")(
+    kernel_for("triton", "segment_gemm", "default")(
         x, w, indptr, torch.tensor([1, 7]), False, None, out, FAULTS["seg_indptr"])
     assert (out[4:] == 0).all()
     expected = _naive(x, w, indptr.tolist(), [1], False)

@@ -11,7 +11,7 @@ from test_triton_sampling import chi_square_p_value
 
 triton = pytest.importorskip("triton")
 
-from flashinfer.backends import adapter_table  # noqa: E402
+from flashinfer.dispatch import kernel_for  # noqa: E402
 from test_triton_sampling_two_pass import _uniform_kernel  # noqa: E402  (the same counter)
 from test_triton_softmax_streaming import logits  # noqa: E402
 
@@ -21,11 +21,11 @@ pytestmark = [pytest.mark.usefixtures("kernel_device"),
 
 
 def one_pass():
-    return adapter_table("triton").kernels[("sampling_from_logits", "one_pass")]
+    return kernel_for("triton", "sampling_from_logits", "one_pass")
 
 
 def _launch(x, block, seed=9, indices=None, out_dtype=torch.int32):
-    from flashinfer.backends.triton_kernels import _logits_draw_kernels as KL
+    from flashinfer.backends.triton import _logits_draw_kernels as KL
 
     n = x.shape[0] if indices is None else indices.numel()
     out = torch.full((n,), -7, dtype=out_dtype, device=x.device)
@@ -93,7 +93,7 @@ def test_gpu_chi_square():
 @pytest.mark.gpu
 def test_gpu_large_vocab_draws_are_in_range_and_match_the_reference():
     x = logits(8, 128256, seed=16, dtype=torch.bfloat16).cuda()
-    from flashinfer.backends.triton_kernels.sampling import _launch_shape
+    from flashinfer.backends.triton.sampling import _launch_shape
 
     block = 4 * _launch_shape(128256, 8)[0]
     out = torch.empty(8, dtype=torch.int32, device="cuda")

@@ -14,7 +14,7 @@ from test_triton_sampling import chi_square_p_value, keep_set
 triton = pytest.importorskip("triton")
 
 from flashinfer import sampling  # noqa: E402
-from flashinfer.backends import adapter_table  # noqa: E402
+from flashinfer.dispatch import kernel_for  # noqa: E402
 from test_triton_sampling_two_pass import _expected  # noqa: E402  (float64 inverse CDF)
 from test_triton_softmax_streaming import logits  # noqa: E402
 
@@ -26,7 +26,7 @@ OP = "top_k_top_p_sampling_from_logits"
 
 
 def fused():
-    return adapter_table("triton").kernels[(OP, "two_pass")]
+    return kernel_for("triton", OP, "two_pass")
 
 
 def softmax64(x):
@@ -36,8 +36,8 @@ def softmax64(x):
 def _launch(x, top_k, top_p, block, seed=9, cap=None, indices=None):
     """The kernel in its logits mode with a chosen block and candidate slots (a narrow block or
     too few slots force the exact full-pass path)."""
-    from flashinfer.backends.triton_kernels import _sampling_two_pass_kernels as K2
-    from flashinfer.backends.triton_kernels.sampling import two_pass_groups
+    from flashinfer.backends.triton import _sampling_two_pass_kernels as K2
+    from flashinfer.backends.triton.sampling import two_pass_groups
 
     n = x.shape[0] if indices is None else indices.numel()
     out = torch.full((n,), -7, dtype=torch.int32, device=x.device)

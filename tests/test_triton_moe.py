@@ -1,4 +1,4 @@
-"""Triton fused MoE (backends/triton_kernels/moe.py): the device-side alignment, the kernels
+"""Triton fused MoE (backends/triton/moe.py): the device-side alignment, the kernels
 under TRITON_INTERPRET=1 at tiny shapes against a float64 per-(token, slot) loop written here,
 the SM 8.9 fp8 check, and (GPU) DeepSeek-like scaled-down layers against the reference."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import TOLERANCE, capture_cuda_graph, poison, rel_error
-from flashinfer.backends.triton_kernels.moe import ONE_PROGRAM_PAIRS, fused_moe, max_rows, prepare
+from flashinfer.backends.triton.moe import ONE_PROGRAM_PAIRS, fused_moe, max_rows, prepare
 from flashinfer.device import simulated
 from flashinfer.dispatch import Problem, select
 from flashinfer.fused_moe import cutlass_fused_moe
@@ -151,7 +151,7 @@ def test_align_groups_and_pads_by_expert(t, k, e, block_m, offset):
 
 @pytest.mark.parametrize("tokens", [1, 16, 256, 1024, 4096, 65536])
 def test_launch_configs_keep_w8a8_tiles_one_scale_group(tokens):
-    from flashinfer.backends.triton_kernels.moe import launch_config
+    from flashinfer.backends.triton.moe import launch_config
 
     w8a8 = launch_config(tokens * 8, 256, True, True)
     assert w8a8.block_k == w8a8.block_n1 == 128
@@ -337,7 +337,7 @@ def test_triton_candidate_reasons(sm, weight):
 def _with_descriptors(monkeypatch, run):
     """``run()`` with every launch configuration's ``weights_tma`` set: the weight tiles loaded
     through tensor descriptors (Triton's interpreter emulates them on the CPU)."""
-    from flashinfer.backends.triton_kernels import moe as tmoe
+    from flashinfer.backends.triton import moe as tmoe
 
     chosen = tmoe.launch_config
     with monkeypatch.context() as patch:
@@ -380,7 +380,7 @@ def test_unquantised_through_descriptors(monkeypatch, t, k, e, hidden, inter):
 
 
 def test_unaligned_weights_fall_back_to_pointer_loads():
-    from flashinfer.backends.triton_kernels.moe import LaunchConfig, _weight_descriptors
+    from flashinfer.backends.triton.moe import LaunchConfig, _weight_descriptors
 
     cfg = LaunchConfig(16, 128, 64, 128, 4, 1, 4, 1, 8, True)
     w1, w2 = _experts(2, 24, 16, torch.bfloat16)  # 32-byte rows: usable

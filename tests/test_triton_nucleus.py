@@ -15,14 +15,14 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 from triton.language.random import philox, uint_to_uniform_float  # noqa: E402
 
-from flashinfer.backends import adapter_table  # noqa: E402
-from flashinfer.backends.triton_kernels.sampling import NUCLEUS_MAX_ROUNDS  # noqa: E402
+from flashinfer.dispatch import kernel_for  # noqa: E402
+from flashinfer.backends.triton.sampling import NUCLEUS_MAX_ROUNDS  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("kernel_device")
 
 
 def nucleus():
-    return adapter_table("triton").kernels[("sampling_from_probs", "nucleus")]
+    return kernel_for("triton", "sampling_from_probs", "nucleus")
 
 
 def draw(p, n_per_row, top_p, seed=7, offset=0, variant="nucleus"):
@@ -30,7 +30,7 @@ def draw(p, n_per_row, top_p, seed=7, offset=0, variant="nucleus"):
     idx = torch.arange(rows, dtype=torch.int32, device=p.device).repeat_interleave(n_per_row)
     out = torch.full((idx.numel(),), -7, dtype=torch.int32, device=p.device)
     valid = torch.zeros(idx.numel(), dtype=torch.bool, device=p.device)
-    adapter_table("triton").kernels[("sampling_from_probs", variant)](
+    kernel_for("triton", "sampling_from_probs", variant)(
         p, out, valid, idx, None, top_p, None, False, True, seed, offset)
     return idx.long(), out.long(), valid
 
@@ -87,7 +87,7 @@ def _mirror(p, top_p, block, us):
 
 @pytest.mark.parametrize("top_p", [0.0, 0.3, 0.8, 0.97])
 def test_every_draw_is_the_float64_mirror_of_the_rounds(top_p):
-    from flashinfer.backends.triton_kernels.sampling import _launch_shape
+    from flashinfer.backends.triton.sampling import _launch_shape
 
     p = probs_rows(6, 300, seed=int(top_p * 100), power=2.0)
     _, out, valid = draw(p, 1, top_p, seed=9)
@@ -143,7 +143,7 @@ def test_calls_it_does_not_serve_go_to_the_general_kernel():
     general = out.clone()
     for args in ((5, 0.7, None), (None, 0.7, 0.1), (None, None, None)):
         nucleus()(p, out, valid, None, *args, False, True, 3, 0)
-        adapter_table("triton").kernels[("sampling_from_probs", "default")](
+        kernel_for("triton", "sampling_from_probs", "default")(
             p, general, valid.clone(), None, *args, False, True, 3, 0)
         assert torch.equal(out, general)
 

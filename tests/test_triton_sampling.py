@@ -1,4 +1,4 @@
-"""Our Triton sampling kernels (flashinfer/backends/triton_kernels/sampling.py), called directly
+"""Our Triton sampling kernels (flashinfer/backends/triton/sampling.py), called directly
 through the triton KernelTable, against float64 computations written here.
 
 On CPU they run in Triton's interpreter, one program per output row at about 0.1 s each, so the
@@ -14,14 +14,14 @@ from conftest import poison, rel_error
 
 triton = pytest.importorskip("triton")
 
-from flashinfer.backends import adapter_table  # noqa: E402
+from flashinfer.dispatch import kernel_for  # noqa: E402
 
 #: small-shape kernel tests: interpreter on CPU, native on a GPU (conftest.kernel_device)
 pytestmark = pytest.mark.usefixtures("kernel_device")
 
 
 def kernel(op, variant="default"):
-    return adapter_table("triton").kernels[(op, variant)]
+    return kernel_for("triton", op, variant)
 
 
 def probs_rows(rows, vocab, seed, power=3.0):

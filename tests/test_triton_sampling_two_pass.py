@@ -17,13 +17,13 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 from triton.language.random import philox, uint_to_uniform_float  # noqa: E402
 
-from flashinfer.backends import adapter_table  # noqa: E402
+from flashinfer.dispatch import kernel_for  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("kernel_device")
 
 
 def two_pass():
-    return adapter_table("triton").kernels[("sampling_from_probs", "two_pass")]
+    return kernel_for("triton", "sampling_from_probs", "two_pass")
 
 
 def draw(p, n_per_row, top_k, top_p=None, joint=False, seed=7, offset=0, min_p=None):
@@ -91,8 +91,8 @@ def test_deterministic_for_a_seed_and_offset_and_different_for_another():
 def _launch(p, top_k, top_p, joint, block, seed=9, cap=None, min_p=None):
     """The kernel itself with a chosen block (a narrow one forces the exact full-pass path) and
     compacted candidate slots (too few for the candidates force it too)."""
-    from flashinfer.backends.triton_kernels import _sampling_two_pass_kernels as K2
-    from flashinfer.backends.triton_kernels.sampling import two_pass_groups
+    from flashinfer.backends.triton import _sampling_two_pass_kernels as K2
+    from flashinfer.backends.triton.sampling import two_pass_groups
 
     n = p.shape[0]
     out = torch.full((n,), -7, dtype=torch.int32, device=p.device)

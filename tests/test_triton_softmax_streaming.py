@@ -10,9 +10,8 @@ from conftest import poison, rel_error
 
 triton = pytest.importorskip("triton")
 
-from flashinfer.backends import adapter_table  # noqa: E402
-from flashinfer.backends.triton_kernels.softmax import (  # noqa: E402
-    CHUNK_BLOCK, MAX_CHUNKS, split_chunks)
+from flashinfer.dispatch import kernel_for  # noqa: E402
+from flashinfer.backends.triton.softmax import CHUNK_BLOCK, MAX_CHUNKS, split_chunks  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("kernel_device"),
               # the interpreter's numpy evaluates exp(-inf - -inf) before the kernel masks it
@@ -20,7 +19,7 @@ pytestmark = [pytest.mark.usefixtures("kernel_device"),
 
 
 def streaming():
-    return adapter_table("triton").kernels[("softmax", "streaming")]
+    return kernel_for("triton", "softmax", "streaming")
 
 
 def logits(rows, vocab, seed, dtype=torch.float32):
@@ -68,7 +67,7 @@ def test_the_rule_picks_the_split_path_and_it_matches():
 def test_non_contiguous_output(variant):
     x = logits(4, 129, seed=4)
     out = poison(torch.empty(129, 4, device=x.device)).t()
-    adapter_table("triton").kernels[("softmax", variant)](x, out, None)
+    kernel_for("triton", "softmax", variant)(x, out, None)
     assert rel_error(out.cpu(), expected(x, None)) < 1e-5
 
 

@@ -13,7 +13,7 @@ from test_triton_sampling import keep_set, probs_rows, with_bad_rows
 
 triton = pytest.importorskip("triton")
 
-from flashinfer.backends import adapter_table  # noqa: E402
+from flashinfer.dispatch import kernel_for  # noqa: E402
 from flashinfer.device import simulated  # noqa: E402
 from flashinfer.dispatch import Problem, select  # noqa: E402
 
@@ -23,11 +23,11 @@ pytestmark = [pytest.mark.usefixtures("kernel_device"),
 
 
 def renorm(variant="two_pass"):
-    return adapter_table("triton").kernels[("renorm_probs", variant)]
+    return kernel_for("triton", "renorm_probs", variant)
 
 
 def mask(variant="two_pass"):
-    return adapter_table("triton").kernels[("top_k_mask_logits", variant)]
+    return kernel_for("triton", "top_k_mask_logits", variant)
 
 
 def logits(rows, vocab, seed, dtype=torch.float32):
@@ -105,8 +105,8 @@ def test_mask_keeps_every_finite_logit_of_a_row_with_fewer_than_k():
 def test_the_exact_path_agrees(block, cap):
     # 8 large values at block position 3 of a 16-wide block: four candidates per position miss
     # half of them; 8 slots cannot hold the 64 position maxima at or above the bound
-    from flashinfer.backends.triton_kernels import _top_k_two_pass_kernels as KR
-    from flashinfer.backends.triton_kernels.sampling import two_pass_groups
+    from flashinfer.backends.triton import _top_k_two_pass_kernels as KR
+    from flashinfer.backends.triton.sampling import two_pass_groups
 
     g = torch.Generator().manual_seed(6)
     base = torch.rand(3, 256, generator=g, dtype=torch.float64, device="cpu") * 0.1 + 0.01

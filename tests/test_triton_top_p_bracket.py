@@ -11,13 +11,13 @@ from test_triton_sampling import keep_set, probs_rows, with_bad_rows
 
 triton = pytest.importorskip("triton")
 
-from flashinfer.backends import adapter_table  # noqa: E402
+from flashinfer.dispatch import kernel_for  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("kernel_device")
 
 
 def bracket():
-    return adapter_table("triton").kernels[("renorm_probs", "bracket")]
+    return kernel_for("triton", "renorm_probs", "bracket")
 
 
 def expected(p, top_p):
@@ -98,7 +98,7 @@ def test_strided_output_and_top_k_handed_on():
     out = torch.full((129, 3), float("nan"), device=p.device).t()
     renorm(p, 0.5, out)
     assert torch.equal(out.cpu() > 0, keep_set(p, top_p=0.5).cpu())
-    general = adapter_table("triton").kernels[("renorm_probs", "default")]
+    general = kernel_for("triton", "renorm_probs", "default")
     a = torch.full_like(p, float("nan"))
     b = torch.full_like(p, float("nan"))
     bracket()(p, a, 7, None)

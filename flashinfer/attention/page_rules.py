@@ -5,7 +5,7 @@ only, no synchronisation), in the order the rules are applied: an entry that bre
 rule is not tested against the later ones. :mod:`flashinfer.page` raises the first bad entry on
 the host (CPU tensors, ``FLASHINFER_CHECK_INDICES=1``); the reference append kernel on a GPU
 merges them into the device's error record and skips the bad tokens; the Triton append kernel
-applies the same rules itself (``backends/triton_kernels/_page_kernels.py``).
+applies the same rules itself (``backends/triton/_page_kernels.py``).
 """
 
 from __future__ import annotations

@@ -1,78 +1,42 @@
-"""Backend registry: the names, and where each backend's adapter module lives.
+"""Backends: one package per backend, named like it (the names: :mod:`flashinfer.backend_names`).
+
+A capability record (``flashinfer/capability_db/<backend>.toml``) names the function that runs
+its kernel, ``kernel = "torch.gemm:bmm_fp8"`` (a module of this package, then the function), and
+optionally ``check = "module:function"``: the reasons a problem its table admits still cannot run
+(strides, alignment: what a table cannot say). :func:`resolve` imports the module the first time
+a Decision needs it; nothing is registered by import side effect, so the Decision names the very
+function that runs. A record with ``planned = true`` names no function: it is declared so that
+``explain`` and ``show-config`` show what is planned, and is never chosen.
 
 Adding a backend
 ----------------
-1. Write ``flashinfer/backends/<name>.py`` (or a package) with a module-level
-   ``KERNELS = KernelTable("<name>")`` and one ``@KERNELS.kernel(op, variant)`` function per
-   capability record; put checks a table cannot express (strides, alignment) under
-   ``@KERNELS.check(op, variant)``. Import vendor packages inside functions, never at module top:
-   the dispatcher imports adapters while choosing, on machines without the vendor package.
-2. Write ``flashinfer/capability_db/<name>.toml`` declaring what the kernels can run
-   (``verified = false`` until run on hardware against the reference).
-3. Add one line to ``_ADAPTERS`` below and, if it should be preferred, name it in the
-   ``dispatch_rules/<op>.toml`` orders. Tests, ``show-config`` and ``explain`` find it by themselves.
+1. Write ``flashinfer/backends/<name>/`` with one module per op family, holding the kernel
+   functions with the canonical signatures of that op's module docstring. Import vendor
+   packages inside functions, never at module top: the dispatcher imports these modules while
+   choosing, also on machines without the vendor package. Helpers several backends share go in
+   ``backends/shared/``; a backend imports nothing above the kernel contracts (the layering test
+   holds it to that).
+2. Write ``flashinfer/capability_db/<name>.toml``: one record per kernel, naming it, declaring
+   what it can run (``verified = false`` until it ran on hardware against the reference).
+3. Add the name to ``backend_names.BACKEND_NAMES`` and, to have it preferred, to the orders of
+   ``dispatch_rules/<op>.toml``. The tests, ``show-config`` and ``explain`` find it by themselves.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Callable
 
-from ..backend_names import BACKEND_NAMES
-from ..reasons import Reason
 
-#: backend name -> adapter module (relative to this package). Order = tie-break order.
-_ADAPTERS = {
-    "cudnn": ".cudnn",
-    "flash_attn": ".flash_attn",
-    "trtllm": ".trtllm",
-    "cutlass": ".cutlass",
-    "torch": ".torch_native",
-    "triton": ".triton_kernels",
-    "reference": ".reference",
-}
-
-assert tuple(_ADAPTERS) == BACKEND_NAMES, "one adapter per backend name, in the same order"
-
-CheckFn = Callable[..., list[Reason]]
-
-
-class KernelTable:
-    """Per-backend table of kernels and extra checks, keyed by (op, variant)."""
-
-    def __init__(self, backend: str):
-        self.backend = backend
-        self.kernels: dict[tuple[str, str], Callable] = {}
-        self.checks: dict[tuple[str, str], CheckFn] = {}
-
-    def kernel(self, op: str, variant: str = "default"):
-        def register(fn: Callable) -> Callable:
-            self.kernels[(op, variant)] = fn
-            return fn
-        return register
-
-    def check(self, op: str, variant: str = "default"):
-        def register(fn: CheckFn) -> CheckFn:
-            self.checks[(op, variant)] = fn
-            return fn
-        return register
-
-
-def adapter_table(backend: str) -> KernelTable:
-    module = importlib.import_module(_ADAPTERS[backend], __name__)
-    return module.KERNELS
-
-
-def get_kernel(backend: str, op: str, variant: str) -> Callable:
-    table = adapter_table(backend)
+@functools.lru_cache(maxsize=None)
+def resolve(ref: str) -> Callable:
+    """``"torch.gemm:bmm_fp8"`` -> the function ``bmm_fp8`` of ``flashinfer.backends.torch.gemm``
+    (imported on first use; ``LookupError`` naming the reference when it does not exist)."""
+    module_name, _, function = ref.partition(":")
+    module = importlib.import_module(f"{__name__}.{module_name}")
     try:
-        return table.kernels[(op, variant)]
-    except KeyError:
-        raise LookupError(
-            f"backend {backend!r} declares {op}:{variant} in its capability record "
-            f"but its adapter registers no such kernel") from None
-
-
-def extra_reasons(backend: str, op: str, variant: str, problem) -> list[Reason]:
-    check = adapter_table(backend).checks.get((op, variant))
-    return list(check(problem)) if check else []
+        return getattr(module, function)
+    except AttributeError:
+        raise LookupError(f"a capability record names kernel {ref!r}, but "
+                          f"{module.__name__} has no {function!r}") from None

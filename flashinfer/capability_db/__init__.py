@@ -9,6 +9,11 @@ Record keys (all but ``name`` and ``verified`` optional)::
 
     name = "single_prefill"          # op, from op_catalog.OPS
     variant = "flash_varlen"         # default "default"; one backend may have several kernels
+    kernel = "torch.attention:flash_varlen"   # the function that runs it: a module of
+                                     # flashinfer.backends, then the function (imported lazily)
+    check = "torch.attention:flash_reasons"   # optional: the adapter's reasons for what a table
+                                     # cannot say (strides, alignment); same form
+    planned = true                   # instead of kernel: declared so explain shows it, not wired
     devices = ["cuda"]               # "cuda" and/or "cpu"
     sm_min = "8.0"  sm_max = "12.1"  # inclusive SM range, required when devices has "cuda"
     dtypes.q = ["float16", "bfloat16"]          # per dtype role; a role not listed takes any
@@ -33,7 +38,7 @@ can run). It never raises and collects every reason, not only the first.
 from __future__ import annotations
 
 import functools
-import importlib
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,9 +65,10 @@ DTYPE_NAMES = (
 _RECORD_KEYS = {
     "name", "variant", "devices", "sm_min", "sm_max", "dtypes", "shape", "features", "layouts",
     "requires", "requires_any", "cpu_under_triton_interpret", "verified", "verified_on",
-    "deterministic", "emulation", "note",
+    "deterministic", "emulation", "note", "kernel", "check", "planned",
 }
 _SHAPE_KEYS = {"values", "min", "max", "multiple_of"}
+_REF = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
 
 class CapabilityDBError(ValueError):
@@ -115,7 +121,14 @@ class Record:
     deterministic: bool
     note: str
     emulation: bool = False
+    kernel: str | None = None  # "module:function" under flashinfer.backends; None when planned
+    check_ref: str | None = None  # the adapter's extra check, same form
     source: str = field(compare=False, default="")
+
+    @property
+    def planned(self) -> bool:
+        """Declared (explain and show-config show it), but no kernel is wired yet."""
+        return self.kernel is None
 
     @property
     def key(self) -> str:
@@ -131,6 +144,9 @@ class Record:
               ) -> list[Reason]:
         """Every reason this record cannot serve ``problem`` (empty list = it can)."""
         reasons: list[Reason] = []
+        if self.planned:
+            reasons.append(Reason("planned", "declared only", "a wired kernel",
+                                  "planned: declared so explain shows it; no kernel is wired yet"))
         devices = self.devices
         if triton_interpret and self.cpu_under_triton_interpret and "cpu" not in devices:
             devices = devices + ("cpu",)
@@ -259,6 +275,19 @@ def _parse_record(backend: str, raw: dict, source: str, index: int) -> Record:
             raise _fail(source, f"{where}.verified_on", str(exc)) from None
         if not raw["verified"]:
             raise _fail(source, f"{where}.verified_on", "only meaningful with verified = true")
+    kernel, check, planned = raw.get("kernel"), raw.get("check"), raw.get("planned", False)
+    for key, ref in (("kernel", kernel), ("check", check)):
+        if ref is not None and (not isinstance(ref, str) or not _REF.fullmatch(ref)):
+            raise _fail(source, f"{where}.{key}", f"expected 'module:function' (a module of "
+                        f"flashinfer.backends), got {ref!r}")
+    if planned is not True and planned is not False:
+        raise _fail(source, f"{where}.planned", f"expected true or false, got {planned!r}")
+    if (kernel is None) != planned:
+        raise _fail(source, where, "a record names its kernel (kernel = 'module:function') or "
+                    "says planned = true, not both and not neither")
+    if planned and (raw["verified"] or check is not None):
+        raise _fail(source, where, "a planned record has no kernel: verified must be false and "
+                    "there is no check")
     return Record(
         backend=backend,
         op=op,
@@ -278,6 +307,8 @@ def _parse_record(backend: str, raw: dict, source: str, index: int) -> Record:
         deterministic=bool(raw.get("deterministic", True)),
         note=str(raw.get("note", "")),
         emulation=bool(raw.get("emulation", False)),
+        kernel=kernel,
+        check_ref=check,
         source=source,
     )
 

@@ -13,7 +13,7 @@ GEMMs: ``mm_bf16`` and ``bmm_fp8`` as matmul graphs (:mod:`.gemm`, built and cac
 
 Batch attention (:mod:`flashinfer.attention.batch_params`): planners for ``batch_decode``,
 ``batch_prefill_paged`` and ``batch_prefill_ragged``; bucketed graph keys and padded metadata in
-:mod:`.batch_plan`, adapter checks in :mod:`.batch_support`, graphs and runners in
+:mod:`.batch_buckets`, adapter checks in :mod:`.batch_support`, graphs and runners in
 :mod:`._batch_graphs` (imports ``cudnn``, imported lazily inside the planners).
 """
 
@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import sys
 
-from .. import KernelTable
 from . import batch_support, support
 
-KERNELS = KernelTable("cudnn")
 
 
-@KERNELS.kernel("single_prefill")
 def single_prefill(q, k, v, params):
     """q ``[qo_len, Hq, D]``, k/v ``[kv_len, Hkv, D]`` (views) → out ``[qo_len, Hq, D]``, lse or None."""
     from . import _graphs
@@ -35,7 +32,6 @@ def single_prefill(q, k, v, params):
     return _graphs.attention(q, k, v, params)
 
 
-@KERNELS.kernel("single_decode")
 def single_decode(q, k, v, params):
     """q ``[1, Hq, D]``, k/v ``[kv_len, Hkv, D]`` (views) → out ``[1, Hq, D]``, lse or None."""
     from . import _graphs
@@ -43,17 +39,15 @@ def single_decode(q, k, v, params):
     return _graphs.attention(q, k, v, params)
 
 
-@KERNELS.check("single_prefill")
-def _check_prefill(problem):
+def prefill_reasons(problem):
     return support.reasons(problem, support.installed_versions())
 
 
-@KERNELS.check("single_decode")
-def _check_decode(problem):
+def decode_reasons(problem):
     return support.reasons(problem, support.installed_versions())
 
 
-def _batch_planner(plan):
+def batch_planner(plan):
     """A :class:`~flashinfer.attention.batch_params.BatchPlan` → its runner (host work here)."""
     from . import _batch_graphs
 
@@ -67,16 +61,12 @@ def _batch_prepare(plan):
     return _batch_graphs.prepare(plan)
 
 
-_batch_planner.prepare = _batch_prepare
+batch_planner.prepare = _batch_prepare
 
 
-def _batch_check(problem):
+def batch_reasons(problem):
     return batch_support.reasons(problem, support.installed_versions())
 
-
-for _op in ("batch_decode", "batch_prefill_paged", "batch_prefill_ragged"):
-    KERNELS.kernel(_op)(_batch_planner)
-    KERNELS.check(_op)(_batch_check)
 
 
 def graph_cache_state() -> dict:
@@ -92,5 +82,3 @@ def batch_graph_cache_state() -> dict:
     graphs = sys.modules.get(__name__ + "._batch_graphs")
     return graphs.state() if graphs is not None else {}
 
-
-from . import gemm  # noqa: E402,F401  (registers mm_bf16 and bmm_fp8 into KERNELS)

@@ -1,7 +1,7 @@
 """cuDNN graphs for batch attention (paged decode, paged and ragged prefill). Imports ``cudnn``.
 
 Imported only from inside the registered planners. :func:`prepare` (host work, before the
-plan's upload; :func:`plan` is the one-phase form) buckets the batch (:mod:`.batch_plan`), makes
+plan's upload; :func:`plan` is the one-phase form) buckets the batch (:mod:`.batch_buckets`), makes
 what changes per plan, and its ``finish`` fills the device metadata buffers and returns a
 :class:`BatchRunner`; the
 runner only looks its graph up (built once per bucketed spec and KV-operand geometry — the page
@@ -13,10 +13,10 @@ offsets on Q/O (prefill) and K/V (ragged op); built with heuristic A only and st
 in :mod:`._graphs` (same handles and per-stream workspaces).
 
 Metadata: dense decode (one query row per request) makes ``seq_len_kv`` and each request's
-first page position on the host (:func:`~.batch_plan.decode_arrays`); they ride in the plan's
+first page position on the host (:func:`~.batch_buckets.decode_arrays`); they ride in the plan's
 one upload, with the page ids padded by ``Pb`` zeros
 (``Prepared.kv_indices_tail``), and ``finish`` queues one gather into the page table; prefill
-and multi-query decode build their metadata on the host (:func:`~.batch_plan.build_metadata`)
+and multi-query decode build their metadata on the host (:func:`~.batch_buckets.build_metadata`)
 and upload it with one non-blocking copy of their own from pinned memory. A wrapper's next plan
 with the same graph key rewrites its previous plan's buffers (``BatchPlan.reusable``) instead of
 allocating new ones.
@@ -31,7 +31,6 @@ later plan that outgrows them raises (the captured graph would be stale).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import threading
 from dataclasses import dataclass
@@ -43,10 +42,11 @@ import torch
 from ._graphs import _DTYPES, _LOG2E, _binding, _workspace, build_plans
 from ...attention.batch_params import Prepared
 from ...attention.batch_params import Tail
-from .batch_plan import (RAGGED, BatchSpec, build_metadata, byte_layout, container,
-                         decode_arrays, fill_page_table, fits, gather_decode_table, kv_key,
-                         make_spec, metadata_layout, unpack)
-from .plan import GraphCache
+from .batch_buckets import (
+    RAGGED, BatchSpec, build_metadata, byte_layout, container, decode_arrays, fill_page_table, fits,
+    gather_decode_table, kv_key, make_spec, metadata_layout, unpack,
+)
+from .single_calls import GraphCache
 
 BATCH_GRAPHS = GraphCache(maxsize=64)
 
@@ -130,7 +130,7 @@ def _build(spec: BatchSpec, geometry: tuple, handle) -> Entry:
 
 class _Buffers:
     """The device memory one plan's graph reads beyond q/k/v/o, in one allocation: the packed
-    metadata (:func:`~.batch_plan.metadata_layout`), then the page table, the stats and the
+    metadata (:func:`~.batch_buckets.metadata_layout`), then the page table, the stats and the
     decode scratch rows (uninitialised: padded query rows compute nothing that is kept)."""
 
     def __init__(self, spec: BatchSpec, device: torch.device, batch_size: int):
@@ -154,7 +154,7 @@ class _Buffers:
             self.tensors["seq_len_q"].fill_(1)
 
     def upload(self, meta) -> None:
-        """Copy a plan's host metadata (:func:`~.batch_plan.build_metadata`) into these buffers
+        """Copy a plan's host metadata (:func:`~.batch_buckets.build_metadata`) into these buffers
         (non-blocking, from pinned memory)."""
         host = meta.flat
         dst = self.memory[:host.numel()]
@@ -326,11 +326,11 @@ def prepare(plan) -> Prepared:
     """The two-phase planner (see :class:`~flashinfer.attention.batch_params.Prepared`).
 
     Dense decode makes ``seq_len_kv`` and what the page table is gathered from on the host
-    (:func:`~.batch_plan.decode_arrays`): they ride in the plan's one upload (``seq_len_kv``
+    (:func:`~.batch_buckets.decode_arrays`): they ride in the plan's one upload (``seq_len_kv``
     into the CUDA-graph store's buffer for a CUDA-graph plan), and ``finish`` queues one
     gather into the page table and, for a request without keys or a CUDA-graph plan, the
     dead-row flags. Prefill and multi-query decode build their metadata in ``finish``
-    (:func:`~.batch_plan.build_metadata`, one upload of their own)."""
+    (:func:`~.batch_buckets.build_metadata`, one upload of their own)."""
     spec, buffers = _spec_and_buffers(plan)
     if spec.ragged_q:
         return Prepared({}, lambda views: _finish_prefill(plan, spec, buffers))

@@ -22,7 +22,7 @@ import cudnn
 import torch
 
 from ._graphs import _binding, _workspace, build_plans
-from .plan import GraphCache
+from .single_calls import GraphCache
 
 GEMM_CACHE = GraphCache(maxsize=256)
 

@@ -31,7 +31,9 @@ import cudnn
 import torch
 
 from ...attention.params import AttentionParams
-from .plan import CallPlan, GraphCache, GraphSpec, apply_view, call_key, needs_copy, plan_call
+from .single_calls import (
+    CallPlan, GraphCache, GraphSpec, apply_view, call_key, needs_copy, plan_call,
+)
 
 GRAPH_CACHE = GraphCache(maxsize=256)
 

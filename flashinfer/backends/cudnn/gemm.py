@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from . import KERNELS
 
 
-@KERNELS.kernel("mm_bf16")
 def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
             out: torch.Tensor) -> None:
     from . import _gemm_graphs
@@ -20,7 +18,6 @@ def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
     _gemm_graphs.mm(a, b, bias, out)
 
 
-@KERNELS.kernel("bmm_fp8")
 def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor,
             out: torch.Tensor) -> None:
     from . import _gemm_graphs

@@ -34,11 +34,9 @@ import time
 import torch
 
 from ...reasons import Reason
-from .. import KernelTable
 from . import runtime
 from .runtime import KernelSpec
 
-KERNELS = KernelTable("cutlass")
 #: the layouts of ``b`` one kernel each serves (``mm_bf16``)
 B_LAYOUTS = ("row", "column")
 _ALIGN = 8  # bf16 elements in 16 bytes
@@ -84,7 +82,6 @@ def b_layout(b: torch.Tensor) -> str | None:
     return None
 
 
-@KERNELS.kernel("mm_bf16")
 def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias, out: torch.Tensor) -> None:
     """``out = a @ b``: bf16, fp32 accumulation (the check keeps bias and misaligned shapes
     away)."""
@@ -93,8 +90,7 @@ def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias, out: torch.Tensor) -> None:
     _write_through(MM_BF16[layout], _rows(a).unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0))
 
 
-@KERNELS.check("mm_bf16")
-def _mm_bf16_reasons(problem) -> list[Reason]:
+def mm_bf16_reasons(problem) -> list[Reason]:
     shape = dict(problem.shape)
     reasons = []
     for dim in ("k", "n"):
@@ -109,7 +105,6 @@ def _mm_bf16_reasons(problem) -> list[Reason]:
 # bmm_fp8
 
 
-@KERNELS.kernel("bmm_fp8")
 def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor,
             out: torch.Tensor) -> None:
     """``out[i] = A[i] @ B[i] * A_scale * B_scale`` in one launch (e4m3 operands and the k / n
@@ -168,23 +163,3 @@ def compile_all(specs, device: torch.device | str = "cuda") -> list[dict]:
     rows.append({"kernel": "all (parallel nvcc)", "seconds":
                  round(time.perf_counter() - started, 2), "ok": all(r["ok"] for r in rows)})
     return rows
-
-
-# ------------------------------------------------------------------------------------------
-# FP4: declared only
-
-
-@KERNELS.kernel("mm_fp4")
-def mm_fp4(a, b, a_sf, b_sf, alpha, block_size, a_sf_8x4, out) -> None:
-    """Declared (capability record, ``verified = false``), not wired: refused."""
-    raise RuntimeError("the CUTLASS native FP4 GEMM is declared but not wired into this library "
-                       "(no native FP4 adapter here); use backend='torch' or 'reference'")
-
-
-@KERNELS.check("mm_fp4")
-def _fp4_not_wired(problem) -> list[Reason]:
-    """Never chosen: the record documents what upstream's CUTLASS FP4 GEMM serves (explain shows
-    it), but no call into a native FP4 kernel exists yet."""
-    return [Reason("adapter", "not wired", "a tested native FP4 GEMM call",
-                   "no native FP4 adapter here: the CUTLASS block-scaled FP4 GEMM is declared "
-                   "only, not written and tested against the reference")]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import KERNELS
 
 _ACTIVATIONS = {
     "silu": F.silu,
@@ -17,7 +16,6 @@ _ACTIVATIONS = {
 }
 
 
-@KERNELS.kernel("act_and_mul")
 def act_and_mul(input: torch.Tensor, out: torch.Tensor, activation: str) -> None:
     d = input.shape[-1] // 2
     gate, up = input[..., :d].float(), input[..., d:].float()

@@ -15,7 +15,6 @@ import math
 import torch
 
 from ...attention.params import AttentionParams, get_alibi_slopes
-from . import KERNELS
 
 #: score elements materialised per chunk of query rows (64 Mi floats = 256 MiB)
 CHUNK_ELEMENTS = 1 << 26
@@ -108,11 +107,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Attenti
     return out, lse
 
 
-@KERNELS.kernel("single_decode")
 def single_decode(q, k, v, params: AttentionParams):
     return attention(q, k, v, params)
 
 
-@KERNELS.kernel("single_prefill")
 def single_prefill(q, k, v, params: AttentionParams):
     return attention(q, k, v, params)

@@ -22,7 +22,6 @@ import torch
 from ...attention.params import AttentionParams
 from ...attention.batch_params import BatchPlan, KVInput, RunScales
 from ...reasons import Reason
-from . import KERNELS
 from .attention import attention
 
 _LN2 = math.log(2.0)
@@ -84,7 +83,7 @@ class ReferenceRunner:
                 lse[q0:q1] = l2
 
 
-def _no_cuda_graph(problem) -> list[Reason]:
+def no_cuda_graph(problem) -> list[Reason]:
     if "cuda_graph" in problem.features:
         return [Reason("feature", "cuda_graph", "eager runs only",
                        "reference batch attention loops over requests on the host: a CUDA-graph "
@@ -92,20 +91,14 @@ def _no_cuda_graph(problem) -> list[Reason]:
     return []
 
 
-for _op in ("batch_decode", "batch_prefill_paged", "batch_prefill_ragged"):
-    KERNELS.check(_op)(_no_cuda_graph)
 
-
-@KERNELS.kernel("batch_decode")
 def batch_decode(plan: BatchPlan) -> ReferenceRunner:
     return ReferenceRunner(plan)
 
 
-@KERNELS.kernel("batch_prefill_paged")
 def batch_prefill_paged(plan: BatchPlan) -> ReferenceRunner:
     return ReferenceRunner(plan)
 
 
-@KERNELS.kernel("batch_prefill_ragged")
 def batch_prefill_ragged(plan: BatchPlan) -> ReferenceRunner:
     return ReferenceRunner(plan)

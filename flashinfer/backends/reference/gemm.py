@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from . import KERNELS
 
 
-@KERNELS.kernel("mm_bf16")
 def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
             out: torch.Tensor) -> None:
     acc = a.float() @ b.float()
@@ -21,7 +19,6 @@ def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
     out.copy_(acc)
 
 
-@KERNELS.kernel("bmm_fp8")
 def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor,
             out: torch.Tensor) -> None:
     scale = A_scale.float().reshape(()) * B_scale.float().reshape(())
@@ -36,7 +33,6 @@ def expand_scale(scale: torch.Tensor, rows: int, cols: int, block_rows: int,
     return full[:rows, :cols]
 
 
-@KERNELS.kernel("gemm_fp8_groupwise")
 def gemm_fp8_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
                        b_scale: torch.Tensor, granularity: tuple[int, int, int],
                        out: torch.Tensor) -> None:
@@ -47,7 +43,6 @@ def gemm_fp8_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
     out.copy_(a_deq @ b_deq.t())
 
 
-@KERNELS.kernel("mm_fp4")
 def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_sf: torch.Tensor, b_sf: torch.Tensor,
            alpha: torch.Tensor | None, block_size: int, a_sf_8x4: bool,
            out: torch.Tensor) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 
 from ...index_checks import report_device
-from . import KERNELS
 
 
 def segments(indptr: torch.Tensor, weight_indices: torch.Tensor | None, rows: int,
@@ -47,7 +46,6 @@ def zero_uncovered(out: torch.Tensor, bounds: list[int]) -> None:
     out[bounds[-1]:].zero_()
 
 
-@KERNELS.kernel("segment_gemm")
 def segment_gemm(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.Tensor,
                  weight_indices: torch.Tensor | None, weight_column_major: bool,
                  alpha: torch.Tensor | None, out: torch.Tensor, faults) -> None:
@@ -63,7 +61,6 @@ def segment_gemm(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.Tenso
     out.copy_(acc)
 
 
-@KERNELS.kernel("group_gemm_fp8_groupwise")
 def group_gemm_fp8_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
                              b_scale: torch.Tensor, m_indptr: torch.Tensor,
                              granularity: tuple[int, int, int], out: torch.Tensor,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 
 from ...index_checks import Check, report_device
-from . import KERNELS
 
 
 def stable_topk(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -72,7 +71,6 @@ def routing_weights(logits: torch.Tensor, bias, method: int, top_k: int, n_group
     return w * scale, ids
 
 
-@KERNELS.kernel("moe_routing")
 def moe_routing(logits, bias, method, top_k, n_group, topk_group, scale, weights_out,
                 ids_out) -> None:
     w, ids = routing_weights(logits.double(), None if bias is None else bias.double(), method,
@@ -129,7 +127,6 @@ def report_expert_ids(ids: torch.Tensor, spec) -> None:
     report_device(Check(spec.ids_fault, (flat < 0) | (flat >= total), flat, total))
 
 
-@KERNELS.kernel("fused_moe")
 def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -> None:
     report_expert_ids(ids, spec)
     xd, w1d, w2d = dequant_experts(x, x_scale, w1, w1_scale, w2, w2_scale, spec.quant,

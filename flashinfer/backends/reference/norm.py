@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from . import KERNELS
 
 
-@KERNELS.kernel("rmsnorm")
 def rmsnorm(input: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
             residual: torch.Tensor | None, eps: float, weight_bias: float) -> None:
     v = input.float()
@@ -22,7 +20,6 @@ def rmsnorm(input: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     out.copy_(v * rstd * (weight.float() + weight_bias))
 
 
-@KERNELS.kernel("layernorm")
 def layernorm(input: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, out: torch.Tensor,
               eps: float) -> None:
     x = input.float()

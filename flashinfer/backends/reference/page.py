@@ -16,10 +16,8 @@ import torch
 
 from ...index_checks import report_device
 from ...attention.page_rules import append_checks
-from . import KERNELS
 
 
-@KERNELS.kernel("append_paged_kv")
 def append_paged_kv(append_key: torch.Tensor, append_value: torch.Tensor,
                     batch_indices: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.Tensor,

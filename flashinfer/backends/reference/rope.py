@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 
 from ...index_checks import Check, report_device
-from . import KERNELS
 
 
 def _frequencies(params, device: torch.device) -> torch.Tensor:
@@ -64,7 +63,6 @@ def _rotate(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     out[..., :rotary_dim].copy_(rotated)
 
 
-@KERNELS.kernel("rope")
 def rope(q, k, q_out, k_out, pos_ids, params, cos_sin_cache) -> None:
     cos, sin, inside = _cos_sin(pos_ids, params, cos_sin_cache, q.device)
     _rotate(q, q_out, cos, sin, inside, params.rotary_dim, params.interleave)

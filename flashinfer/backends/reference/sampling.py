@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from . import KERNELS
 
 _M64 = (1 << 64) - 1
 
@@ -127,7 +126,6 @@ def _mapped_rows(indices, num_rows: int, count: int, device) -> tuple[torch.Tens
     return torch.where(inside, rows, 0), inside
 
 
-@KERNELS.kernel("sampling_from_probs")
 def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, deterministic,
                         seed, offset) -> None:
     count = out.numel()
@@ -146,7 +144,6 @@ def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, 
     valid.copy_(ok)
 
 
-@KERNELS.kernel("sampling_from_logits")
 def sampling_from_logits(logits, out, indices, deterministic, seed, offset) -> None:
     count = out.numel()
     rows, inside = _mapped_rows(indices, logits.shape[0], count, logits.device)
@@ -158,7 +155,6 @@ def sampling_from_logits(logits, out, indices, deterministic, seed, offset) -> N
     out.copy_(torch.where(ok, inverse_cdf(p, u), 0))
 
 
-@KERNELS.kernel("top_k_top_p_sampling_from_logits")
 def top_k_top_p_sampling_from_logits(logits, out, indices, top_k, top_p, joint, deterministic,
                                      seed, offset) -> None:
     """The float64 softmax, then :func:`sampling_from_probs` (an invalid logit row: a NaN
@@ -172,7 +168,6 @@ def top_k_top_p_sampling_from_logits(logits, out, indices, top_k, top_p, joint, 
                         offset)
 
 
-@KERNELS.kernel("renorm_probs")
 def renorm_probs(probs, out, top_k, top_p) -> None:
     rows = torch.arange(probs.shape[0], device=probs.device)
     p = probs.double()
@@ -185,7 +180,6 @@ def renorm_probs(probs, out, top_k, top_p) -> None:
     out.copy_(torch.where(ok, kept / torch.where(total > 0, total, 1), 0))
 
 
-@KERNELS.kernel("top_k_mask_logits")
 def top_k_mask_logits(logits, out, top_k) -> None:
     rows = torch.arange(logits.shape[0], device=logits.device)
     x = logits.double()
@@ -196,7 +190,6 @@ def top_k_mask_logits(logits, out, top_k) -> None:
                                                          device=logits.device)))
 
 
-@KERNELS.kernel("softmax")
 def softmax(logits, out, temperature) -> None:
     """``softmax((x - max x) / T)`` in float64 (no overflow for a tiny T); a temperature row
     that is not a finite number > 0 gives zeros."""
@@ -210,7 +203,6 @@ def softmax(logits, out, temperature) -> None:
     out.copy_(torch.where(temperature_ok(t), y, 0) if t_t else y)
 
 
-@KERNELS.kernel("chain_speculative_sampling")
 def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, output, accepted,
                                emitted, deterministic, seed, offset) -> None:
     batch, n, vocab = draft_probs.shape

@@ -21,17 +21,16 @@ of ``torch.mm`` (cuBLAS / CPU BLAS).
   block by block to float32, one float32 ``torch.mm``, round once to ``out``. Any device; the
   fp8 path torch lacks (its grouped fp8 GEMM takes row-wise scales only).
 
-Registered into the ``torch`` adapter's table (``backends/torch_native.py`` imports this module).
+Registered into the ``torch`` adapter's table (``backends/torch/attention.py`` imports this module).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..index_checks import report_device
-from .reference.gemm_grouped import segments, zero_uncovered
-from .row_cleanup import zero_rows_outside
-from .torch_native import KERNELS
+from ...index_checks import report_device
+from ..reference.gemm_grouped import segments, zero_uncovered
+from ..shared.row_cleanup import zero_rows_outside
 
 
 def _grouped_mm_operand(t: torch.Tensor) -> torch.Tensor:
@@ -44,7 +43,6 @@ def _grouped_mm_operand(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-@KERNELS.kernel("segment_gemm", "grouped_mm")
 def segment_gemm_grouped(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.Tensor,
                          weight_indices: torch.Tensor | None, weight_column_major: bool,
                          alpha: torch.Tensor | None, out: torch.Tensor | None, faults):
@@ -76,7 +74,6 @@ def segment_gemm_grouped(x: torch.Tensor, weights: torch.Tensor, seg_indptr: tor
 segment_gemm_grouped.returns_output = True
 
 
-@KERNELS.kernel("segment_gemm", "segment_loop")
 def segment_gemm_loop(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.Tensor,
                       weight_indices: torch.Tensor | None, weight_column_major: bool,
                       alpha: torch.Tensor | None, out: torch.Tensor, faults) -> None:
@@ -98,7 +95,6 @@ def segment_gemm_loop(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.
         out[start:end].copy_(y)
 
 
-@KERNELS.kernel("group_gemm_fp8_groupwise", "dequant_loop")
 def group_gemm_fp8_dequant_loop(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
                                 b_scale: torch.Tensor, m_indptr: torch.Tensor,
                                 granularity: tuple[int, int, int], out: torch.Tensor,

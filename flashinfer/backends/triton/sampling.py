@@ -25,13 +25,13 @@ blocks of ``4 * Q`` elements (``Q`` lanes); ``_launch_shape`` picks Q and the wa
 
 from __future__ import annotations
 
-import contextlib
 
 import torch
 
 from ...kernel_pack import seed_for_device
 from ...reasons import Reason
-from . import KERNELS
+from .launch import device_of, pow2
+from .softmax import softmax_args, softmax_streaming
 
 #: (lanes per chunk quarter, warps): a chunk is 4 * Q elements (Q shrinks for small
 #: vocabularies). The kernels are latency-bound (a pass over a row is a serial loop of chunks),
@@ -68,19 +68,16 @@ def two_pass_groups(k: int, block: int, vocab: int) -> tuple[int, int]:
     """``(G, CAP)`` of the two-pass sampler for top-k ``k`` and a block of ``block`` (``4 k <=
     block``, ``k < vocab``): ``k <= G <= block`` groups, ``CAP`` compacted candidate slots per row
     (no more than the block's candidates or the row's tokens)."""
-    g = min(max(TWO_PASS_GROUPS, _pow2(k)), block)
-    return g, min(TWO_PASS_SLOTS_PER_GROUP * g, 4 * block, _pow2(vocab))
+    g = min(max(TWO_PASS_GROUPS, pow2(k)), block)
+    return g, min(TWO_PASS_SLOTS_PER_GROUP * g, 4 * block, pow2(vocab))
 
-
-def _pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def _launch_shape(vocab: int, n_rows: int) -> tuple[int, int]:
     """``(Q, num_warps)`` for ``n_rows`` programs over rows of ``vocab`` elements (one shape
     serves every batch size on the H200, see ``LAUNCH_SHAPE``)."""
     q, warps = LAUNCH_SHAPE
-    return max(16, min(q, _pow2(-(-vocab // 4)))), warps
+    return max(16, min(q, pow2(-(-vocab // 4)))), warps
 
 
 def _kernels(t: torch.Tensor):
@@ -92,9 +89,6 @@ def _kernels(t: torch.Tensor):
         seed_for_device(t.device)
     return _sampling_kernels
 
-
-def _device_of(t: torch.Tensor):
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 def _int64(v: int) -> int:
@@ -119,7 +113,6 @@ def _threshold(value, dummy: torch.Tensor, cast):
     return dummy, cast(value), True, False
 
 
-@KERNELS.kernel("sampling_from_probs", "default")
 def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, deterministic,
                         seed, offset, passes: torch.Tensor | None = None) -> None:
     """``passes`` (int32 ``[len(out)]``, tests only): the number of passes over each row."""
@@ -137,7 +130,7 @@ def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, 
     o_ptr, o_val, o_stride, o_t = _rng(offset, out)
     idx = indices if indices is not None else out
     q, warps = _launch_shape(vocab, n_out)
-    with _device_of(probs):
+    with device_of(probs):
         K.sample_probs_kernel[(n_out,)](
             probs, out, valid, idx, k_ptr, p_ptr, mp_ptr, k_val, p_val, mp_val,
             s_ptr, o_ptr, s_val, o_val, s_stride, o_stride,
@@ -162,7 +155,6 @@ def _two_pass_mode(top_k, top_p, min_p, q: int, vocab: int) -> int | None:
     return 2 if 1 <= int(top_k) <= q and int(top_k) < vocab else None
 
 
-@KERNELS.kernel("sampling_from_probs", "two_pass")
 def sampling_from_probs_two_pass(probs, out, valid, indices, top_k, top_p, min_p, joint,
                                  deterministic, seed, offset) -> None:
     """Plain sampling (one pass per row), min-p, or a scalar top-k with ``1 <= k <= Q`` and any
@@ -199,7 +191,7 @@ def _launch_two_pass(src, out, valid, indices, mode: int, top_k, top_p, min_p, j
     k = int(top_k) if mode == 2 else 1
     groups, cap = two_pass_groups(k, 4 * q, vocab) if mode == 2 else (16, 16)
     scratch = torch.empty(n_out if mode == 2 else 1, cap, dtype=torch.float32, device=src.device)
-    with _device_of(src):
+    with device_of(src):
         K2.two_pass_sample_kernel[(n_out,)](
             src, out, valid, indices if indices is not None else out, p_ptr, mp_ptr, k, p_val,
             mp_val, s_ptr, o_ptr, s_val, o_val, s_stride, o_stride, src.shape[0], vocab,
@@ -210,13 +202,10 @@ def _launch_two_pass(src, out, valid, indices, mode: int, top_k, top_p, min_p, j
         )
 
 
-@KERNELS.kernel("top_k_top_p_sampling_from_logits", "default")
 def top_k_top_p_sampling_from_logits(logits, out, indices, top_k, top_p, joint, deterministic,
                                      seed, offset) -> None:
     """The streaming softmax, then the two-pass sampler where it serves, else the general
     kernel (``sampling_from_probs_two_pass``)."""
-    from .softmax import softmax_streaming
-
     probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     softmax_streaming(logits, probs, None)
     valid = torch.empty(out.shape, dtype=torch.bool, device=out.device)
@@ -224,7 +213,6 @@ def top_k_top_p_sampling_from_logits(logits, out, indices, top_k, top_p, joint, 
                                  deterministic, seed, offset)
 
 
-@KERNELS.kernel("top_k_top_p_sampling_from_logits", "two_pass")
 def top_k_top_p_sampling_from_logits_two_pass(logits, out, indices, top_k, top_p, joint,
                                               deterministic, seed, offset) -> None:
     """Top-k first with a scalar ``1 <= k <= Q``: the two-pass sampler on the logits themselves
@@ -242,14 +230,12 @@ def top_k_top_p_sampling_from_logits_two_pass(logits, out, indices, top_k, top_p
     _launch_two_pass(logits, out, valid, indices, 2, top_k, top_p, None, False, seed, offset, True)
 
 
-@KERNELS.check("top_k_top_p_sampling_from_logits", "two_pass")
-def _logits_two_pass_reasons(problem) -> list[Reason]:
+def logits_two_pass_reasons(problem) -> list[Reason]:
     """A scalar top-k of at most Q (top-k first: the record's features rule out joint and a
     per-row top-k)."""
     return _small_top_k_reasons(problem)
 
 
-@KERNELS.kernel("sampling_from_probs", "nucleus")
 def sampling_from_probs_nucleus(probs, out, valid, indices, top_k, top_p, min_p, joint,
                                 deterministic, seed, offset) -> None:
     """Top-p alone (scalar or per row): rejection rounds of one lean pass each
@@ -270,7 +256,7 @@ def sampling_from_probs_nucleus(probs, out, valid, indices, top_k, top_p, min_p,
     p_ptr, p_val, _, p_t = _threshold(top_p, out, float)
     s_ptr, s_val, s_stride, s_t = _rng(seed, out)
     o_ptr, o_val, o_stride, o_t = _rng(offset, out)
-    with _device_of(probs):
+    with device_of(probs):
         KN.nucleus_sample_kernel[(n_out,)](
             probs, out, valid, indices if indices is not None else out, p_ptr, p_val, s_ptr,
             o_ptr, s_val, o_val, s_stride, o_stride, probs.shape[0], vocab, probs.stride(0),
@@ -279,8 +265,7 @@ def sampling_from_probs_nucleus(probs, out, valid, indices, top_k, top_p, min_p,
             num_warps=warps)
 
 
-@KERNELS.check("sampling_from_probs", "nucleus")
-def _nucleus_reasons(problem) -> list[Reason]:
+def nucleus_reasons(problem) -> list[Reason]:
     """Top-p alone; the record's features rule out top-k and min-p."""
     if "top_p" not in problem.features:
         return [Reason("feature", "no top_p", "top_p", "the nucleus sampler serves top-p only")]
@@ -300,8 +285,7 @@ def _small_top_k_reasons(problem) -> list[Reason]:
     return []
 
 
-@KERNELS.check("sampling_from_probs", "two_pass")
-def _two_pass_reasons(problem) -> list[Reason]:
+def two_pass_reasons(problem) -> list[Reason]:
     """The two-pass sampler serves plain sampling, min-p alone, and a scalar top-k of at most Q
     (below the vocabulary) with or without top-p; the record's features rule out a per-row
     top-k."""
@@ -317,7 +301,6 @@ def _two_pass_reasons(problem) -> list[Reason]:
     return _small_top_k_reasons(problem)
 
 
-@KERNELS.kernel("sampling_from_logits", "default")
 def sampling_from_logits(logits, out, indices, deterministic, seed, offset) -> None:
     K = _kernels(logits)
 
@@ -330,7 +313,7 @@ def sampling_from_logits(logits, out, indices, deterministic, seed, offset) -> N
     o_ptr, o_val, o_stride, o_t = _rng(offset, out)
     idx = indices if indices is not None else out
     q, warps = _launch_shape(vocab, n_out)
-    with _device_of(logits):
+    with device_of(logits):
         K.logits_sample_kernel[(n_out,)](
             logits, out, idx, s_ptr, o_ptr, s_val, o_val, s_stride, o_stride,
             n_rows, vocab, logits.stride(0),
@@ -339,7 +322,6 @@ def sampling_from_logits(logits, out, indices, deterministic, seed, offset) -> N
         )
 
 
-@KERNELS.kernel("sampling_from_logits", "one_pass")
 def sampling_from_logits_one_pass(logits, out, indices, deterministic, seed, offset) -> None:
     """One read of each row, one exponential per element (``_logits_draw_kernels``)."""
     n_out = out.numel()
@@ -353,7 +335,7 @@ def sampling_from_logits_one_pass(logits, out, indices, deterministic, seed, off
     s_ptr, s_val, s_stride, s_t = _rng(seed, out)
     o_ptr, o_val, o_stride, o_t = _rng(offset, out)
     q, warps = _launch_shape(vocab, n_out)
-    with _device_of(logits):
+    with device_of(logits):
         KL.logits_draw_kernel[(n_out,)](
             logits, out, indices if indices is not None else out, s_ptr, o_ptr, s_val, o_val,
             s_stride, o_stride, n_rows, vocab, logits.stride(0), HAS_IDX=indices is not None,
@@ -372,7 +354,7 @@ def _threshold_launch(src, out, top_k, top_p, is_logits: bool) -> None:
     k_ptr, k_val, has_k, k_t = _threshold(top_k, src, int)
     p_ptr, p_val, _, p_t = _threshold(top_p, src, float)
     q, warps = _launch_shape(vocab, n_rows)
-    with _device_of(src):
+    with device_of(src):
         K.threshold_kernel[(n_rows,)](
             src, dst, k_ptr, p_ptr, k_val, p_val, vocab, src.stride(0), dst.stride(0),
             IS_LOGITS=is_logits, NEG=float("-inf") if is_logits else 0.0, HAS_K=has_k,
@@ -383,7 +365,6 @@ def _threshold_launch(src, out, top_k, top_p, is_logits: bool) -> None:
         out.copy_(dst)
 
 
-@KERNELS.kernel("renorm_probs", "default")
 def renorm_probs(probs, out, top_k, top_p) -> None:
     _threshold_launch(probs, out, top_k, None if top_k is not None else top_p, False)
 
@@ -405,7 +386,7 @@ def _top_k_two_pass(kernel: str, src, out, top_k) -> bool:
     dst = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
     groups, cap = two_pass_groups(int(top_k), 4 * q, vocab)
     scratch = torch.empty(n_rows, cap, dtype=torch.float32, device=src.device)
-    with _device_of(src):
+    with device_of(src):
         getattr(KT, kernel)[(n_rows,)](
             src, dst, scratch, int(top_k), vocab, src.stride(0), dst.stride(0),
             BLOCK=4 * q, G=groups, CAP=cap, num_warps=warps)
@@ -414,7 +395,6 @@ def _top_k_two_pass(kernel: str, src, out, top_k) -> bool:
     return True
 
 
-@KERNELS.kernel("renorm_probs", "two_pass")
 def renorm_probs_two_pass(probs, out, top_k, top_p) -> None:
     """Top-k renormalisation by candidates (``_top_k_two_pass``); top-p and what that does not
     serve go to the general threshold kernel."""
@@ -427,7 +407,6 @@ def renorm_probs_two_pass(probs, out, top_k, top_p) -> None:
 TOP_P_BRACKET_SLOTS, TOP_P_MAX_PIVOT_PASSES = 1024, 16
 
 
-@KERNELS.kernel("renorm_probs", "bracket")
 def renorm_probs_bracket(probs, out, top_k, top_p) -> None:
     """Top-p renormalisation by a shrinking bracket and a sort (``_top_p_bracket_kernels``);
     top-k goes to the general threshold kernel."""
@@ -444,9 +423,9 @@ def renorm_probs_bracket(probs, out, top_k, top_p) -> None:
     dst = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
     p_ptr, p_val, _, p_t = _threshold(top_p, probs, float)
     q, warps = _launch_shape(vocab, n_rows)
-    cap = min(TOP_P_BRACKET_SLOTS, _pow2(vocab))
+    cap = min(TOP_P_BRACKET_SLOTS, pow2(vocab))
     scratch = torch.empty(n_rows, cap, dtype=torch.float32, device=probs.device)
-    with _device_of(probs):
+    with device_of(probs):
         KB.top_p_renorm_kernel[(n_rows,)](
             probs, dst, scratch, p_ptr, p_val, vocab, probs.stride(0), dst.stride(0), P_T=p_t,
             BLOCK=4 * q, CAP=cap, MAX_PIVOT_PASSES=TOP_P_MAX_PIVOT_PASSES, num_warps=warps)
@@ -454,7 +433,6 @@ def renorm_probs_bracket(probs, out, top_k, top_p) -> None:
         out.copy_(dst)
 
 
-@KERNELS.kernel("top_k_mask_logits", "two_pass")
 def top_k_mask_logits_two_pass(logits, out, top_k) -> None:
     """Top-k logit masking by candidates (``_top_k_two_pass``); what that does not serve goes
     to the general threshold kernel."""
@@ -462,28 +440,15 @@ def top_k_mask_logits_two_pass(logits, out, top_k) -> None:
         top_k_mask_logits(logits, out, top_k)
 
 
-@KERNELS.check("renorm_probs", "two_pass")
-@KERNELS.check("top_k_mask_logits", "two_pass")
-def _top_k_two_pass_reasons(problem) -> list[Reason]:
+def top_k_two_pass_reasons(problem) -> list[Reason]:
     """A scalar top-k of at most Q; the records' features rule out top-p and a per-row top-k."""
     return _small_top_k_reasons(problem)
 
 
-@KERNELS.kernel("top_k_mask_logits", "default")
 def top_k_mask_logits(logits, out, top_k) -> None:
     _threshold_launch(logits, out, top_k, None, True)
 
 
-def softmax_args(out: torch.Tensor, temperature):
-    """``(dst, t_ptr, t_val, T_T)`` of a softmax launch: a contiguous output (``out`` or a
-    buffer to copy back), and the temperature as a per-row tensor or a scalar."""
-    dst = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
-    t_t = isinstance(temperature, torch.Tensor)
-    return (dst, temperature if t_t else dst,
-            1.0 if temperature is None or t_t else float(temperature), t_t)
-
-
-@KERNELS.kernel("softmax", "default")
 def softmax(logits, out, temperature) -> None:
     K = _kernels(logits)
 
@@ -494,8 +459,8 @@ def softmax(logits, out, temperature) -> None:
     dst, t_ptr, t_val, t_t = softmax_args(out, temperature)
     # a streaming kernel: wide chunks keep enough loads in flight (512-element chunks with 4
     # warps read 256 x 128k at 0.46 TB/s on the H200); two fp32 accumulators per element
-    block = max(16, min(SOFTMAX_BLOCK, _pow2(vocab)))
-    with _device_of(logits):
+    block = max(16, min(SOFTMAX_BLOCK, pow2(vocab)))
+    with device_of(logits):
         K.softmax_kernel[(n_rows,)](
             logits, dst, t_ptr, t_val, vocab, logits.stride(0), dst.stride(0),
             T_T=t_t, BLOCK=block, num_warps=8 if block >= 2048 else 4,
@@ -504,7 +469,6 @@ def softmax(logits, out, temperature) -> None:
         out.copy_(dst)
 
 
-@KERNELS.kernel("chain_speculative_sampling", "default")
 def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, output, accepted,
                                emitted, deterministic, seed, offset) -> None:
     """One program per request (``_chain_draw_kernels``): the accept tests, then the
@@ -518,10 +482,10 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, outpu
     s_ptr, s_val, s_stride, s_t = _rng(seed, output)
     o_ptr, o_val, o_stride, o_t = _rng(offset, output)
     q, warps = _launch_shape(vocab, batch)
-    with _device_of(target_probs):
+    with device_of(target_probs):
         KC.chain_one_pass_kernel[(batch,)](
             draft_probs.contiguous(), draft_token_ids.contiguous(), target_probs.contiguous(),
             output, accepted, emitted, s_ptr, o_ptr, s_val, o_val, s_stride, o_stride,
-            n_draft, vocab, SEED_T=s_t, OFF_T=o_t, NPAD=_pow2(n_draft + 1), BLOCK=4 * q,
+            n_draft, vocab, SEED_T=s_t, OFF_T=o_t, NPAD=pow2(n_draft + 1), BLOCK=4 * q,
             COL=TWO_PASS_COLUMN, PHILOX_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
         )

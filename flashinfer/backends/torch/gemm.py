@@ -19,15 +19,14 @@ reference.
 ``_scaled_mm`` wants ``mat1`` row-major and ``mat2`` column-major; operands in another layout are
 copied once into that layout.
 
-Registered into the ``torch`` adapter's table (``backends/torch_native.py`` imports this module).
+Registered into the ``torch`` adapter's table (``backends/torch/attention.py`` imports this module).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..reasons import Reason
-from .torch_native import KERNELS
+from ...reasons import Reason
 
 _E5M2 = "float8_e5m2"
 
@@ -44,7 +43,6 @@ def _has_mm_dtype() -> bool:
     return "dtype_out" in torch.ops.aten.mm.overloads()
 
 
-@KERNELS.kernel("mm_bf16")
 def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
             out: torch.Tensor) -> None:
     if out.dtype == torch.float32:
@@ -64,7 +62,6 @@ def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
     out.copy_(torch.mm(a, b) if bias is None else torch.addmm(bias, a, b))
 
 
-@KERNELS.kernel("bmm_fp8", "scaled_mm")
 def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor,
             out: torch.Tensor) -> None:
     scale_a = A_scale.float().reshape(())
@@ -74,8 +71,7 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
                          out_dtype=out.dtype, out=out[i])
 
 
-@KERNELS.check("bmm_fp8", "scaled_mm")
-def _bmm_fp8_reasons(problem) -> list[Reason]:
+def bmm_fp8_reasons(problem) -> list[Reason]:
     dtypes = dict(problem.dtypes)
     if dtypes.get("a") == _E5M2 and dtypes.get("b") == _E5M2:
         return [Reason("dtype.b", _E5M2, "float8_e4m3fn when a is float8_e5m2",
@@ -83,7 +79,6 @@ def _bmm_fp8_reasons(problem) -> list[Reason]:
     return []
 
 
-@KERNELS.kernel("gemm_fp8_groupwise", "scaled_mm_rowwise")
 def gemm_fp8_rowwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
                      b_scale: torch.Tensor, granularity: tuple[int, int, int],
                      out: torch.Tensor) -> None:
@@ -93,8 +88,7 @@ def gemm_fp8_rowwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
                      out_dtype=out.dtype, out=out)
 
 
-@KERNELS.check("gemm_fp8_groupwise", "scaled_mm_rowwise")
-def _rowwise_reasons(problem) -> list[Reason]:
+def rowwise_reasons(problem) -> list[Reason]:
     # a call always names its scale recipe; a Problem without one (explain's default) is not row-wise
     if "scale_rowwise" not in problem.features:
         return [Reason("feature", "none", "scale_rowwise",
@@ -102,7 +96,6 @@ def _rowwise_reasons(problem) -> list[Reason]:
     return []
 
 
-@KERNELS.kernel("gemm_fp8_groupwise", "scaled_mm_blockwise")
 def gemm_fp8_blockwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
                        b_scale: torch.Tensor, granularity: tuple[int, int, int],
                        out: torch.Tensor) -> None:
@@ -123,13 +116,12 @@ def gemm_fp8_blockwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
                                    out_dtype=out.dtype)[:m])
 
 
-@KERNELS.kernel("mm_fp4", "dequant_mm")
 def mm_fp4_dequant(a: torch.Tensor, b: torch.Tensor, a_sf: torch.Tensor, b_sf: torch.Tensor,
                    alpha: torch.Tensor | None, block_size: int, a_sf_8x4: bool,
                    out: torch.Tensor) -> None:
     """No native FP4: dequantise both operands to bf16 (exact for e4m3 scales), one torch.mm
     with an fp32 result (cuBLAS; fp32 matmul of the bf16 values on the CPU), times alpha."""
-    from ..fp4_format import gemm_operands
+    from ...fp4_format import gemm_operands
 
     a_deq, b_deq = gemm_operands(a, b, a_sf, b_sf, block_size, a_sf_8x4, torch.bfloat16)
     if not a.is_cuda:

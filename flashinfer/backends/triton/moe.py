@@ -47,12 +47,11 @@ and both GEMMs multiply fp8 by fp8 (``_moe_kernels``).
 So results differ from the torch backend and the reference, which keep bf16 activations, by the
 fp8 rounding of the input and of the intermediate (a few percent, relative). Per-tensor fp8
 experts keep bfloat16 activations (an fp8 input is dequantised first) and convert the weights in
-the K loop. FP8 needs Triton's fp8 conversions, SM 8.9 and newer (``_check``).
+the K loop. FP8 needs Triton's fp8 conversions, SM 8.9 and newer (``reasons``).
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -60,7 +59,7 @@ import torch
 
 from ...index_checks import record
 from ...reasons import Reason
-from . import KERNELS
+from .launch import device_of, pow2
 
 _QUANT = {"none": 0, "fp8_block_scale": 1, "fp8_per_tensor": 2}
 #: pairs ranked at a time by ``align_kernel`` (a [ALIGN_CHUNK, experts] one-hot per step)
@@ -174,7 +173,7 @@ def prepare(ids: torch.Tensor, expert_offset: int, num_experts: int, block_m: in
                     CHECK_IDS=check is not None)
     check_args = check if check is not None else (ids, 0, 0)
     flat = ids.contiguous().view(-1)
-    ep = _pow2(num_experts)
+    ep = pow2(num_experts)
     if num_pairs == 0:  # no M-block in use: nothing reads the other outputs
         num_blocks.zero_()
     elif num_pairs <= ONE_PROGRAM_PAIRS:
@@ -198,13 +197,6 @@ def prepare(ids: torch.Tensor, expert_offset: int, num_experts: int, block_m: in
     return Prepared(sorted_pairs, block_expert, num_blocks, x_q, x_scale)
 
 
-def _pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-def _device_of(t: torch.Tensor):
-    """Launch on ``t``'s GPU even when it is not the current device (Triton uses the current one)."""
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
@@ -233,7 +225,6 @@ def _scale_args(scale, quant: int, ref: torch.Tensor):
     return scale, scale.stride(0), scale.stride(1), scale.stride(2)
 
 
-@KERNELS.kernel("fused_moe")
 def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -> None:
     from . import _moe_kernels
 
@@ -255,7 +246,7 @@ def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -
     mid_dtype = (torch.float8_e4m3fn if on_gpu else torch.float32) if w8a8 else a.dtype
     w1, w2 = _unit_stride(w1), _unit_stride(w2)
     flat_w = weights.reshape(-1).float().contiguous()
-    with _device_of(x):
+    with device_of(x):
         check = None if spec.ids_fault is None else (
             record(ids.device), spec.num_experts_total, spec.ids_fault.code)
         sorted_pairs, block_expert, num_blocks, x_q, x_q_scale = prepare(
@@ -336,8 +327,7 @@ def _partial_dtype(out: torch.Tensor) -> torch.dtype:
     return torch.float32
 
 
-@KERNELS.check("fused_moe")
-def _check(problem) -> list[Reason]:
+def reasons(problem) -> list[Reason]:
     """FP8 experts need Triton's native fp8 conversions (SM 8.9 and newer)."""
     fp8 = dict(problem.dtypes).get("weight") == "float8_e4m3fn"
     if fp8 and problem.sm is not None and problem.sm < (8, 9):

@@ -3,7 +3,7 @@
 ``torch._grouped_mm`` computes group 0 for the rows before ``indptr[0]`` and leaves the rows
 from ``indptr[-1]`` on unwritten; the segment GEMM contract wants zeros there. The offsets stay
 on the device (CUDA-graph safe), so the rows are found there: our Triton kernel
-(``triton_kernels/_row_kernels.py``) touches only blocks that hold such rows; without Triton, a
+(``triton/_row_kernels.py``) touches only blocks that hold such rows; without Triton, a
 masked fill (one pass over ``y``) does it.
 """
 
@@ -20,7 +20,7 @@ BLOCK_M, BLOCK_N = 64, 256
 @functools.lru_cache(maxsize=1)
 def _triton_kernel():
     try:
-        from .triton_kernels import _row_kernels
+        from ..triton import _row_kernels
     except ImportError:  # no Triton: the masked fill below
         return None
     return _row_kernels.zero_rows_outside_kernel
@@ -43,7 +43,7 @@ def zero_rows_outside(y: torch.Tensor, indptr: torch.Tensor) -> None:
 
 
 def _interpreting() -> bool:
-    from .. import envs
+    from ... import envs
 
     return bool(envs.TRITON_INTERPRET.get())
 

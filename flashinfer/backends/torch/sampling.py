@@ -10,15 +10,14 @@ ints ``(seed, offset)`` through :func:`~flashinfer.backends.reference.sampling.m
 ``i`` uses the ``i``-th uniform. Tensor seeds are not served (reading them would sync the host),
 so the records do not declare ``seed_tensor``.
 
-Registered into the ``torch`` adapter's table (``backends/torch_native.py`` imports this module).
+Registered into the ``torch`` adapter's table (``backends/torch/attention.py`` imports this module).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .reference.sampling import mix64
-from .torch_native import KERNELS
+from ..reference.sampling import mix64
 
 
 def _uniforms(seed, offset, shape: tuple[int, ...], device) -> torch.Tensor:
@@ -107,7 +106,6 @@ def _rows(indices, num_rows: int, count: int, device):
     return torch.where(inside, rows, 0), inside
 
 
-@KERNELS.kernel("sampling_from_probs")
 def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, deterministic,
                         seed, offset) -> None:
     count = out.numel()
@@ -125,7 +123,6 @@ def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, 
     valid.copy_(ok)
 
 
-@KERNELS.kernel("sampling_from_logits")
 def sampling_from_logits(logits, out, indices, deterministic, seed, offset) -> None:
     count = out.numel()
     rows, inside = _rows(indices, logits.shape[0], count, logits.device)
@@ -138,7 +135,6 @@ def sampling_from_logits(logits, out, indices, deterministic, seed, offset) -> N
     out.copy_(torch.where(ok, token, 0))
 
 
-@KERNELS.kernel("renorm_probs")
 def renorm_probs(probs, out, top_k, top_p) -> None:
     p = probs.float()
     top_p = _column(top_p, None, torch.float32, p.device)
@@ -151,7 +147,6 @@ def renorm_probs(probs, out, top_k, top_p) -> None:
     out.copy_(torch.zeros_like(p).scatter_(-1, order, normed))
 
 
-@KERNELS.kernel("top_k_mask_logits")
 def top_k_mask_logits(logits, out, top_k) -> None:
     k = _column(top_k, None, torch.int64, logits.device)
     s, _ = logits.sort(dim=-1, descending=True)
@@ -159,7 +154,6 @@ def top_k_mask_logits(logits, out, top_k) -> None:
     out.copy_(logits if keep is None else logits.masked_fill(~keep, -torch.inf))
 
 
-@KERNELS.kernel("top_k_top_p_sampling_from_logits")
 def top_k_top_p_sampling_from_logits(logits, out, indices, top_k, top_p, joint, deterministic,
                                      seed, offset) -> None:
     """``torch.softmax`` (a NaN or +inf logit, or none finite, makes the row NaN: token 0), then
@@ -174,7 +168,6 @@ def top_k_top_p_sampling_from_logits(logits, out, indices, top_k, top_p, joint, 
 _FLT_MAX = torch.finfo(torch.float32).max
 
 
-@KERNELS.kernel("softmax")
 def softmax(logits, out, temperature) -> None:
     """``softmax((x - max x) * min(1 / T, FLT_MAX))``: no overflow for a tiny T; a temperature
     row that is not a finite number > 0 gives zeros."""
@@ -193,7 +186,6 @@ def softmax(logits, out, temperature) -> None:
     out.copy_(y)
 
 
-@KERNELS.kernel("chain_speculative_sampling")
 def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, output, accepted,
                                emitted, deterministic, seed, offset) -> None:
     batch, n, vocab = draft_probs.shape

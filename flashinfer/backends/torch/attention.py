@@ -40,16 +40,13 @@ import math
 
 import torch
 
-from ..attention.params import AttentionParams
-from ..attention.batch_params import BatchPlan, KVInput, RunScales
-from ..reasons import Reason
-from . import KernelTable
-from .reference.attention import visible_keys
+from ...attention.params import AttentionParams
+from ...attention.batch_params import BatchPlan, KVInput, RunScales
+from ...reasons import Reason
+from ..reference.attention import visible_keys
 
-KERNELS = KernelTable("torch")
 
 _LOG2E = 1.0 / math.log(2.0)
-_ATTENTION_OPS = ("single_decode", "single_prefill")
 
 
 # ------------------------------------------------------------------------------------------
@@ -111,7 +108,7 @@ def finish_lse(lse_nat: torch.Tensor) -> torch.Tensor:
 # flash_varlen
 
 
-def _flash_reasons(problem) -> list[Reason]:
+def flash_reasons(problem) -> list[Reason]:
     needed = {"scale"}
     if "window" in problem.features:
         needed.add("window_size_left")
@@ -160,7 +157,7 @@ def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Atte
 # sdpa_efficient
 
 
-def _efficient_reasons(problem) -> list[Reason]:
+def efficient_reasons(problem) -> list[Reason]:
     reasons = _schema_reasons("_scaled_dot_product_efficient_attention", {"scale"})
     q_dtype = dict(problem.dtypes).get("q")
     if problem.sm is not None and problem.sm < (8, 0) and q_dtype == "bfloat16":
@@ -276,8 +273,8 @@ def window_needs_causal(problem) -> list[Reason]:
     return []
 
 
-def _flash_ragged_reasons(problem) -> list[Reason]:
-    return _flash_reasons(problem) + window_needs_causal(problem)
+def flash_ragged_reasons(problem) -> list[Reason]:
+    return flash_reasons(problem) + window_needs_causal(problem)
 
 
 def plan_ragged(plan: BatchPlan):
@@ -303,18 +300,3 @@ def plan_ragged(plan: BatchPlan):
                       scales.v_scale)
 
     return run
-
-
-KERNELS.kernel("batch_prefill_ragged", "flash_varlen")(plan_ragged)
-KERNELS.check("batch_prefill_ragged", "flash_varlen")(_flash_ragged_reasons)
-
-for _op in _ATTENTION_OPS:
-    KERNELS.kernel(_op, "flash_varlen")(flash_varlen)
-    KERNELS.check(_op, "flash_varlen")(_flash_reasons)
-    KERNELS.kernel(_op, "sdpa_efficient")(sdpa_efficient)
-    KERNELS.check(_op, "sdpa_efficient")(_efficient_reasons)
-
-from . import torch_sampling  # noqa: E402,F401  (registers the sampling kernels into KERNELS)
-from . import torch_gemm  # noqa: E402,F401  (registers the GEMM kernels into KERNELS)
-from . import torch_gemm_grouped  # noqa: E402,F401  (registers the grouped GEMM kernels)
-from . import torch_moe  # noqa: E402,F401  (registers the MoE kernels into KERNELS)

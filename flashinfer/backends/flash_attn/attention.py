@@ -36,17 +36,16 @@ import inspect
 import numpy as np
 import torch
 
-from ..attention.params import AttentionParams
-from ..attention.batch_params import BatchPlan, KVInput, RunScales
-from ..optional_packages import import_error
-from ..reasons import Reason
-from . import KernelTable
-from .torch_native import aligned, cu_seqlens, fill_empty, finish_lse, store_outputs, window_needs_causal
+from ...attention.params import AttentionParams
+from ...attention.batch_params import BatchPlan, KVInput, RunScales
+from ...optional_packages import import_error
+from ...reasons import Reason
+from ..torch.attention import (
+    aligned, cu_seqlens, fill_empty, finish_lse, store_outputs, window_needs_causal,
+)
 
-KERNELS = KernelTable("flash_attn")
 
 FA3_MODULES = ("flash_attn_interface", "fa3_fwd_interface")
-_SINGLE_OPS = ("single_prefill", "single_decode")
 
 
 # ------------------------------------------------------------------------------------------
@@ -134,7 +133,7 @@ def _window(window_left: int, kv_len: int, causal: bool) -> tuple[int, int]:
 # adapter checks
 
 
-def _fa3_reasons(problem) -> list[Reason]:
+def fa3_reasons(problem) -> list[Reason]:
     reasons = [] if problem.op == "single_decode" else window_needs_causal(problem)
     module = fa3_module_name()
     q_dtype = dict(problem.dtypes).get("q")
@@ -157,7 +156,7 @@ def _fa3_reasons(problem) -> list[Reason]:
     return reasons
 
 
-def _fa2_reasons(problem) -> list[Reason]:
+def fa2_reasons(problem) -> list[Reason]:
     reasons = [] if problem.op == "single_decode" else window_needs_causal(problem)
     if import_error("flash_attn") is None:
         version = getattr(importlib.import_module("flash_attn"), "__version__", "0")
@@ -352,7 +351,7 @@ def block_table_index(plan: BatchPlan) -> tuple[torch.Tensor, torch.Tensor]:
     return table, sent[batch * width:]
 
 
-def _fa2_block_table_planner(plan: BatchPlan):
+def fa2_block_table_planner(plan: BatchPlan):
     """FA2 reading the paged cache in place: one varlen launch with a block table (pages that
     are multiples of 256, FA2's own limit; smaller pages go through the gathering planner)."""
     table, cu_k = block_table_index(plan)
@@ -377,14 +376,7 @@ def _fa2_block_table_planner(plan: BatchPlan):
     return run
 
 
-KERNELS.kernel("batch_prefill_paged", "fa2_block_table")(_fa2_block_table_planner)
-KERNELS.check("batch_prefill_paged", "fa2_block_table")(_fa2_reasons)
-
-for _variant, _reasons in (("fa3", _fa3_reasons), ("fa2", _fa2_reasons)):
-    for _op in _SINGLE_OPS:
-        KERNELS.kernel(_op, _variant)(_single(_variant))
-        KERNELS.check(_op, _variant)(_reasons)
-    KERNELS.kernel("batch_prefill_ragged", _variant)(_ragged_planner(_variant))
-    KERNELS.check("batch_prefill_ragged", _variant)(_reasons)
-    KERNELS.kernel("batch_prefill_paged", _variant)(_paged_planner(_variant))
-    KERNELS.check("batch_prefill_paged", _variant)(_reasons)
+# the kernel functions the capability records name, one per variant
+fa3_single, fa2_single = _single("fa3"), _single("fa2")
+fa3_plan_ragged, fa2_plan_ragged = _ragged_planner("fa3"), _ragged_planner("fa2")
+fa3_plan_paged, fa2_plan_paged = _paged_planner("fa3"), _paged_planner("fa2")

@@ -12,11 +12,10 @@ thread, one 16-byte load of bf16 from each half).
 
 from __future__ import annotations
 
-import contextlib
 
 import torch
+from .launch import device_of, pow2
 
-from . import KERNELS
 
 #: widest column block one program handles.
 MAX_BLOCK = 1024
@@ -26,13 +25,10 @@ ELEMS_PER_THREAD = 8
 _ACT_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
 
 
-def _pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
 
 def launch_config(d: int) -> tuple[int, int]:
     """``(block, num_warps)`` for an output row of ``d`` elements."""
-    block = min(_pow2(d), MAX_BLOCK)
+    block = min(pow2(d), MAX_BLOCK)
     warps = min(8, max(1, block // (32 * ELEMS_PER_THREAD)))
     return block, warps
 
@@ -48,12 +44,7 @@ def _as_rows(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return t.reshape(-1, t.shape[-1]).contiguous(), False
 
 
-def _device_of(t: torch.Tensor):
-    """Launch on ``t``'s GPU even when it is not the current device (Triton uses the current one)."""
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
-
-@KERNELS.kernel("act_and_mul")
 def act_and_mul(input: torch.Tensor, out: torch.Tensor, activation: str) -> None:
     from . import _activation_kernels
 
@@ -61,7 +52,7 @@ def act_and_mul(input: torch.Tensor, out: torch.Tensor, activation: str) -> None
     y, y_is_view = _as_rows(out)
     n_rows, d = y.shape
     block, warps = launch_config(d)
-    with _device_of(x):
+    with device_of(x):
         _activation_kernels.act_and_mul_kernel[(n_rows, -(-d // block))](
             x, y, d, x.stride(0), y.stride(0),
             ACT=_ACT_CODES[activation], BLOCK=block, num_warps=warps,

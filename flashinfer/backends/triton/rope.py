@@ -13,28 +13,21 @@ from __future__ import annotations
 import math
 
 from ...index_checks import record
-from . import KERNELS
+from .launch import cdiv, pow2
 
 _MAX_TILE_PAIRS = 1024
 _MIN_PROGRAMS = 256  # about two programs per SM on an H100/H200
 
 
-def _pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _head_block(nnz: int, num_q_heads: int, num_k_heads: int, half_block: int) -> int:
-    block = min(_pow2(max(num_q_heads, num_k_heads)), max(1, _MAX_TILE_PAIRS // half_block))
-    while block > 1 and nnz * (_cdiv(num_q_heads, block) + _cdiv(num_k_heads, block)) < _MIN_PROGRAMS:
+    block = min(pow2(max(num_q_heads, num_k_heads)), max(1, _MAX_TILE_PAIRS // half_block))
+    while block > 1 and nnz * (cdiv(num_q_heads, block) + cdiv(num_k_heads, block)) < _MIN_PROGRAMS:
         block //= 2
     return block
 
 
-@KERNELS.kernel("rope")
 def rope(q, k, q_out, k_out, pos_ids, params, cos_sin_cache) -> None:
     from ._rope_kernels import rope_kernel
 
@@ -43,10 +36,10 @@ def rope(q, k, q_out, k_out, pos_ids, params, cos_sin_cache) -> None:
     if nnz == 0 or num_q_heads + num_k_heads == 0:
         return
     half = params.rotary_dim // 2
-    half_block = _pow2(half)
+    half_block = pow2(half)
     block_h = _head_block(nnz, num_q_heads, num_k_heads, half_block)
     copy_pass = q_out is not q and params.rotary_dim < head_dim
-    head_blocks = _cdiv(num_q_heads, block_h) + _cdiv(num_k_heads, block_h)
+    head_blocks = cdiv(num_q_heads, block_h) + cdiv(num_k_heads, block_h)
     smooth_a, smooth_b = (params.llama31.smooth_coefficients() if params.llama31 is not None
                           else (0.0, 0.0))
     cache = cos_sin_cache if cos_sin_cache is not None else pos_ids  # unused unless USE_CACHE
@@ -63,6 +56,6 @@ def rope(q, k, q_out, k_out, pos_ids, params, cos_sin_cache) -> None:
         smooth_a, smooth_b,
         INTERLEAVE=params.interleave, USE_CACHE=cos_sin_cache is not None,
         LLAMA31=params.llama31 is not None, COPY_PASS=copy_pass, BLOCK_H=block_h,
-        HALF_BLOCK=half_block, PASS_BLOCK=_pow2(head_dim - params.rotary_dim) if copy_pass else 1,
+        HALF_BLOCK=half_block, PASS_BLOCK=pow2(head_dim - params.rotary_dim) if copy_pass else 1,
         num_warps=max(1, min(4, block_h * half_block // 128)),
     )

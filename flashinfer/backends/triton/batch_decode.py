@@ -22,7 +22,6 @@ Semantics beyond the contract: with ``q_len_per_req > 1`` the mask is causal ins
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -30,7 +29,7 @@ import torch
 
 from ...attention.batch_params import BatchPlan, KVInput, RunScales
 from ...reasons import Reason
-from . import KERNELS
+from .launch import cdiv, device_of, pow2
 
 #: programs per SM the split count aims for.
 PROGRAMS_PER_SM = 2
@@ -49,12 +48,6 @@ _LOG2E = 1.4426950408889634
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-def _pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -84,17 +77,17 @@ def launch_config(plan: BatchPlan, num_splits: int | None = None) -> LaunchConfi
     """The launch shape for ``plan``; ``num_splits`` forces the split count (tests, tuning)."""
     group = plan.num_qo_heads // plan.num_kv_heads
     rows = max(1, plan.q_len_per_req) * group
-    block_m = min(MAX_BLOCK_M, max(16, _pow2(rows)))
-    row_tiles = _cdiv(rows, block_m)
-    block_dqk = max(16, _pow2(plan.head_dim_qk))
-    block_dvo = max(16, _pow2(plan.head_dim_vo))
+    block_m = min(MAX_BLOCK_M, max(16, pow2(rows)))
+    row_tiles = cdiv(rows, block_m)
+    block_dqk = max(16, pow2(plan.head_dim_qk))
+    block_dvo = max(16, pow2(plan.head_dim_vo))
     widest = max(block_dqk, block_dvo)
     block_n = 64 if widest <= 128 else 32
     if num_splits is None:
         programs = plan.batch_size * plan.num_kv_heads * row_tiles
-        num_splits = _cdiv(PROGRAMS_PER_SM * sm_count(plan.device), max(1, programs))
+        num_splits = cdiv(PROGRAMS_PER_SM * sm_count(plan.device), max(1, programs))
         if not plan.cuda_graph:
-            num_splits = min(num_splits, _cdiv(max(1, plan.max_kv_len), MIN_KEYS_PER_SPLIT))
+            num_splits = min(num_splits, cdiv(max(1, plan.max_kv_len), MIN_KEYS_PER_SPLIT))
     num_splits = max(1, min(MAX_SPLITS, int(num_splits)))
     return LaunchConfig(block_m, row_tiles, block_n, block_dqk, block_dvo, num_splits,
                         num_warps=4, num_stages=2 if widest > 128 else 3)
@@ -107,7 +100,7 @@ def scratch_bytes(plan: BatchPlan, num_splits: int) -> int:
 
 
 def _round_up(n: int, m: int) -> int:
-    return _cdiv(n, m) * m
+    return cdiv(n, m) * m
 
 
 def _scratch(plan: BatchPlan, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,9 +127,6 @@ def _scratch(plan: BatchPlan, num_splits: int) -> tuple[torch.Tensor, torch.Tens
     part_lse = buf[o_bytes:o_bytes + parts * 4].view(torch.float32)
     return part_o, part_lse
 
-
-def _device_of(t: torch.Tensor):
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 def _require_unit_stride(name: str, t: torch.Tensor) -> None:
@@ -180,7 +170,7 @@ class PagedDecodeRunner:
         qk_scale = plan.sm_scale * scales.q_scale * scales.k_scale
         cap = plan.logits_soft_cap
         window = plan.window_left
-        with _device_of(q):
+        with device_of(q):
             K.decode_split_kernel[(plan.batch_size, plan.num_kv_heads * cfg.row_tiles,
                                    cfg.num_splits)](
                 q, k, v, self.part_o, self.part_lse,
@@ -206,7 +196,7 @@ class PagedDecodeRunner:
                 self.part_lse if sinks is None else sinks,
                 out.stride(0), out.stride(1), scales.v_scale,
                 NUM_QO_HEADS=plan.num_qo_heads, NUM_SPLITS=cfg.num_splits,
-                BLOCK_S=max(2, _pow2(cfg.num_splits)),
+                BLOCK_S=max(2, pow2(cfg.num_splits)),
                 D_VO=plan.head_dim_vo, BLOCK_DVO=cfg.block_dvo,
                 HAS_SINKS=sinks is not None, WRITE_LSE=lse is not None,
                 num_warps=4 if cfg.block_dvo >= 128 else 2,
@@ -218,13 +208,11 @@ def make_runner(plan: BatchPlan, num_splits: int | None = None) -> PagedDecodeRu
     return PagedDecodeRunner(plan, launch_config(plan, num_splits))
 
 
-@KERNELS.kernel("batch_decode")
 def batch_decode(plan: BatchPlan) -> PagedDecodeRunner:
     return make_runner(plan)
 
 
-@KERNELS.check("batch_decode")
-def _check(problem) -> list[Reason]:
+def reasons(problem) -> list[Reason]:
     """FP8 KV needs Triton's native fp8 conversions (SM 8.9 and newer)."""
     if "fp8_kv" in problem.features and problem.sm is not None and problem.sm < (8, 9):
         sm = f"{problem.sm[0]}.{problem.sm[1]}"

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from . import KERNELS
 from .batch_decode import sm_count
-from .sampling import _device_of, _pow2, softmax_args
+from .launch import device_of, pow2
 
 #: elements per loop step and warps of a program, one program per row
 ROW_BLOCK, ROW_WARPS = 4096, 8
@@ -32,7 +31,15 @@ def split_chunks(rows: int, vocab: int, sms: int) -> int:
     return max(1, min(-(-2 * sms // rows), -(-vocab // CHUNK_BLOCK), MAX_CHUNKS))
 
 
-@KERNELS.kernel("softmax", "streaming")
+def softmax_args(out: torch.Tensor, temperature):
+    """``(dst, t_ptr, t_val, T_T)`` of a softmax launch: a contiguous output (``out`` or a
+    buffer to copy back), and the temperature as a per-row tensor or a scalar."""
+    dst = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
+    t_t = isinstance(temperature, torch.Tensor)
+    return (dst, temperature if t_t else dst,
+            1.0 if temperature is None or t_t else float(temperature), t_t)
+
+
 def softmax_streaming(logits, out, temperature, chunks: int | None = None) -> None:
     """``chunks`` (tests, tuning): force the chunk count per row (1: one program per row)."""
     from . import _softmax_kernels as K
@@ -46,14 +53,14 @@ def softmax_streaming(logits, out, temperature, chunks: int | None = None) -> No
         chunks = split_chunks(n_rows, vocab, sm_count(logits.device))
     elif not 1 <= chunks <= MAX_CHUNKS:
         raise ValueError(f"chunks must be in [1, {MAX_CHUNKS}], got {chunks}")
-    with _device_of(logits):
+    with device_of(logits):
         if chunks <= 1:
-            block = max(16, min(ROW_BLOCK, _pow2(vocab)))
+            block = max(16, min(ROW_BLOCK, pow2(vocab)))
             K.softmax_rows_kernel[(n_rows,)](
                 logits, dst, t_ptr, t_val, vocab, logits.stride(0), dst.stride(0), T_T=t_t,
                 BLOCK=block, num_warps=ROW_WARPS if block >= 2048 else 4)
         else:
-            block = max(16, min(CHUNK_BLOCK, _pow2(-(-vocab // chunks))))
+            block = max(16, min(CHUNK_BLOCK, pow2(-(-vocab // chunks))))
             chunk = -(-vocab // (chunks * block)) * block  # whole blocks
             n_chunks = -(-vocab // chunk)
             part = torch.empty(n_rows, n_chunks, 2, dtype=torch.float32, device=logits.device)

@@ -17,11 +17,10 @@ is accepted. Launch shape, chosen from the hidden size:
 
 from __future__ import annotations
 
-import contextlib
 
 import torch
+from .launch import cdiv, device_of, pow2
 
-from . import KERNELS
 
 #: widest row (elements) handled by the single-pass kernel; wider rows loop over chunks.
 MAX_SINGLE_BLOCK = 16384
@@ -33,24 +32,18 @@ ROW_TILE = 1024
 ELEMS_PER_THREAD = 8
 
 
-def _pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
 
 def launch_config(hidden: int, n_rows: int) -> tuple[int, int, bool, int]:
     """``(rows_per_program, block, single_pass, num_warps)`` for rows of ``hidden`` elements."""
-    block = _pow2(hidden)
+    block = pow2(hidden)
     if block <= MAX_SINGLE_BLOCK:
-        rows = max(1, min(ROW_TILE // block, _pow2(n_rows)))
+        rows = max(1, min(ROW_TILE // block, pow2(n_rows)))
         single = True
     else:
         rows, block, single = 1, LOOP_BLOCK, False
-    warps = min(16, max(1, _pow2(rows * block // (32 * ELEMS_PER_THREAD))))
+    warps = min(16, max(1, pow2(rows * block // (32 * ELEMS_PER_THREAD))))
     return rows, block, single, warps
 
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
@@ -58,12 +51,7 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _device_of(t: torch.Tensor):
-    """Launch on ``t``'s GPU even when it is not the current device (Triton uses the current one)."""
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
-
-@KERNELS.kernel("rmsnorm")
 def rmsnorm(input: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
             residual: torch.Tensor | None, eps: float, weight_bias: float) -> None:
     from . import _norm_kernels
@@ -75,8 +63,8 @@ def rmsnorm(input: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     n_rows = n_batch * n_inner
     rows, block, single, warps = launch_config(hidden, n_rows)
     res = x if r is None else r  # a placeholder pointer when there is no residual
-    with _device_of(x):
-        _norm_kernels.rmsnorm_kernel[(_cdiv(n_rows, rows),)](
+    with device_of(x):
+        _norm_kernels.rmsnorm_kernel[(cdiv(n_rows, rows),)](
             x, weight.contiguous(), y, res,
             n_rows, n_inner, hidden,
             x.stride(0), x.stride(1), y.stride(0), y.stride(1), res.stride(0), res.stride(1),
@@ -90,7 +78,6 @@ def rmsnorm(input: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
         residual.copy_(r)
 
 
-@KERNELS.kernel("layernorm")
 def layernorm(input: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, out: torch.Tensor,
               eps: float) -> None:
     from . import _norm_kernels
@@ -99,8 +86,8 @@ def layernorm(input: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, out:
     y = _unit_stride(out)
     n_rows, hidden = x.shape
     rows, block, single, warps = launch_config(hidden, n_rows)
-    with _device_of(x):
-        _norm_kernels.layernorm_kernel[(_cdiv(n_rows, rows),)](
+    with device_of(x):
+        _norm_kernels.layernorm_kernel[(cdiv(n_rows, rows),)](
             x, gamma.contiguous(), beta.contiguous(), y,
             n_rows, hidden, x.stride(0), y.stride(0), float(eps),
             ROWS=rows, BLOCK=block, SINGLE_PASS=single, num_warps=warps,

@@ -39,7 +39,6 @@ import numpy as np
 import torch
 
 from ...shape_buckets import length_bucket
-from ...attention.batch_params import Tail
 
 DECODE, PAGED, RAGGED = "batch_decode", "batch_prefill_paged", "batch_prefill_ragged"
 

@@ -28,8 +28,8 @@ import torch
 
 from ...index_checks import record
 from ...reasons import Reason
-from . import KERNELS
-from .gemm import BLOCK_K as FP8_BLOCK_K, BLOCK_N, _cdiv, _device_of, _same_fp8, launch_config
+from .gemm import BLOCK_K as FP8_BLOCK_K, BLOCK_N, _same_fp8, launch_config
+from .launch import cdiv, device_of
 
 #: K step of the 16-bit segment GEMM
 BLOCK_K_16 = 64
@@ -49,10 +49,9 @@ def _chunk(pieces: int, faults) -> int:
 
 
 def _grid(m: int, n: int, segments: int, block_m: int) -> tuple[int, int]:
-    return _cdiv(m, block_m) + segments + 2, _cdiv(n, BLOCK_N)
+    return cdiv(m, block_m) + segments + 2, cdiv(n, BLOCK_N)
 
 
-@KERNELS.kernel("segment_gemm")
 def segment_gemm(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.Tensor,
                  weight_indices: torch.Tensor | None, weight_column_major: bool,
                  alpha: torch.Tensor | None, out: torch.Tensor, faults) -> None:
@@ -61,8 +60,8 @@ def segment_gemm(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.Tenso
     (m, k), n, segments = x.shape, out.shape[1], seg_indptr.shape[0] - 1
     s_ww, s_a, s_b = weights.stride()
     s_wk, s_wn = (s_b, s_a) if weight_column_major else (s_a, s_b)
-    block_m, warps, stages = launch_config(_cdiv(m, max(segments, 1)), x.device)
-    with _device_of(x):
+    block_m, warps, stages = launch_config(cdiv(m, max(segments, 1)), x.device)
+    with device_of(x):
         _gemm_grouped_kernels.segment_gemm_kernel[_grid(m, n, segments, block_m)](
             x, weights, seg_indptr,
             seg_indptr if weight_indices is None else weight_indices,
@@ -77,7 +76,6 @@ def segment_gemm(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.Tenso
         )
 
 
-@KERNELS.kernel("group_gemm_fp8_groupwise")
 def group_gemm_fp8_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
                              b_scale: torch.Tensor, m_indptr: torch.Tensor,
                              granularity: tuple[int, int, int], out: torch.Tensor,
@@ -89,8 +87,8 @@ def group_gemm_fp8_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Te
     if gk % FP8_BLOCK_K and gk < k:
         raise ValueError(f"granularity {granularity}: the Triton kernel needs the K block to be "
                          f"a multiple of {FP8_BLOCK_K} or at least K = {k}")
-    block_m, warps, stages = launch_config(_cdiv(m, max(groups, 1)), a.device, largest=64)
-    with _device_of(a):
+    block_m, warps, stages = launch_config(cdiv(m, max(groups, 1)), a.device, largest=64)
+    with device_of(a):
         _gemm_grouped_kernels.group_gemm_fp8_kernel[_grid(m, n, groups, block_m)](
             a, b, a_scale, b_scale, m_indptr, out, record(a.device), m, n, k, groups,
             faults.offsets.code,
@@ -104,6 +102,5 @@ def group_gemm_fp8_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Te
         )
 
 
-@KERNELS.check("group_gemm_fp8_groupwise")
-def _group_fp8_reasons(problem) -> list[Reason]:
+def group_fp8_reasons(problem) -> list[Reason]:
     return _same_fp8(problem)

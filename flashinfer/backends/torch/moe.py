@@ -14,18 +14,16 @@ matmuls (cuBLAS on CUDA, the CPU BLAS on cpu).
   owns (``spec.ids_fault`` set) are dropped like other ranks' and reported into the device's
   error record with device ops (``reference.moe.report_expert_ids``).
 
-Registered into the ``torch`` adapter's table (``backends/torch_native.py`` imports this module).
+Registered into the ``torch`` adapter's table (``backends/torch/attention.py`` imports this module).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .reference.moe import expand_blocks, gated, report_expert_ids, routing_weights
-from .torch_native import KERNELS
+from ..reference.moe import expand_blocks, gated, report_expert_ids, routing_weights
 
 
-@KERNELS.kernel("moe_routing")
 def moe_routing(logits, bias, method, top_k, n_group, topk_group, scale, weights_out,
                 ids_out) -> None:
     w, ids = routing_weights(logits.float(), None if bias is None else bias.float(), method,
@@ -38,7 +36,6 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype if x.dtype in (torch.float32, torch.float16, torch.bfloat16) else torch.bfloat16
 
 
-@KERNELS.kernel("fused_moe")
 def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -> None:
     num_tokens, top_k = ids.shape
     num_local, hidden = w1.shape[0], w2.shape[1]

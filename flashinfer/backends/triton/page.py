@@ -19,16 +19,13 @@ import torch
 
 from ...attention import page_rules
 from ...index_checks import record
-from . import KERNELS
+from .launch import pow2
 
 #: elements of K (and as many of V) each program copies, at most (one head may exceed it).
 TILE = 2048
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
-
-def _pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def _as_bits(t: torch.Tensor) -> torch.Tensor:
@@ -42,7 +39,6 @@ def _cache_strides(cache: torch.Tensor, kv_layout: str) -> tuple[int, int, int, 
     return (sp, s1, s2, sd) if kv_layout == "NHD" else (sp, s2, s1, sd)
 
 
-@KERNELS.kernel("append_paged_kv")
 def append_paged_kv(append_key: torch.Tensor, append_value: torch.Tensor,
                     batch_indices: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
@@ -52,8 +48,8 @@ def append_paged_kv(append_key: torch.Tensor, append_value: torch.Tensor,
         return
     from . import _page_kernels
 
-    block_d = _pow2(head_dim)
-    block_h = min(_pow2(heads), max(1, TILE // block_d))
+    block_d = pow2(head_dim)
+    block_h = min(pow2(heads), max(1, TILE // block_d))
     k, v = _as_bits(append_key), _as_bits(append_value)
     kc, vc = _as_bits(k_cache), _as_bits(v_cache)
     device = torch.cuda.device(kc.device) if kc.is_cuda else contextlib.nullcontext()

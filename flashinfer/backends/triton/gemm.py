@@ -20,12 +20,11 @@ Pipeline depth: 4 stages for small tiles, 3 for 128-row tiles where shared memor
 
 from __future__ import annotations
 
-import contextlib
 
 import torch
 
 from ...reasons import Reason
-from . import KERNELS
+from .launch import cdiv, device_of
 
 #: K step (and the scale-block width along K this kernel walks).
 BLOCK_K = 128
@@ -49,13 +48,6 @@ def launch_config(m: int, device: torch.device, largest: int = 128) -> tuple[int
     return block_m, warps, 3 if big_smem else 2
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _device_of(t: torch.Tensor):
-    """Launch on ``t``'s GPU even when it is not the current device (Triton uses the current one)."""
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 def _same_fp8(problem) -> list[Reason]:
@@ -67,7 +59,6 @@ def _same_fp8(problem) -> list[Reason]:
     return []
 
 
-@KERNELS.kernel("gemm_fp8_groupwise")
 def gemm_fp8_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
                        b_scale: torch.Tensor, granularity: tuple[int, int, int],
                        out: torch.Tensor) -> None:
@@ -79,8 +70,8 @@ def gemm_fp8_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
         raise ValueError(f"granularity {granularity}: the Triton kernel needs the K block to be "
                          f"a multiple of {BLOCK_K} or at least K = {k}")
     block_m, warps, stages = launch_config(m, a.device, largest=64)
-    grid = (_cdiv(m, block_m) * _cdiv(n, BLOCK_N),)
-    with _device_of(a):
+    grid = (cdiv(m, block_m) * cdiv(n, BLOCK_N),)
+    with device_of(a):
         _gemm_kernels.gemm_fp8_groupwise_kernel[grid](
             a, b, a_scale, b_scale, out, m, n, k,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1),
@@ -91,12 +82,10 @@ def gemm_fp8_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
         )
 
 
-@KERNELS.check("gemm_fp8_groupwise")
-def _groupwise_reasons(problem) -> list[Reason]:
+def groupwise_reasons(problem) -> list[Reason]:
     return _same_fp8(problem)
 
 
-@KERNELS.kernel("bmm_fp8")
 def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor,
             out: torch.Tensor) -> None:
     from . import _gemm_kernels
@@ -104,8 +93,8 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
     batch, m, k = A.shape
     n = B.shape[2]
     block_m, block_n, block_k, warps, stages = bmm_fp8_launch(m, n, k, A.device)
-    grid = (_cdiv(m, block_m) * _cdiv(n, block_n), batch)
-    with _device_of(A):
+    grid = (cdiv(m, block_m) * cdiv(n, block_n), batch)
+    with device_of(A):
         _gemm_kernels.bmm_fp8_kernel[grid](
             A, B, A_scale, B_scale, out, m, n, k,
             A.stride(0), A.stride(1), A.stride(2), B.stride(0), B.stride(1), B.stride(2),
@@ -130,6 +119,5 @@ def bmm_fp8_launch(m: int, n: int, k: int, device: torch.device) -> tuple[int, i
     return block_m, 64, BLOCK_K, warps, 3 if k <= BLOCK_K else stages
 
 
-@KERNELS.check("bmm_fp8")
-def _bmm_fp8_reasons(problem) -> list[Reason]:
+def bmm_fp8_reasons(problem) -> list[Reason]:
     return _same_fp8(problem)

@@ -1,0 +1,1 @@
+"""Helpers several backends share (none of them a kernel a capability record names)."""
