@@ -1,7 +1,7 @@
 """Top-p sampling by rejection rounds (variant ``triton:nucleus`` of sampling_from_probs,
 ``_nucleus_kernels.py``): every draw equal to a float64 mirror of the rounds at the kernel's own
 uniforms, every draw in the contract's nucleus (top_p 0, small, large, 1, per row, ties), rows
-that are not distributions, the calls the adapter hands to the general kernel; ``gpu``: a
+that are not distributions, the calls it refuses (its check keeps them away); ``gpu``: a
 chi-square test and 128k rows."""
 
 import numpy as np
@@ -136,16 +136,14 @@ def test_rows_that_are_not_distributions_give_token_0_and_invalid():
     assert out[1:].tolist() == [0, 0, 0, 0]
 
 
-def test_calls_it_does_not_serve_go_to_the_general_kernel():
+def test_calls_it_does_not_serve_are_refused_not_rerouted():
     p = probs_rows(2, 120, seed=8)
     out = torch.full((2,), -7, dtype=torch.int32, device=p.device)
     valid = torch.zeros(2, dtype=torch.bool, device=p.device)
-    general = out.clone()
     for args in ((5, 0.7, None), (None, 0.7, 0.1), (None, None, None)):
-        nucleus()(p, out, valid, None, *args, False, True, 3, 0)
-        kernel_for("triton", "sampling_from_probs", "default")(
-            p, general, valid.clone(), None, *args, False, True, 3, 0)
-        assert torch.equal(out, general)
+        with pytest.raises(ValueError, match="nucleus_reasons"):
+            nucleus()(p, out, valid, None, *args, False, True, 3, 0)
+    assert (out == -7).all()
 
 
 @pytest.mark.gpu

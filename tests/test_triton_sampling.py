@@ -368,12 +368,13 @@ def chi_square_p_value(counts, expected_prob):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rules", [
-    dict(), dict(top_k=5), dict(top_p=0.6), dict(min_p=0.2), dict(top_k=8, top_p=0.7),
-    dict(top_k=8, top_p=0.7, joint=True),
-], ids=["plain", "top_k", "top_p", "min_p", "k_first", "joint"])
-# two_pass serves plain, min-p and the scalar top-k rules and hands top-p to the general kernel
-@pytest.mark.parametrize("variant", ["default", "two_pass"])
+@pytest.mark.parametrize("rules,variant", [
+    (rules, variant)
+    for rules in (dict(), dict(top_k=5), dict(top_p=0.6), dict(min_p=0.2),
+                  dict(top_k=8, top_p=0.7), dict(top_k=8, top_p=0.7, joint=True))
+    # two_pass serves plain, min-p and the scalar top-k rules; top-p alone is nucleus's
+    for variant in (("default", "nucleus") if set(rules) == {"top_p"} else ("default", "two_pass"))
+], ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v)) or "plain")
 def test_gpu_chi_square_probs(rules, variant):
     p = probs_rows(1, 48, seed=14).cuda()
     n = 200_000

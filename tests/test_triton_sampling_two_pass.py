@@ -3,7 +3,7 @@
 support of every draw against the contract's float64 keep set, both orders of top-k and top-p,
 ties, invalid rows, index mapping, determinism, every draw equal to a float64 inverse CDF at the
 kernel's own uniforms (the exact full-pass path, forced with a narrow block or too few candidate
-slots, included), and the calls the adapter hands to the general kernel. CPU: the interpreter,
+slots, included), and the calls it refuses (its check keeps them away). CPU: the interpreter,
 small shapes; the chi-square tests of the sampled distributions run in test_triton_sampling.py
 (``gpu``, both variants)."""
 
@@ -173,15 +173,14 @@ def test_min_p_per_row():
     assert valid.all() and keep_set(p, min_p=mp)[idx, out].all()
 
 
-def test_calls_it_does_not_serve_go_to_the_general_kernel():
+def test_calls_it_does_not_serve_are_refused_not_rerouted():
+    """The variant never hands off at run time: its check keeps these calls away
+    (test_sampling_decisions), and a direct call outside the check is an error."""
     p = probs_rows(2, 120, seed=8)
     for rules in (dict(top_k=torch.tensor([3, 9], dtype=torch.int32, device=p.device)),
                   dict(top_k=5, min_p=0.1), dict(top_k=None, top_p=0.7), dict(top_k=120)):
-        top_k = rules.get("top_k")
-        idx, out, valid = draw(p, 3, top_k, rules.get("top_p"), min_p=rules.get("min_p"))
-        assert valid.all()
-        assert keep_set(p, top_k=top_k, top_p=rules.get("top_p"),
-                        min_p=rules.get("min_p"))[idx, out].all()
+        with pytest.raises(ValueError, match="two_pass_reasons"):
+            draw(p, 3, rules.get("top_k"), rules.get("top_p"), min_p=rules.get("min_p"))
 
 
 @pytest.mark.gpu

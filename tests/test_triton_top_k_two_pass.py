@@ -2,8 +2,8 @@
 renorm_probs and of top_k_mask_logits, ``_top_k_two_pass_kernels.py``): the kept set and values
 against the float64 reference, three dtypes, ties at the boundary, rows that are not
 distributions, ``-inf`` / NaN logits and rows of fewer than k finite logits, the exact full-pass
-path (forced with a narrow block or too few candidate slots), the calls the adapters hand to the
-general kernel, and the dispatch checks. CPU: the interpreter, small shapes; ``gpu``: 128k."""
+path (forced with a narrow block or too few candidate slots), the calls the adapters refuse (their
+checks keep them away), and the dispatch checks. CPU: the interpreter, small shapes; ``gpu``: 128k."""
 
 import pytest
 import torch
@@ -129,22 +129,16 @@ def test_the_exact_path_agrees(block, cap):
     assert torch.equal(masked.cpu(), expected_mask(x, 8))
 
 
-def test_calls_it_does_not_serve_go_to_the_general_kernel():
+def test_calls_it_does_not_serve_are_refused_not_rerouted():
     p = probs_rows(2, 120, seed=8)
     for top_k, top_p in ((torch.tensor([3, 9], dtype=torch.int32, device=p.device), None),
-                         (None, 0.7), (120, None), (0, None)):
-        out = poison(torch.empty_like(p))
-        renorm()(p, out, top_k, top_p)
-        general = poison(torch.empty_like(p))
-        renorm("default")(p, general, top_k, top_p)
-        assert torch.equal(out, general)
+                         (None, 0.7), (120, None), (0, None), (5, 0.7)):
+        with pytest.raises(ValueError, match="triton:two_pass was called"):
+            renorm()(p, poison(torch.empty_like(p)), top_k, top_p)
     x = p.log()
     for top_k in (torch.tensor([3, 9], dtype=torch.int32, device=p.device), 120, 0):
-        out = poison(torch.empty_like(x))
-        mask()(x, out, top_k)
-        general = poison(torch.empty_like(x))
-        mask("default")(x, general, top_k)
-        assert torch.equal(out, general)
+        with pytest.raises(ValueError, match="top_k_two_pass_reasons"):
+            mask()(x, poison(torch.empty_like(x)), top_k)
 
 
 @pytest.mark.parametrize("op,features,top_k,usable", [

@@ -129,14 +129,17 @@ def _shape(rows_out: int, vocab: int) -> dict:
     return {"batch_size": dispatch.length_bucket(rows_out), "vocab_size": dispatch.length_bucket(vocab)}
 
 
-def _top_k_facts(shape: dict, features: list, top_k_arr, top_k_val) -> dict:
+def _top_k_facts(shape: dict, features: list, top_k_arr, top_k_val, vocab: int) -> dict:
     """What the dispatcher knows of a top-k: feature ``top_k_per_row`` for a tensor, else the
     scalar's power-of-two bucket as shape fact ``top_k`` (the two-pass kernels' checks read
-    it). Adds to ``features``; returns ``shape``."""
+    it), 0 for a k that filters nothing. Adds to ``features``; returns ``shape``."""
     if top_k_arr is not None:
         features.append("top_k_per_row")
     elif top_k_val is not None:
-        shape["top_k"] = dispatch.length_bucket(top_k_val)
+        # a k that filters nothing (k <= 0 or k >= vocab) is fact 0: the kernels that need a
+        # real top-k (the two-pass ones) reject it, the general ones serve it
+        enabled = 0 < top_k_val < vocab
+        shape["top_k"] = dispatch.length_bucket(top_k_val) if enabled else 0
     return shape
 
 
@@ -181,7 +184,8 @@ def _sampling_from_probs_op(
                         seed_tensor=seed_arr)
     if joint and top_k is not None and top_p is not None:
         features.append("joint")
-    shape = _top_k_facts(_shape(count, probs.shape[1]), features, top_k_arr, top_k_val)
+    shape = _top_k_facts(_shape(count, probs.shape[1]), features, top_k_arr, top_k_val,
+                         probs.shape[1])
     problem = Problem.make("sampling_from_probs", probs.device, dtypes={"probs": probs.dtype},
                            shape=shape, features=features)
     seed, offset = _seed_args(seed_arr, offset_arr, seed_val, offset_val, use_default, increment,
@@ -232,7 +236,8 @@ def _top_k_top_p_from_logits_op(
     features = ["top_k", "top_p"] + _present(indices=indices, seed_tensor=seed_arr)
     if joint:
         features.append("joint")
-    shape = _top_k_facts(_shape(count, logits.shape[1]), features, top_k_arr, top_k_val)
+    shape = _top_k_facts(_shape(count, logits.shape[1]), features, top_k_arr, top_k_val,
+                         logits.shape[1])
     problem = Problem.make("top_k_top_p_sampling_from_logits", logits.device,
                            dtypes={"logits": logits.dtype}, shape=shape, features=features)
     seed, offset = _seed_args(seed_arr, offset_arr, seed_val, offset_val, use_default, increment,
@@ -259,7 +264,7 @@ def _renorm_op(probs: torch.Tensor, top_k_arr: Optional[torch.Tensor], top_k_val
     top_k = top_k_arr if top_k_arr is not None else top_k_val
     top_p = top_p_arr if top_p_arr is not None else top_p_val
     features = ["top_k"] if top_k is not None else ["top_p"]
-    shape = _top_k_facts(_shape(*probs.shape), features, top_k_arr, top_k_val)
+    shape = _top_k_facts(_shape(*probs.shape), features, top_k_arr, top_k_val, probs.shape[1])
     problem = Problem.make("renorm_probs", probs.device, dtypes={"probs": probs.dtype},
                            shape=shape, features=features)
     dispatch.decide(problem, backend).kernel(probs, out, top_k, top_p)
@@ -274,7 +279,7 @@ def _mask_op(logits: torch.Tensor, top_k_arr: Optional[torch.Tensor], top_k_val:
     if logits.numel() == 0:
         return out
     features: list[str] = []
-    shape = _top_k_facts(_shape(*logits.shape), features, top_k_arr, top_k_val)
+    shape = _top_k_facts(_shape(*logits.shape), features, top_k_arr, top_k_val, logits.shape[1])
     problem = Problem.make("top_k_mask_logits", logits.device, dtypes={"logits": logits.dtype},
                            shape=shape, features=features)
     dispatch.decide(problem, backend).kernel(logits, out,

@@ -143,6 +143,18 @@ def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, 
         )
 
 
+def _desc(v) -> str:
+    return "a per-row tensor" if isinstance(v, torch.Tensor) else repr(v)
+
+
+def _refuse(variant: str, check: str, serves: str, **given) -> None:
+    """A variant called directly outside its check (the dispatcher never does this): an error,
+    never a silent hand-off to another kernel."""
+    args = ", ".join(f"{k}={_desc(v)}" for k, v in given.items())
+    raise ValueError(f"triton:{variant} was called with {args}; it serves {serves} only: its "
+                     f"check ({check}) rejects the rest")
+
+
 def _two_pass_mode(top_k, top_p, min_p, q: int, vocab: int) -> int | None:
     """The two-pass sampler's MODE for these thresholds (0 plain, 1 min-p, 2 a scalar top-k of at
     most ``q`` with or without top-p), or None when it does not serve them."""
@@ -158,17 +170,17 @@ def _two_pass_mode(top_k, top_p, min_p, q: int, vocab: int) -> int | None:
 def sampling_from_probs_two_pass(probs, out, valid, indices, top_k, top_p, min_p, joint,
                                  deterministic, seed, offset) -> None:
     """Plain sampling (one pass per row), min-p, or a scalar top-k with ``1 <= k <= Q`` and any
-    top-p (two light passes per row; ``_sampling_two_pass_kernels``); anything else goes to the
-    general kernel above."""
+    top-p (two light passes per row; ``_sampling_two_pass_kernels``): exactly what
+    :func:`two_pass_reasons` admits."""
     n_out = out.numel()
     if n_out == 0:
         return
     vocab = probs.shape[1]
     mode = _two_pass_mode(top_k, top_p, min_p, _launch_shape(vocab, n_out)[0], vocab)
     if mode is None:
-        sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, deterministic,
-                            seed, offset)
-        return
+        _refuse("two_pass", "two_pass_reasons", "plain sampling, min_p alone, or a scalar "
+                "1 <= top_k <= Q below the vocabulary (with or without top_p)", top_k=top_k,
+                top_p=top_p, min_p=min_p)
     _launch_two_pass(probs, out, valid, indices, mode, top_k, top_p, min_p, joint, seed, offset,
                      False)
 
@@ -202,30 +214,41 @@ def _launch_two_pass(src, out, valid, indices, mode: int, top_k, top_p, min_p, j
         )
 
 
-def top_k_top_p_sampling_from_logits(logits, out, indices, top_k, top_p, joint, deterministic,
-                                     seed, offset) -> None:
-    """The streaming softmax, then the two-pass sampler where it serves, else the general
-    kernel (``sampling_from_probs_two_pass``)."""
+def _softmax_then(sampler, logits, out, indices, top_k, top_p, joint, deterministic, seed,
+                  offset) -> None:
     probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     softmax_streaming(logits, probs, None)
     valid = torch.empty(out.shape, dtype=torch.bool, device=out.device)
-    sampling_from_probs_two_pass(probs, out, valid, indices, top_k, top_p, None, joint,
-                                 deterministic, seed, offset)
+    sampler(probs, out, valid, indices, top_k, top_p, None, joint, deterministic, seed, offset)
+
+
+def top_k_top_p_sampling_from_logits(logits, out, indices, top_k, top_p, joint, deterministic,
+                                     seed, offset) -> None:
+    """The streaming softmax, then the general sampler (any top-k, top-p, joint)."""
+    _softmax_then(sampling_from_probs, logits, out, indices, top_k, top_p, joint, deterministic,
+                  seed, offset)
+
+
+def top_k_top_p_sampling_from_logits_softmax_two_pass(logits, out, indices, top_k, top_p, joint,
+                                                      deterministic, seed, offset) -> None:
+    """The streaming softmax, then the two-pass sampler (a scalar ``1 <= k <= Q``, top-k first
+    or joint: what :func:`two_pass_reasons` admits)."""
+    _softmax_then(sampling_from_probs_two_pass, logits, out, indices, top_k, top_p, joint,
+                  deterministic, seed, offset)
 
 
 def top_k_top_p_sampling_from_logits_two_pass(logits, out, indices, top_k, top_p, joint,
                                               deterministic, seed, offset) -> None:
     """Top-k first with a scalar ``1 <= k <= Q``: the two-pass sampler on the logits themselves
-    (weights ``exp(x - max)``; two reads of the row, no softmax written). Anything else: the
-    softmax, then the samplers (``top_k_top_p_sampling_from_logits``)."""
+    (weights ``exp(x - max)``; two reads of the row, no softmax written): what
+    :func:`logits_two_pass_reasons` admits."""
     n_out = out.numel()
     if n_out == 0:
         return
-    q = _launch_shape(logits.shape[1], n_out)[0]
-    if joint or _two_pass_mode(top_k, top_p, None, q, logits.shape[1]) != 2:
-        top_k_top_p_sampling_from_logits(logits, out, indices, top_k, top_p, joint,
-                                         deterministic, seed, offset)
-        return
+    if joint or _two_pass_mode(top_k, top_p, None, _launch_shape(logits.shape[1], n_out)[0],
+                               logits.shape[1]) != 2:
+        _refuse("two_pass", "logits_two_pass_reasons", "a scalar 1 <= top_k <= Q below the "
+                "vocabulary, top-k first", top_k=top_k, top_p=top_p, joint=joint)
     valid = torch.empty(out.shape, dtype=torch.bool, device=out.device)
     _launch_two_pass(logits, out, valid, indices, 2, top_k, top_p, None, False, seed, offset, True)
 
@@ -239,13 +262,12 @@ def logits_two_pass_reasons(problem) -> list[Reason]:
 def sampling_from_probs_nucleus(probs, out, valid, indices, top_k, top_p, min_p, joint,
                                 deterministic, seed, offset) -> None:
     """Top-p alone (scalar or per row): rejection rounds of one lean pass each
-    (``_nucleus_kernels``); anything else goes to the general kernel above."""
+    (``_nucleus_kernels``): what :func:`nucleus_reasons` and the record's features admit."""
+    if top_p is None or top_k is not None or min_p is not None:
+        _refuse("nucleus", "nucleus_reasons", "top_p alone", top_k=top_k, top_p=top_p,
+                min_p=min_p)
     n_out = out.numel()
     if n_out == 0:
-        return
-    if top_p is None or top_k is not None or min_p is not None:
-        sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, deterministic,
-                            seed, offset)
         return
     _kernels(probs)  # seeds Triton's cache (the helpers live in the sampling kernels' modules)
     from . import _nucleus_kernels as KN
@@ -278,6 +300,10 @@ def _small_top_k_reasons(problem) -> list[Reason]:
     shape = dict(problem.shape)
     k, vocab = shape.get("top_k"), shape["vocab_size"]
     q = _launch_shape(vocab, 1)[0]
+    if k == 0:
+        return [Reason("shape.top_k", 0, f"1 <= top_k <= {q}",
+                       "this top_k filters nothing (k <= 0 or k >= the vocabulary); the two-pass "
+                       "kernels serve a real top-k only")]
     if k is not None and (k > q or k >= vocab):
         return [Reason("shape.top_k", k, f"<= {q} and < vocab_size {vocab}",
                        f"top_k {k} (bucketed) exceeds the {q} lanes of the two-pass kernels "
@@ -369,16 +395,17 @@ def renorm_probs(probs, out, top_k, top_p) -> None:
     _threshold_launch(probs, out, top_k, None if top_k is not None else top_p, False)
 
 
-def _top_k_two_pass(kernel: str, src, out, top_k) -> bool:
-    """Launch ``_top_k_two_pass_kernels.<kernel>`` when it serves ``top_k`` (a scalar ``1 <= k
-    <= Q`` below the vocabulary): the lanes' candidates, two reads and a write of each row.
-    Returns False, launching nothing, when it does not."""
+def _top_k_two_pass(kernel: str, src, out, top_k) -> None:
+    """Launch ``_top_k_two_pass_kernels.<kernel>`` for a scalar ``1 <= k <= Q`` below the
+    vocabulary (what :func:`top_k_two_pass_reasons` admits): the lanes' candidates, two reads
+    and a write of each row."""
     n_rows, vocab = src.shape
     q, warps = _launch_shape(vocab, max(n_rows, 1))
     if _two_pass_mode(top_k, None, None, q, vocab) != 2:
-        return False
+        _refuse("two_pass", "top_k_two_pass_reasons",
+                "a scalar 1 <= top_k <= Q below the vocabulary", top_k=top_k)
     if n_rows == 0:
-        return True
+        return
     _kernels(src)  # seeds Triton's cache (the helpers live in the sampling kernels' modules)
     from . import _top_k_two_pass_kernels as KT
 
@@ -392,14 +419,13 @@ def _top_k_two_pass(kernel: str, src, out, top_k) -> bool:
             BLOCK=4 * q, G=groups, CAP=cap, num_warps=warps)
     if dst is not out:
         out.copy_(dst)
-    return True
 
 
 def renorm_probs_two_pass(probs, out, top_k, top_p) -> None:
-    """Top-k renormalisation by candidates (``_top_k_two_pass``); top-p and what that does not
-    serve go to the general threshold kernel."""
-    if top_p is not None or not _top_k_two_pass("top_k_renorm_kernel", probs, out, top_k):
-        renorm_probs(probs, out, top_k, top_p)
+    """Top-k renormalisation by candidates (``_top_k_two_pass``; the record serves top-k only)."""
+    if top_p is not None:
+        _refuse("two_pass", "the record's features", "top_k", top_k=top_k, top_p=top_p)
+    _top_k_two_pass("top_k_renorm_kernel", probs, out, top_k)
 
 
 #: compacted slots per row of the top-p bracket kernel, and its most pivot passes (enough to
@@ -408,11 +434,10 @@ TOP_P_BRACKET_SLOTS, TOP_P_MAX_PIVOT_PASSES = 1024, 16
 
 
 def renorm_probs_bracket(probs, out, top_k, top_p) -> None:
-    """Top-p renormalisation by a shrinking bracket and a sort (``_top_p_bracket_kernels``);
-    top-k goes to the general threshold kernel."""
-    if top_k is not None:
-        renorm_probs(probs, out, top_k, top_p)
-        return
+    """Top-p renormalisation by a shrinking bracket and a sort (``_top_p_bracket_kernels``; the
+    record serves top-p only)."""
+    if top_k is not None or top_p is None:
+        _refuse("bracket", "the record's features", "top_p", top_k=top_k, top_p=top_p)
     n_rows, vocab = probs.shape
     if n_rows == 0:
         return
@@ -434,10 +459,8 @@ def renorm_probs_bracket(probs, out, top_k, top_p) -> None:
 
 
 def top_k_mask_logits_two_pass(logits, out, top_k) -> None:
-    """Top-k logit masking by candidates (``_top_k_two_pass``); what that does not serve goes
-    to the general threshold kernel."""
-    if not _top_k_two_pass("top_k_mask_kernel", logits, out, top_k):
-        top_k_mask_logits(logits, out, top_k)
+    """Top-k logit masking by candidates (``_top_k_two_pass``)."""
+    _top_k_two_pass("top_k_mask_kernel", logits, out, top_k)
 
 
 def top_k_two_pass_reasons(problem) -> list[Reason]:
