@@ -31,10 +31,15 @@ for a GPU that is not here (``flashinfer explain --sm 9.0``).
 
 The Decision records the chosen (backend, variant), every candidate with its reasons, and the
 source that decided (``argument``, ``context``, ``environment``, ``tuned`` or ``default``).
-``select`` is a pure function of (Problem, overrides, policy flags) and is cached on that key, so
-the hot path costs a Problem construction and a dict lookup; a new Decision is logged once (at
+``select`` is a pure function of (Problem, overrides, policy flags) and is cached on that key. On
+the hot path an op asks :func:`decide_keyed` with a tuple of the call's raw facts (device,
+dtypes, bucketed ints, flags) and a function that builds the Problem: a steady-state call is the
+argument checks, one dict lookup (plus the raw override state: the ``use_backend`` context and
+the env strings) and the kernel; no Problem is rebuilt, no view is made to fit a kernel
+signature (kernels take the 2-D forms their ops receive). A new Decision is logged once (at
 ``FLASHINFER_LOGLEVEL>=1``) when it is first made. Wrappers decide in ``plan()``; ``run()`` only
-executes the kernel the Decision names.
+executes the kernel the Decision names. ``benchmarks/overhead.py`` measures what this costs
+against the vendor kernel called directly.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ from .shape_buckets import length_bucket
 
 __all__ = [
     "Problem", "Reason", "Candidate", "Decision", "BackendUnavailableError", "NoBackendError",
-    "StrictModeError", "select", "decide", "decide_each", "record_decisions", "dtype_name", "length_bucket",
+    "StrictModeError", "select", "decide", "decide_keyed", "decide_each", "record_decisions", "dtype_name", "length_bucket",
     "kernel_for", "adapter_reasons",
 ]
 
@@ -372,6 +377,7 @@ def record_decisions() -> Iterator[list[Decision]]:
 #: NoBackendError / BackendUnavailableError / StrictModeError it raised. Keyed on the raw
 #: strings, so the hot path never parses an env var or walks the override levels.
 _MEMO: dict[tuple, Decision] = {}
+_KEYED: dict[tuple, Decision] = {}  # decide_keyed()'s memo: (raw key, backend, state) -> Decision
 _GENERATION = [0]  # bumped by clear_cache(): callers' memos (decide_each) are then stale
 _MEMO_LIMIT = 8192
 _FAMILY_OF: dict[str, tuple[str, tuple]] = {}
@@ -395,13 +401,34 @@ def _override_state(op: str) -> tuple[str, tuple]:
         entry = _FAMILY_OF[op] = (family, _env_keys(family))
     family, env_keys = entry
     env = _ENV_DATA if _ENV_BYTES else os.environ
-    return family, (overrides.context_key(), *[env.get(k) for k in env_keys])
+    return family, (overrides.context_key(), *map(env.get, env_keys))
 
 
 def decide(problem: Problem, backend: str | None = "auto") -> Decision:
     """Resolve the overrides that apply to ``problem`` and select (the op modules call this)."""
     family, state = _override_state(problem.op)
     return _decide(problem, backend, family, state)
+
+
+def decide_keyed(key: tuple, make_problem: Callable[[], Problem],
+                 backend: str | None = "auto") -> Decision:
+    """:func:`decide` for a steady-state call: ``key`` is the op's name followed by the raw facts
+    its Problem is made from (devices, dtypes, ints, bools: cheap to hash, nothing rebuilt), and
+    ``make_problem()`` builds that Problem on a miss only. The hot path of every op is then one
+    dict lookup; the Problem, the overrides and the rules are consulted once per new key."""
+    family, state = _override_state(key[0])
+    full = (key, backend, state)
+    decision = _KEYED.get(full)
+    if decision is None:
+        decision = _decide(make_problem(), backend, family, state)  # raises what decide() raises
+        if len(_KEYED) >= _MEMO_LIMIT:
+            _KEYED.clear()
+        _KEYED[full] = decision
+        return decision
+    recorder = _RECORDER.get()
+    if recorder is not None:
+        recorder.append(decision)
+    return decision
 
 
 def decide_each(problems: list[Problem], backend: str | None = "auto",
@@ -457,5 +484,6 @@ def clear_cache() -> None:
 
     select.cache_clear()
     _MEMO.clear()
+    _KEYED.clear()
     _GENERATION[0] += 1
     import_error.cache_clear()

@@ -11,14 +11,14 @@ Canonical kernel signatures (every backend registers exactly these)
 
     kernel(input, weight, out, residual, eps, weight_bias) -> None
 
-* ``input``: ``[B, N, H]`` fp16/bf16/fp32 (a 2-D call arrives as ``input.unsqueeze(1)``, a
-  per-head call ``[tokens, heads, head_dim]`` as is); any strides.
+* ``input``: ``[B, H]`` (a 2-D call, as given: no view is made on the hot path) or
+  ``[B, N, H]`` (a per-head call ``[tokens, heads, head_dim]``) fp16/bf16/fp32; any strides.
 * ``weight``: ``[H]`` fp16/bf16/fp32. The scale applied is ``weight + weight_bias`` (``0.0``,
   or ``1.0`` for the Gemma form).
-* ``out``: ``[B, N, H]``, ``input``'s dtype, any strides; it may be ``input`` itself (exactly
+* ``out``: ``input``'s shape and dtype, any strides; it may be ``input`` itself (exactly
   the same view: every kernel reads a row before it writes that row, and no program reads
   another program's rows), never another view of ``input``'s memory nor of ``weight``'s.
-* ``residual``: ``None``, or ``[B, N, H]`` in ``input``'s dtype (fused add). Then the kernel
+* ``residual``: ``None``, or ``input``'s shape and dtype (fused add). Then the kernel
   first stores ``residual <- round(input + residual)`` (sum in fp32, rounded to the dtype) and
   normalises that rounded sum.
 * computes, per row, in fp32: ``out = v * rsqrt(mean(v^2) + eps) * (weight + weight_bias)``,
@@ -147,26 +147,22 @@ def _check_rmsnorm_args(input, weight, eps, backend) -> float:
 # dispatch + kernel call (inside the custom ops: opaque to torch.compile)
 
 
-def _rows3(t: torch.Tensor) -> torch.Tensor:
-    return t.unsqueeze(1) if t.dim() == 2 else t
-
-
 def _rmsnorm_decision(input: torch.Tensor, weight: torch.Tensor, weight_bias: float,
                       fused_add: bool, backend: str) -> dispatch.Decision:
-    features = []
-    if fused_add:
-        features.append("fused_add")
-    if weight_bias != 0.0:
-        features.append("gemma_weight")
-    if input.dim() == 3:
-        features.append("per_head")
-    rows = input.numel() // input.shape[-1]
-    problem = Problem.make("rmsnorm", input.device,
-                           dtypes={"input": input.dtype, "weight": weight.dtype},
-                           shape={"hidden_size": input.shape[-1],
-                                  "num_rows": dispatch.length_bucket(rows)},
-                           features=features)
-    return dispatch.decide(problem, backend)
+    hidden = input.shape[-1]
+    rows = dispatch.length_bucket(input.numel() // hidden)
+    per_head, gemma = input.dim() == 3, weight_bias != 0.0
+
+    def problem() -> Problem:
+        features = [name for name, used in (("fused_add", fused_add), ("gemma_weight", gemma),
+                                            ("per_head", per_head)) if used]
+        return Problem.make("rmsnorm", input.device,
+                            dtypes={"input": input.dtype, "weight": weight.dtype},
+                            shape={"hidden_size": hidden, "num_rows": rows}, features=features)
+
+    key = ("rmsnorm", input.device, input.dtype, weight.dtype, hidden, rows, fused_add, gemma,
+           per_head)
+    return dispatch.decide_keyed(key, problem, backend)
 
 
 def _no_output(*args, **kwargs) -> None:
@@ -184,7 +180,7 @@ def _rmsnorm_op(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, ep
     check_no_overlap(function, "out", out, True, input=input)
     check_no_overlap(function, "out", out, weight=weight)
     decision = _rmsnorm_decision(input, weight, weight_bias, False, backend)
-    decision.kernel(_rows3(input), weight, _rows3(out), None, eps, weight_bias)
+    decision.kernel(input, weight, out, None, eps, weight_bias)
 
 
 @custom_op("fused_add_rmsnorm", mutates_args=("input", "residual"), fake=_no_output)
@@ -198,8 +194,7 @@ def _fused_add_rmsnorm_op(input: torch.Tensor, residual: torch.Tensor, weight: t
     check_no_overlap(function, "residual", residual, input=input, weight=weight)
     check_no_overlap(function, "input", input, weight=weight)
     decision = _rmsnorm_decision(input, weight, weight_bias, True, backend)
-    x = _rows3(input)
-    decision.kernel(x, weight, x, _rows3(residual), eps, weight_bias)
+    decision.kernel(input, weight, input, residual, eps, weight_bias)
 
 
 @custom_op("layernorm", mutates_args=("out",), fake=_no_output)

@@ -122,13 +122,14 @@ def run_forced(monkeypatch, variant, fn, *args, **kw):
     class Forced:
         kernel = staticmethod(getattr(torch_native, variant))
 
-    def decide(problem, backend="auto"):
+    def decide_keyed(key, make_problem, backend="auto"):
+        problem = make_problem()
         if not admitted(problem, variant):
             raise NotAdmitted(problem.describe())
         return Forced
 
     with monkeypatch.context() as patch:
-        patch.setattr(dispatch, "decide", decide)
+        patch.setattr(dispatch, "decide_keyed", decide_keyed)
         return fn(*args, **kw)
 
 

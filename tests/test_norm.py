@@ -276,14 +276,13 @@ def test_decision_on_cpu_under_the_interpreter_still_prefers_the_reference():
     assert decision.backend == "reference" and decision.order == ("reference", "triton")
 
 
-def test_public_calls_build_the_expected_problem(monkeypatch):
-    seen = []
-    real = dispatch.decide
-    monkeypatch.setattr(dispatch, "decide", lambda p, b="auto": seen.append(p) or real(p, b))
-    fnorm.rmsnorm(rand(5, 64), rand(64))
-    fnorm.gemma_rmsnorm(rand(3, 4, 16, dtype=torch.float16), rand(16))
-    fnorm.gemma_fused_add_rmsnorm(rand(2, 8), rand(2, 8), rand(8))
-    fnorm.layernorm(rand(3, 8, dtype=torch.bfloat16), rand(8), rand(8))
+def test_public_calls_build_the_expected_problem():
+    with dispatch.record_decisions() as log:
+        fnorm.rmsnorm(rand(5, 64), rand(64))
+        fnorm.gemma_rmsnorm(rand(3, 4, 16, dtype=torch.float16), rand(16))
+        fnorm.gemma_fused_add_rmsnorm(rand(2, 8), rand(2, 8), rand(8))
+        fnorm.layernorm(rand(3, 8, dtype=torch.bfloat16), rand(8), rand(8))
+    seen = [d.problem for d in log]
     assert [(p.op, sorted(p.features), dict(p.shape), dict(p.dtypes)) for p in seen] == [
         ("rmsnorm", [], {"hidden_size": 64, "num_rows": 8}, {"input": "float32", "weight": "float32"}),
         ("rmsnorm", ["gemma_weight", "per_head"], {"hidden_size": 16, "num_rows": 16},
@@ -298,13 +297,11 @@ def test_context_and_environment_overrides_reach_triton(monkeypatch, kernel_devi
     torch.manual_seed(9)
     x, w = rand(3, 40), rand(40)
     expected = fnorm.rmsnorm(x, w, backend="reference")
-    calls = []
-    real = dispatch.decide
-    monkeypatch.setattr(dispatch, "decide", lambda p, b="auto": calls.append(real(p, b)) or calls[-1])
-    with use_backend(norm="triton"):
+    with dispatch.record_decisions() as calls:
+        with use_backend(norm="triton"):
+            assert rel_error(fnorm.rmsnorm(x, w), expected) <= TOLERANCE[torch.float32]
+        monkeypatch.setenv("FLASHINFER_NORM_BACKEND", "triton")
         assert rel_error(fnorm.rmsnorm(x, w), expected) <= TOLERANCE[torch.float32]
-    monkeypatch.setenv("FLASHINFER_NORM_BACKEND", "triton")
-    assert rel_error(fnorm.rmsnorm(x, w), expected) <= TOLERANCE[torch.float32]
     assert [(d.backend, d.source) for d in calls] == [("triton", "context"), ("triton", "environment")]
 
 

@@ -58,23 +58,31 @@ def run_single(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         causal = False
     if window_left >= kv_len - 1:
         window_left = -1
-    features = {
-        "causal": causal, "gqa": num_qo_heads != num_kv_heads, "window": window_left >= 0,
-        "soft_cap": logits_soft_cap > 0, "alibi": pos_encoding_mode == "ALIBI",
-        "rope_llama": pos_encoding_mode == "ROPE_LLAMA", "custom_mask": custom_mask is not None,
-        "lse": return_lse, "head_dim_differs": head_dim_qk != head_dim_vo,
-        "kv_dtype_differs": k.dtype != q.dtype, "o_dtype_differs": o_dtype != q.dtype,
-        "large_sm_scale": sm_scale > LARGE_SOFTMAX_SCALE,
-    }
-    problem = dispatch.Problem.make(
-        op, q.device,
-        dtypes={"q": q.dtype, "kv": k.dtype, "o": o_dtype},
-        shape={"head_dim_qk": head_dim_qk, "head_dim_vo": head_dim_vo,
-               "num_qo_heads": num_qo_heads, "num_kv_heads": num_kv_heads,
-               "qo_len": dispatch.length_bucket(qo_len), "kv_len": dispatch.length_bucket(kv_len)},
-        features=[name for name, used in features.items() if used],
-        layout=kv_layout)
-    decision = dispatch.decide(problem, backend)
+    qo_bucket, kv_bucket = dispatch.length_bucket(qo_len), dispatch.length_bucket(kv_len)
+    has_mask, large_scale = custom_mask is not None, sm_scale > LARGE_SOFTMAX_SCALE
+
+    def problem() -> dispatch.Problem:
+        features = {
+            "causal": causal, "gqa": num_qo_heads != num_kv_heads, "window": window_left >= 0,
+            "soft_cap": logits_soft_cap > 0, "alibi": pos_encoding_mode == "ALIBI",
+            "rope_llama": pos_encoding_mode == "ROPE_LLAMA", "custom_mask": has_mask,
+            "lse": return_lse, "head_dim_differs": head_dim_qk != head_dim_vo,
+            "kv_dtype_differs": k.dtype != q.dtype, "o_dtype_differs": o_dtype != q.dtype,
+            "large_sm_scale": large_scale,
+        }
+        return dispatch.Problem.make(
+            op, q.device,
+            dtypes={"q": q.dtype, "kv": k.dtype, "o": o_dtype},
+            shape={"head_dim_qk": head_dim_qk, "head_dim_vo": head_dim_vo,
+                   "num_qo_heads": num_qo_heads, "num_kv_heads": num_kv_heads,
+                   "qo_len": qo_bucket, "kv_len": kv_bucket},
+            features=[name for name, used in features.items() if used],
+            layout=kv_layout)
+
+    key = (op, q.device, q.dtype, k.dtype, o_dtype, head_dim_qk, head_dim_vo, num_qo_heads,
+           num_kv_heads, qo_bucket, kv_bucket, causal, window_left >= 0, logits_soft_cap > 0,
+           pos_encoding_mode, has_mask, return_lse, large_scale, kv_layout)
+    decision = dispatch.decide_keyed(key, problem, backend)
     params = AttentionParams(
         sm_scale=sm_scale, causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap,
         pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta,

@@ -27,9 +27,10 @@ Canonical kernel signatures (every backend registers exactly these; kernels writ
   ``b [K, N]`` bf16, any strides; ``bias`` None or bf16 ``[N]``; ``out [M, N]`` contiguous
   bf16/fp16/fp32. ``out = a @ b (+ bias)``, fp32 accumulation.
 * ``bmm_fp8`` (op ``"bmm_fp8"``; ``mm_fp8`` too, with batch 1): ``kernel(A, B, A_scale, B_scale,
-  out) -> None``; ``A [Bt, M, K]``, ``B [Bt, K, N]`` float8_e4m3fn/e5m2, any strides; scales
-  fp32 with one element each, on the device; ``out [Bt, M, N]`` contiguous bf16/fp16.
-  ``out = (A @ B) * A_scale * B_scale``.
+  out) -> None``; ``A [Bt, M, K]``, ``B [Bt, K, N]`` float8_e4m3fn/e5m2, any strides, or all
+  three 2-D (``A [M, K]``, ``B [K, N]``, ``out [M, N]``: one product, how mm_fp8 calls, so its
+  hot path makes no batch views); scales fp32 with one element each, on the device; ``out``
+  contiguous bf16/fp16. ``out = (A @ B) * A_scale * B_scale``.
 * ``gemm_fp8_groupwise`` (op ``"gemm_fp8_groupwise"``): ``kernel(a, b, a_scale, b_scale,
   granularity, out) -> None``; ``a [M, K]``, ``b [N, K]`` fp8; ``granularity = (gm, gn, gk)``;
   ``a_scale [ceil(M/gm), ceil(K/gk)]``, ``b_scale [ceil(N/gn), ceil(K/gk)]`` fp32, any strides
@@ -99,13 +100,18 @@ __all__ = ["mm_bf16", "bmm_fp8", "mm_fp8", "gemm_fp8_nt_groupwise", "gemm_fp8_nt
 @custom_op("mm_bf16", mutates_args=("out",), fake=no_output)
 def _mm_bf16_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                 bias: Optional[torch.Tensor], backend: str) -> None:
-    problem = Problem.make("mm_bf16", a.device,
-                           dtypes={"a": a.dtype, "b": b.dtype, "out": out.dtype},
-                           shape={"m": dispatch.length_bucket(a.shape[0]), "n": b.shape[1],
-                                  "k": a.shape[1]},
-                           features=("bias",) if bias is not None else ())
+    m, n, k = dispatch.length_bucket(a.shape[0]), b.shape[1], a.shape[1]
+    has_bias = bias is not None
+
+    def problem() -> Problem:
+        return Problem.make("mm_bf16", a.device,
+                            dtypes={"a": a.dtype, "b": b.dtype, "out": out.dtype},
+                            shape={"m": m, "n": n, "k": k},
+                            features=("bias",) if has_bias else ())
+
     check_no_overlap("mm_bf16", "out", out, a=a, b=b, bias=bias)
-    decision = dispatch.decide(problem, backend)
+    decision = dispatch.decide_keyed(
+        ("mm_bf16", a.device, a.dtype, b.dtype, out.dtype, m, n, k, has_bias), problem, backend)
     if a.shape[1] == 0:
         empty_k(out, bias)
     else:
@@ -114,12 +120,35 @@ def _mm_bf16_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
 
 def _bmm_fp8_decision(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor,
                       backend: str) -> dispatch.Decision:
-    problem = Problem.make("bmm_fp8", A.device,
-                           dtypes={"a": A.dtype, "b": B.dtype, "out": out.dtype},
-                           shape={"batch": dispatch.length_bucket(A.shape[0]),
-                                  "m": dispatch.length_bucket(A.shape[1]), "n": B.shape[2],
-                                  "k": A.shape[2]})
-    return dispatch.decide(problem, backend)
+    """The Decision of op ``bmm_fp8`` for ``A [b, m, k]``, ``B [b, k, n]``, or the 2-D form
+    (``A [m, k]``, ``B [k, n]``: batch 1) that mm_fp8 passes."""
+    if A.dim() == 2:
+        (m, k), n, batch = A.shape, B.shape[1], 1
+    else:
+        (batch, m, k), n = A.shape, B.shape[2]
+    batch, m = dispatch.length_bucket(batch), dispatch.length_bucket(m)
+
+    def problem() -> Problem:
+        return Problem.make("bmm_fp8", A.device,
+                            dtypes={"a": A.dtype, "b": B.dtype, "out": out.dtype},
+                            shape={"batch": batch, "m": m, "n": n, "k": k})
+
+    key = ("bmm_fp8", A.device, A.dtype, B.dtype, out.dtype, batch, m, n, k)
+    return dispatch.decide_keyed(key, problem, backend)
+
+
+#: a one-element fp32 1.0 per device: the second scale of mm_fp8 (one fill, not one per call)
+_ONES: dict[torch.device, torch.Tensor] = {}
+
+
+def _one(device: torch.device) -> torch.Tensor:
+    one = _ONES.get(device)
+    if one is None:
+        one = torch.ones((), dtype=torch.float32, device=device)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return one  # a tensor made during capture lives in the graph's pool: not kept
+        _ONES[device] = one
+    return one
 
 
 @custom_op("bmm_fp8", mutates_args=("out",), fake=no_output)
@@ -137,13 +166,13 @@ def _bmm_fp8_op(out: torch.Tensor, A: torch.Tensor, B: torch.Tensor, A_scale: to
 def _mm_fp8_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                alpha: Optional[torch.Tensor], backend: str) -> None:
     check_no_overlap("mm_fp8", "out", out, a=a, b=b, alpha=alpha)
-    A, B, O = a.unsqueeze(0), b.t().unsqueeze(0), out.unsqueeze(0)
-    decision = _bmm_fp8_decision(A, B, O, backend)
+    b_kn = b.t()  # the kernels' 2-D form: a [m, k] @ b_kn [k, n] -> out [m, n]
+    decision = _bmm_fp8_decision(a, b_kn, out, backend)
     if a.shape[1] == 0:
         empty_k(out)
         return
-    one = torch.ones((), dtype=torch.float32, device=a.device)
-    decision.kernel(A, B, one if alpha is None else alpha, one, O)
+    one = _one(a.device)
+    decision.kernel(a, b_kn, one if alpha is None else alpha, one, out)
 
 
 @custom_op("gemm_fp8_groupwise", mutates_args=("out",), fake=no_output)

@@ -42,9 +42,9 @@ def get_seed_and_offset(increment: int, generator: Optional[torch.Generator] = N
     if generator.device.type == "cpu":
         seed = int(torch.randint(0, 1 << 62, (1,), generator=generator).item())
         return seed, 0
-    seed, offset = (int(v) for v in generator.get_state().view(torch.int64))
-    new_offset = offset + (int(increment) + 3) // 4 * 4
-    generator.set_state(torch.tensor([seed, new_offset], dtype=torch.int64).view(torch.uint8))
+    # the Philox generator's (seed, offset) as Python ints: no state tensor is made or parsed
+    seed, offset = generator.initial_seed(), generator.get_offset()
+    generator.set_offset(offset + (int(increment) + 3) // 4 * 4)
     return seed, offset
 
 

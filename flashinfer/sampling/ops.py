@@ -155,6 +155,15 @@ def _present(**named) -> list:
     return [name for name, value in named.items() if value is not None]
 
 
+def _decide(op: str, device: torch.device, role: str, dtype: torch.dtype, shape: dict,
+            features: list, backend: str) -> dispatch.Decision:
+    """The Decision for ``op``, looked up by the call's raw facts (the Problem is built on a
+    miss only; :func:`flashinfer.dispatch.decide_keyed`)."""
+    key = (op, device, dtype, *shape.values(), *features)
+    return dispatch.decide_keyed(key, lambda: Problem.make(
+        op, device, dtypes={role: dtype}, shape=shape, features=features), backend)
+
+
 def _fake_samples(probs, indices, *args):
     out = _samples_out(probs.shape[0], indices, probs.device)
     return out, torch.empty(out.shape[0], dtype=torch.bool, device=probs.device)
@@ -186,12 +195,12 @@ def _sampling_from_probs_op(
         features.append("joint")
     shape = _top_k_facts(_shape(count, probs.shape[1]), features, top_k_arr, top_k_val,
                          probs.shape[1])
-    problem = Problem.make("sampling_from_probs", probs.device, dtypes={"probs": probs.dtype},
-                           shape=shape, features=features)
+    decision = _decide("sampling_from_probs", probs.device, "probs", probs.dtype, shape,
+                       features, backend)
     seed, offset = _seed_args(seed_arr, offset_arr, seed_val, offset_val, use_default, increment,
                               probs.device)
-    dispatch.decide(problem, backend).kernel(probs, out, valid, indices, top_k, top_p, min_p,
-                                             joint, deterministic, seed, offset)
+    decision.kernel(probs, out, valid, indices, top_k, top_p, min_p, joint, deterministic, seed,
+                    offset)
     return out, valid
 
 
@@ -211,11 +220,11 @@ def _sampling_from_logits_op(
     if count == 0:
         return out
     features = _present(indices=indices, seed_tensor=seed_arr)
-    problem = Problem.make("sampling_from_logits", logits.device, dtypes={"logits": logits.dtype},
-                           shape=_shape(count, logits.shape[1]), features=features)
+    decision = _decide("sampling_from_logits", logits.device, "logits", logits.dtype,
+                       _shape(count, logits.shape[1]), features, backend)
     seed, offset = _seed_args(seed_arr, offset_arr, seed_val, offset_val, use_default,
                               count * logits.shape[1], logits.device)
-    dispatch.decide(problem, backend).kernel(logits, out, indices, deterministic, seed, offset)
+    decision.kernel(logits, out, indices, deterministic, seed, offset)
     return out
 
 
@@ -238,11 +247,11 @@ def _top_k_top_p_from_logits_op(
         features.append("joint")
     shape = _top_k_facts(_shape(count, logits.shape[1]), features, top_k_arr, top_k_val,
                          logits.shape[1])
-    problem = Problem.make("top_k_top_p_sampling_from_logits", logits.device,
-                           dtypes={"logits": logits.dtype}, shape=shape, features=features)
+    decision = _decide("top_k_top_p_sampling_from_logits", logits.device, "logits",
+                       logits.dtype, shape, features, backend)
     seed, offset = _seed_args(seed_arr, offset_arr, seed_val, offset_val, use_default, increment,
                               logits.device)
-    dispatch.decide(problem, backend).kernel(
+    decision.kernel(
         logits, out, indices, top_k_arr if top_k_arr is not None else top_k_val,
         top_p_arr if top_p_arr is not None else top_p_val, joint, deterministic, seed, offset)
     return out
@@ -265,9 +274,8 @@ def _renorm_op(probs: torch.Tensor, top_k_arr: Optional[torch.Tensor], top_k_val
     top_p = top_p_arr if top_p_arr is not None else top_p_val
     features = ["top_k"] if top_k is not None else ["top_p"]
     shape = _top_k_facts(_shape(*probs.shape), features, top_k_arr, top_k_val, probs.shape[1])
-    problem = Problem.make("renorm_probs", probs.device, dtypes={"probs": probs.dtype},
-                           shape=shape, features=features)
-    dispatch.decide(problem, backend).kernel(probs, out, top_k, top_p)
+    _decide("renorm_probs", probs.device, "probs", probs.dtype, shape, features,
+            backend).kernel(probs, out, top_k, top_p)
     return out
 
 
@@ -280,9 +288,8 @@ def _mask_op(logits: torch.Tensor, top_k_arr: Optional[torch.Tensor], top_k_val:
         return out
     features: list[str] = []
     shape = _top_k_facts(_shape(*logits.shape), features, top_k_arr, top_k_val, logits.shape[1])
-    problem = Problem.make("top_k_mask_logits", logits.device, dtypes={"logits": logits.dtype},
-                           shape=shape, features=features)
-    dispatch.decide(problem, backend).kernel(logits, out,
+    _decide("top_k_mask_logits", logits.device, "logits", logits.dtype, shape, features,
+            backend).kernel(logits, out,
                                              top_k_arr if top_k_arr is not None else top_k_val)
     return out
 
@@ -300,10 +307,9 @@ def _softmax_op(logits: torch.Tensor, temperature_arr: Optional[torch.Tensor],
     if logits.numel() == 0:
         return out
     temperature = temperature_arr if temperature_arr is not None else temperature_val
-    problem = Problem.make("softmax", logits.device, dtypes={"logits": logits.dtype},
-                           shape=_shape(*logits.shape),
-                           features=["temperature"] if temperature is not None else [])
-    dispatch.decide(problem, backend).kernel(logits, out, temperature)
+    features = ["temperature"] if temperature is not None else []
+    _decide("softmax", logits.device, "logits", logits.dtype, _shape(*logits.shape), features,
+            backend).kernel(logits, out, temperature)
     return out
 
 
@@ -322,13 +328,12 @@ def _chain_op(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor,
     output = torch.empty(batch, n + 1, dtype=torch.int32, device=draft_probs.device)
     if batch == 0:
         return output
-    problem = Problem.make("chain_speculative_sampling", draft_probs.device,
-                           dtypes={"probs": torch.float32},
-                           shape={**_shape(batch, vocab), "num_draft": n},
-                           features=["seed_tensor"] if seed_arr is not None else [])
+    decision = _decide("chain_speculative_sampling", draft_probs.device, "probs", torch.float32,
+                       {**_shape(batch, vocab), "num_draft": n},
+                       ["seed_tensor"] if seed_arr is not None else [], backend)
     seed, offset = _seed_args(seed_arr, offset_arr, seed_val, offset_val, use_default,
                               batch * (n + 1), draft_probs.device)
-    dispatch.decide(problem, backend).kernel(
+    decision.kernel(
         draft_probs.float().contiguous(), draft_token_ids.contiguous(),
         target_probs.float().contiguous(), output, accepted, emitted, deterministic, seed, offset)
     return output

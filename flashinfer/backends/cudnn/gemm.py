@@ -22,4 +22,6 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
             out: torch.Tensor) -> None:
     from . import _gemm_graphs
 
+    if A.dim() == 2:  # one product (mm_fp8)
+        A, B, out = A[None], B[None], out[None]
     _gemm_graphs.bmm_fp8(A, B, A_scale, B_scale, out)

@@ -109,6 +109,8 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
             out: torch.Tensor) -> None:
     """``out[i] = A[i] @ B[i] * A_scale * B_scale`` in one launch (e4m3 operands and the k / n
     multiples: capability record)."""
+    if A.dim() == 2:  # one product (mm_fp8)
+        A, B, out = A[None], B[None], out[None]
     scales = (A_scale.float().reshape(1), B_scale.float().reshape(1))
     _write_through(BMM_FP8[out.dtype], _rows(A), _columns(B), out, scales)
 

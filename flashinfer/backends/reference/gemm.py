@@ -22,7 +22,7 @@ def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
 def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor,
             out: torch.Tensor) -> None:
     scale = A_scale.float().reshape(()) * B_scale.float().reshape(())
-    out.copy_(torch.bmm(A.float(), B.float()) * scale)
+    out.copy_(torch.matmul(A.float(), B.float()) * scale)  # 3-D, or 2-D for one product
 
 
 def expand_scale(scale: torch.Tensor, rows: int, cols: int, block_rows: int,

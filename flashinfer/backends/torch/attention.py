@@ -147,7 +147,10 @@ def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Atte
         kwargs["window_size_left"] = window
     result = aten_flash(aligned(q), aligned(k), aligned(v), cu_q, cu_k, qo_len, kv_len, 0.0,
                         is_causal, False, **kwargs)
-    out = result[0].reshape(qo_len, num_qo_heads, -1).to(params.o_dtype)
+    out = result[0]  # [qo_len, H, Dv] like q
+    if out.dim() != 3:
+        out = out.reshape(qo_len, num_qo_heads, -1)
+    out = out.to(params.o_dtype)
     if not params.return_lse:
         return out, None
     return out, finish_lse(result[1].reshape(num_qo_heads, qo_len))

@@ -36,7 +36,13 @@ def _row_major(t: torch.Tensor) -> torch.Tensor:
 
 
 def _col_major(t: torch.Tensor) -> torch.Tensor:
-    return t if t.t().is_contiguous() else t.t().contiguous().t()
+    """``t`` [k, n] as a column-major matrix (itself when it is one: read from its strides, no
+    transposed view made on the hot path)."""
+    k, n = t.shape
+    s0, s1 = t.stride()
+    if (s0 == 1 or k <= 1) and (s1 == k or n <= 1):
+        return t
+    return t.t().contiguous().t()
 
 
 def _has_mm_dtype() -> bool:
@@ -64,8 +70,12 @@ def mm_bf16(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
 
 def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor,
             out: torch.Tensor) -> None:
-    scale_a = A_scale.float().reshape(())
-    scale_b = B_scale.float().reshape(())
+    # the scales are fp32 one-element tensors (the op's contract): _scaled_mm takes them as is
+    if A.dim() == 2:  # one product (mm_fp8): no per-batch views
+        torch._scaled_mm(_row_major(A), _col_major(B), A_scale, B_scale, out_dtype=out.dtype,
+                         out=out)
+        return
+    scale_a, scale_b = A_scale, B_scale
     for i in range(A.shape[0]):
         torch._scaled_mm(_row_major(A[i]), _col_major(B[i]), scale_a, scale_b,
                          out_dtype=out.dtype, out=out[i])

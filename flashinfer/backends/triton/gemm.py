@@ -90,6 +90,8 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
             out: torch.Tensor) -> None:
     from . import _gemm_kernels
 
+    if A.dim() == 2:  # one product (mm_fp8)
+        A, B, out = A[None], B[None], out[None]
     batch, m, k = A.shape
     n = B.shape[2]
     block_m, block_n, block_k, warps, stages = bmm_fp8_launch(m, n, k, A.device)

@@ -52,6 +52,11 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
 
 
 
+def _stride(t: torch.Tensor, dim: int | None) -> int:
+    """``t.stride(dim)``; 0 for ``dim=None`` (the absent head dim of a 2-D call)."""
+    return 0 if dim is None else t.stride(dim)
+
+
 def rmsnorm(input: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
             residual: torch.Tensor | None, eps: float, weight_bias: float) -> None:
     from . import _norm_kernels
@@ -59,15 +64,20 @@ def rmsnorm(input: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     x = _unit_stride(input)
     y = _unit_stride(out)
     r = None if residual is None else _unit_stride(residual)
-    n_batch, n_inner, hidden = x.shape
+    if x.dim() == 2:
+        (n_batch, hidden), n_inner = x.shape, 1
+    else:
+        n_batch, n_inner, hidden = x.shape
     n_rows = n_batch * n_inner
     rows, block, single, warps = launch_config(hidden, n_rows)
     res = x if r is None else r  # a placeholder pointer when there is no residual
+    inner = 1 if x.dim() == 3 else None  # a 2-D [B, H] call: one row per batch entry
     with device_of(x):
         _norm_kernels.rmsnorm_kernel[(cdiv(n_rows, rows),)](
             x, weight.contiguous(), y, res,
             n_rows, n_inner, hidden,
-            x.stride(0), x.stride(1), y.stride(0), y.stride(1), res.stride(0), res.stride(1),
+            x.stride(0), _stride(x, inner), y.stride(0), _stride(y, inner), res.stride(0),
+            _stride(res, inner),
             float(eps), float(weight_bias),
             HAS_RESIDUAL=r is not None, ROWS=rows, BLOCK=block, SINGLE_PASS=single,
             num_warps=warps,
