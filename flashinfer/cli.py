@@ -4,19 +4,23 @@ Subcommands (each takes ``--json`` where it prints data, for bug reports)::
 
     flashinfer show-config        versions, device, every FLASHINFER_* variable, op x backend table
     flashinfer list-backends      each backend: description, packages, the ops it declares
-    flashinfer explain OP [...]   the full dispatch Decision for a typical call of OP
+    flashinfer explain NAME [...] the full dispatch Decision for a typical call of NAME: an op
+                                  (bmm_fp8) or a public function (mm_fp8, BatchDecode...Wrapper)
     flashinfer clear-cache        empty FLASHINFER_CACHE_DIR and the in-process Decision cache
     flashinfer --version
 
 Everything shown comes from the data the dispatcher uses (capability_db, dispatch_rules,
-op_catalog, envs), so the tables stay true as backends and rules are added. ``explain --sm 9.0``
-simulates a GPU, so it works on a laptop. Exit codes: 0 ok, 1 no backend can run the problem,
-2 bad arguments or a malformed environment variable.
+op_catalog, envs), so the tables stay true as backends and rules are added. A record declared
+``planned = true`` (no kernel wired yet) is shown as planned, never as a backend that runs.
+``explain --sm 9.0`` simulates a GPU, so it works on a laptop. Exit codes: 0 ok (also when the
+reader of the output goes away, as ``| head`` does), 1 no backend can run the problem, 2 bad
+arguments or a malformed environment variable.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
 import importlib.metadata
 import json
@@ -35,7 +39,7 @@ from .backend_names import BACKEND_NAMES
 from .capability_db import DTYPE_NAMES, Record, database
 from .optional_packages import import_error
 from .dispatch_rules import DispatchRulesError
-from .op_catalog import OPS, op_spec
+from .op_catalog import NOT_DISPATCHED, OPS, PUBLIC_FUNCTIONS, PublicFunction, op_spec
 from .problems import DTYPE_ALIASES, representative
 
 #: backend -> (module, pip distribution) pairs its adapters may import; modules named by
@@ -57,10 +61,13 @@ NAMED_FACTS: dict[str, tuple[str, ...]] = {
     "head_dim": ("head_dim_qk", "head_dim_vo", "head_dim", "rotary_dim"),
     "num_qo_heads": ("num_qo_heads", "num_q_heads"),
     "num_kv_heads": ("num_kv_heads", "num_k_heads"),
-    "qo_len": ("qo_len",),
-    "kv_len": ("kv_len",),
+    "qo_len": ("qo_len", "max_qo_len"),
+    "kv_len": ("kv_len", "max_kv_len"),
     "hidden_size": ("hidden_size",),
 }
+
+PLANNED_RECORD = "planned: declared, no kernel wired yet"
+PLANNED_BACKEND = "planned: no kernel of it is wired yet"
 
 UNVERIFIED_LEGEND = ("* = capability record not verified on hardware for this SM yet "
                      "(verified = false, or this SM is not in its verified_on list)")
@@ -118,10 +125,31 @@ def _env_value(var: envs.EnvVar) -> Any:
         return var.default
 
 
+def _status(cand: dispatch.Candidate) -> str:
+    return "usable" if cand.usable else "planned" if cand.planned else "rejected"
+
+
+def _decide_error(exc: Exception, invalid: Sequence[str]) -> str:
+    """The first line of a decide() error; for a malformed variable (shown in full in the
+    Environment variables section) only its name, so the op table does not repeat it per op."""
+    bad = next((name for name in invalid if f"{name}=" in str(exc)), None)
+    return f"{bad} is invalid: see Environment variables" if bad else str(exc).splitlines()[0]
+
+
+def planned_backends() -> list[str]:
+    """Backends that declare records but have no kernel wired yet (every record planned)."""
+    db = database()
+    return [b for b in BACKEND_NAMES
+            if any(r.backend == b for r in db.records)
+            and all(r.planned for r in db.records if r.backend == b)]
+
+
 def op_table(facts: device.DeviceFacts) -> dict[str, dict[str, Any]]:
-    """For each op: its representative problem, auto's pick, and every backend's status."""
+    """For each op: its representative problem, auto's pick, and every backend's status
+    (usable, rejected with its first reason, planned: declared with no kernel, or no kernel)."""
     table = {}
     triton_interpret = _env_value(envs.TRITON_INTERPRET)
+    invalid = [row["name"] for row in envs.snapshot() if row["error"]]
     for op in OPS:
         entry: dict[str, Any] = {"kernels": []}
         try:
@@ -138,16 +166,17 @@ def op_table(facts: device.DeviceFacts) -> dict[str, dict[str, Any]]:
                 entry["kernels"].append({"backend": backend, "variant": None, "name": backend,
                                          "status": "no kernel", "reason": None, "verified": None})
             for cand in mine:
+                status = _status(cand)
                 entry["kernels"].append({
                     "backend": backend, "variant": cand.variant, "name": cand.name,
-                    "status": "usable" if cand.usable else "rejected",
-                    "reason": cand.reasons[0].message if cand.reasons else None,
+                    "status": status,
+                    "reason": cand.reasons[0].message if status == "rejected" else None,
                     "verified": cand.verified})
         try:
             decision = dispatch.decide(problem)
             entry.update(auto=decision.name, auto_source=decision.source, auto_error=None)
         except (ValueError, RuntimeError) as exc:  # NoBackendError, a bad env var or rules file
-            entry.update(auto=None, auto_error=str(exc).splitlines()[0])
+            entry.update(auto=None, auto_error=_decide_error(exc, invalid))
         table[op] = entry
     return table
 
@@ -163,6 +192,7 @@ def config_data() -> dict[str, Any]:
                   "cudnn": cudnn_version, "cuda_available": torch.cuda.is_available(),
                   "device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0},
         "packages": {b: [package_status(m, d) for m, d in backend_modules(b)] for b in BACKEND_NAMES},
+        "planned_backends": planned_backends(),
         "device": {"kind": facts.kind, "name": facts.name, "sm": facts.sm_str,
                    "family": device.sm_family(facts.sm)},
         "env": envs.snapshot(),
@@ -185,12 +215,15 @@ def _sm_range(rec: Record) -> str:
 
 def backends_data() -> dict[str, Any]:
     db = database()
+    planned = planned_backends()
     out = {}
     for backend in BACKEND_NAMES:
         out[backend] = {
             "description": db.descriptions.get(backend, ""),
+            "planned": backend in planned,
             "packages": [package_status(m, d) for m, d in backend_modules(backend)],
-            "ops": [{"op": r.op, "variant": r.variant, "devices": list(r.devices),
+            "ops": [{"op": r.op, "variant": r.variant, "planned": r.planned,
+                     "devices": list(r.devices),
                      "sm_min": None if r.sm_min is None else f"{r.sm_min[0]}.{r.sm_min[1]}",
                      "sm_max": None if r.sm_max is None else f"{r.sm_max[0]}.{r.sm_max[1]}",
                      "where": _sm_range(r), "verified": r.verified,
@@ -207,11 +240,12 @@ def backends_data() -> dict[str, Any]:
 # text rendering
 
 
-def _package_text(pkg: dict[str, Any]) -> str:
+def _package_text(pkg: dict[str, Any], pip_hint: bool = True) -> str:
+    """One package's state; ``pip_hint``: say what to pip install when it is missing."""
     if pkg["installed"]:
         return f"{pkg['module']} {pkg['version'] or '(version unknown)'}"
     if pkg["error"] and "No module named" in pkg["error"]:
-        hint = f" (pip install {pkg['dist']})" if pkg["dist"] else ""
+        hint = f" (pip install {pkg['dist']})" if pkg["dist"] and pip_hint else ""
         return f"{pkg['module']}: not installed{hint}"
     return f"{pkg['module']}: {pkg['error']}"
 
@@ -225,7 +259,9 @@ def _print_config(data: dict[str, Any]) -> None:
           f"CUDA available: {'yes' if t['cuda_available'] else 'no'})")
     print("\n=== Backend packages ===")
     for backend, pkgs in data["packages"].items():
-        print(f"{backend:<11} " + "; ".join(_package_text(p) for p in pkgs))
+        planned = backend in data["planned_backends"]
+        print(f"{backend:<11} " + "; ".join(_package_text(p, not planned) for p in pkgs)
+              + (f"   {PLANNED_BACKEND}" if planned else ""))
     d = data["device"]
     print("\n=== Device ===")
     print("cpu (no CUDA device)" if d["kind"] == "cpu"
@@ -251,23 +287,30 @@ def _print_config(data: dict[str, Any]) -> None:
                 else f"none ({entry['auto_error']})")
         print(f"{op:<{width}} {'(auto picks)':<22} {auto}")
         for k in entry["kernels"]:
-            name = k["name"] + ("*" if k["verified"] is False else "")
-            status = k["status"] + (f": {k['reason']}" if k["reason"] else "")
+            name = k["name"] + ("*" if k["verified"] is False and k["status"] != "planned" else "")
+            status = (PLANNED_RECORD if k["status"] == "planned"
+                      else k["status"] + (f": {k['reason']}" if k["reason"] else ""))
             print(f"{'':<{width}} {name:<22} {status}")
     print(UNVERIFIED_LEGEND)
 
 
 def _print_backends(data: dict[str, Any]) -> None:
     for backend, info in data.items():
-        print(f"{backend}: {info['description']}")
-        print("  packages: " + "; ".join(_package_text(p) for p in info["packages"]))
+        planned = f" [{PLANNED_BACKEND}]" if info["planned"] else ""
+        print(f"{backend}: {info['description']}{planned}")
+        print("  packages: " + "; ".join(_package_text(p, not info["planned"])
+                                         for p in info["packages"]))
         if not info["ops"]:
             print("  ops: none declared yet")
         for rec in info["ops"]:
             name = rec["op"] if rec["variant"] == "default" else f"{rec['op']}:{rec['variant']}"
-            flag = "not verified*" if not rec["verified"] else (
-                "verified" if rec["verified_on"] is None
-                else "verified on SM " + ", ".join(rec["verified_on"]))
+            if rec["planned"]:
+                flag = PLANNED_RECORD
+            elif not rec["verified"]:
+                flag = "not verified*"
+            else:
+                flag = "verified" if rec["verified_on"] is None else (
+                    "verified on SM " + ", ".join(rec["verified_on"]))
             print(f"  {name:<28} {rec['where']:<48} {flag}")
         print()
     print(UNVERIFIED_LEGEND)
@@ -282,11 +325,17 @@ def _dump(obj: Any) -> None:
 
 
 def cmd_show_config(args: argparse.Namespace) -> int:
+    """The report, whatever the environment holds; each malformed variable is also one line on
+    stderr, where it is seen after a long report (the op table only names it)."""
     data = config_data()
     if args.json:
         _dump(data)
     else:
         _print_config(data)
+    for row in data["env"]:
+        if row["error"]:
+            print(f"flashinfer show-config: {row['error']}; until it is fixed, the calls that "
+                  "read it raise this ValueError", file=sys.stderr)
     return 0
 
 
@@ -299,58 +348,157 @@ def cmd_list_backends(args: argparse.Namespace) -> int:
     return 0
 
 
-def _explain_problem(args: argparse.Namespace) -> tuple[dispatch.Problem, device.DeviceFacts]:
-    spec = op_spec(args.op)
+def _unique(items) -> list:
+    return list(dict.fromkeys(items))
+
+
+def _unknown_name(name: str) -> UsageError:
+    """An unknown NAME: the op and public names closest to it (difflib, case-insensitive) and
+    those that contain it."""
+    names = {n.lower(): n for n in sorted(OPS) + sorted(PUBLIC_FUNCTIONS)}
+    close = difflib.get_close_matches(name.lower(), list(names), n=6, cutoff=0.6)
+    close += [low for low in names if name.lower() in low and low not in close]
+    hint = f"; did you mean: {', '.join(names[low] for low in close[:8])}?" if close else ""
+    return UsageError(f"{name!r} is neither an op nor a public function{hint} "
+                      "(flashinfer explain --list shows every name)")
+
+
+def explain_target(name: str) -> tuple[PublicFunction | None, tuple[str, ...]]:
+    """What ``explain NAME`` decides: (None, (op,)) for an op, else (the public function, the
+    ops one call of it dispatches). ``Class.plan`` / ``Class.run`` and ``flashinfer.gemm.mm_fp8``
+    name their public function too."""
+    if name in OPS:
+        return None, (name,)
+    parts = name.split(".")
+    wrapper = parts[-2] if len(parts) > 1 and parts[-2].endswith("Wrapper") else None
+    for part in (parts[-1], wrapper):
+        if part in PUBLIC_FUNCTIONS:
+            return PUBLIC_FUNCTIONS[part], PUBLIC_FUNCTIONS[part].ops
+        if part in NOT_DISPATCHED:
+            raise UsageError(f"{part} ({NOT_DISPATCHED[part]}) dispatches no op: it has one "
+                             "implementation, so there is no decision to explain")
+    raise _unknown_name(name)
+
+
+def _explain_problems(args: argparse.Namespace, public: PublicFunction | None,
+                      ops: Sequence[str]) -> tuple[list[dispatch.Problem], device.DeviceFacts]:
+    """One Problem per op of the target, from the options (checked against all the target's
+    ops: an option must apply to at least one, and sets what it applies to) and, for a public
+    function, the features, dtypes and layout of a typical call of it."""
+    name, specs = args.name, [op_spec(op) for op in ops]
+    all_facts = _unique(f for spec in specs for f in spec.shape_facts)
     shape: dict[str, int] = {}
     for option, facts in NAMED_FACTS.items():
         value = getattr(args, option)
         if value is None:
             continue
-        present = [f for f in facts if f in spec.shape_facts]
+        present = [f for f in facts if f in all_facts]
         if not present:
-            raise UsageError(f"--{option.replace('_', '-')} does not apply to {args.op}; its shape "
-                             f"facts: {', '.join(spec.shape_facts)} (set them with --shape fact=value)")
+            raise UsageError(f"--{option.replace('_', '-')} does not apply to {name}; its shape "
+                             f"facts: {', '.join(all_facts)} (set them with --shape fact=value)")
         shape.update((f, value) for f in present)
     for item in args.shape:
-        fact, sep, value = item.partition("=")
-        if not sep or not value.strip().isdigit():
+        fact, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not value.isdigit():
             raise UsageError(f"--shape {item!r} must be fact=value with an integer value; "
-                             f"{args.op} facts: {', '.join(spec.shape_facts)}")
-        shape[fact.strip()] = int(value)
-    features = list(args.feature)
-    if args.causal:
-        features.append("causal")
+                             f"{name} facts: {', '.join(all_facts)}")
+        if fact not in all_facts:
+            raise UsageError(f"{name} has no shape fact {fact!r}; its facts: "
+                             f"{', '.join(all_facts)}")
+        shape[fact] = int(value)
+    all_features = _unique(f for spec in specs for f in spec.features)
+    features = set(args.feature) | ({"causal"} if args.causal else set())
+    unknown = sorted(features - set(all_features))
+    if unknown:
+        raise UsageError(f"{name} has no feature(s) {', '.join(unknown)}; its features: "
+                         f"{', '.join(all_features) or 'none'}")
+    layouts = _unique(layout for spec in specs for layout in spec.layouts)
+    if args.layout is not None and args.layout not in layouts:
+        raise UsageError(f"layout {args.layout!r} is not valid for {name}; valid: "
+                         f"{', '.join(layouts) or f'none ({name} has no layout)'}")
+    features |= set(public.features) if public else set()
+    layout = args.layout or (public.layout if public else None)
+    pinned = dict(public.dtypes) if public and args.dtype is None else {}
     try:
         facts = device.simulated(args.sm) if args.sm else (device.simulated(None) if args.cpu
                                                            else device.current())
-        problem = representative(args.op, facts, dtype=args.dtype, shape=shape, features=features,
-                                 layout=args.layout)
+        problems = [representative(
+            spec.name, facts, dtype=args.dtype,
+            dtypes={r: d for r, d in pinned.items() if r in spec.dtype_roles},
+            shape={f: v for f, v in shape.items() if f in spec.shape_facts},
+            features=[f for f in features if f in spec.features],
+            layout=layout if layout in spec.layouts else None) for spec in specs]
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return problem, facts
+    return problems, facts
 
 
-def cmd_explain(args: argparse.Namespace) -> int:
-    problem, facts = _explain_problem(args)
+def _decide(args: argparse.Namespace, problem: dispatch.Problem):
+    """The Decision for ``problem`` under the options and environment, or the NoBackendError."""
     try:
         levels = overrides.collect(problem.family, args.backend)
-        decision = dispatch.select(
+        return dispatch.select(
             problem, levels, strict=envs.STRICT.get(), tuned_path=envs.TUNED_RULES.get(),
             assume_installed=args.assume_installed, triton_interpret=envs.TRITON_INTERPRET.get())
     except dispatch.NoBackendError as exc:
-        if args.json:
-            _dump({"error": type(exc).__name__, "message": str(exc),
-                   "problem": exc.problem.as_dict(),
-                   "candidates": [{"backend": c.backend, "variant": c.variant,
-                                   "reasons": [r.message for r in c.reasons]}
-                                  for c in exc.candidates]})
-        print(f"flashinfer explain: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return exc
     except (ValueError, TypeError, DispatchRulesError) as exc:
         raise UsageError(str(exc)) from None
-    if args.json:
-        _dump(decision.as_dict())
+
+
+def _no_backend_dict(exc: dispatch.NoBackendError) -> dict[str, Any]:
+    return {"error": type(exc).__name__, "message": str(exc), "problem": exc.problem.as_dict(),
+            "candidates": [{"backend": c.backend, "variant": c.variant,
+                            "reasons": [r.message for r in c.reasons]} for c in exc.candidates]}
+
+
+def names_data() -> dict[str, Any]:
+    """Every name ``explain`` takes: the ops, the public functions with their ops, and the
+    public functions that dispatch nothing."""
+    return {"ops": {op: {"family": spec.family, "doc": spec.doc} for op, spec in OPS.items()},
+            "public": {f.name: {"module": f.module, "ops": list(f.ops),
+                                "features": list(f.features), "note": f.note}
+                       for f in PUBLIC_FUNCTIONS.values()},
+            "not_dispatched": dict(NOT_DISPATCHED)}
+
+
+def _print_names(data: dict[str, Any]) -> None:
+    print("ops (flashinfer explain OP):")
+    for op, info in data["ops"].items():
+        print(f"  {op:<34} {info['family']:<11} {info['doc']}")
+    print("\npublic functions (flashinfer explain NAME: the ops one call dispatches, with the "
+          "features a typical call uses):")
+    for name, info in data["public"].items():
+        features = f" [{', '.join(info['features'])}]" if info["features"] else ""
+        print(f"  {name:<44} {info['module']:<22} -> {', '.join(info['ops'])}{features}")
+    print("\npublic functions that dispatch nothing: " + ", ".join(data["not_dispatched"]))
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    if args.list:
+        (_dump if args.json else _print_names)(names_data())
         return 0
+    if args.name is None:
+        raise UsageError("name an op or a public function, e.g. flashinfer explain mm_fp8 --sm 9.0 "
+                         "(flashinfer explain --list shows every name)")
+    public, ops = explain_target(args.name)
+    problems, facts = _explain_problems(args, public, ops)
+    results = [_decide(args, problem) for problem in problems]
+    failed = any(isinstance(r, dispatch.NoBackendError) for r in results)
+    for result in results:
+        if isinstance(result, dispatch.NoBackendError):
+            print(f"flashinfer explain: {type(result).__name__}: {result}", file=sys.stderr)
+    if args.json:
+        dicts = [_no_backend_dict(r) if isinstance(r, dispatch.NoBackendError) else r.as_dict()
+                 for r in results]
+        _dump(dicts[0] if len(dicts) == 1 else dicts)
+        return 1 if failed else 0
+    if failed and len(results) == 1:
+        return 1
+    if public is not None:
+        what = f"op {ops[0]}" if len(ops) == 1 else f"{len(ops)} ops: {', '.join(ops)}"
+        print(f"{public.name} ({public.module}) dispatches {what}"
+              + (f": {public.note}" if public.note else ""))
     if args.assume_installed:
         checked = " (package imports assumed to succeed)"
     elif args.sm:
@@ -358,8 +506,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:
         checked = ""
     print(f"device:  {facts.name}{checked}")
-    print(decision.explain())
-    return 0
+    for i, result in enumerate(results):
+        if len(results) > 1:
+            print(f"\n--- op {i + 1} of {len(results)}: {ops[i]} ---")
+        print(f"no backend can run {ops[i]} (the reasons are on stderr)"
+              if isinstance(result, dispatch.NoBackendError) else result.explain())
+    return 1 if failed else 0
 
 
 def cmd_clear_cache(args: argparse.Namespace) -> int:
@@ -524,10 +676,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=cmd_list_backends)
 
-    p = sub.add_parser("explain", help="the dispatch decision for a typical call of OP",
-                       description="Build a Problem for OP (defaults: fp16, head_dim 128, 32 query / "
-                       "8 KV heads, hidden 4096) and print the dispatcher's full Decision.")
-    p.add_argument("op", metavar="OP", choices=sorted(OPS), help=f"one of: {', '.join(sorted(OPS))}")
+    p = sub.add_parser("explain", help="the dispatch decision for a typical call of an op or a "
+                       "public function",
+                       description="Build a Problem for NAME (defaults: fp16, head_dim 128, 32 "
+                       "query / 8 KV heads, hidden 4096; a public function adds what a typical call "
+                       "of it uses) and print the dispatcher's full Decision, one per op it "
+                       "dispatches.")
+    p.add_argument("name", metavar="NAME", nargs="?",
+                   help=f"an op ({', '.join(sorted(OPS))}) or a public function (mm_fp8, "
+                        "single_decode_with_kv_cache, BatchDecodeWithPagedKVCacheWrapper, ...)")
+    p.add_argument("--list", action="store_true",
+                   help="list every op and public function, with the ops each dispatches")
     p.add_argument("--dtype", type=_dtype, default=None, help="dtype of every value tensor (default float16; float32 for sampling ops)")
     for option in NAMED_FACTS:
         p.add_argument(f"--{option.replace('_', '-')}", dest=option, type=_positive, metavar="N")
@@ -538,12 +697,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", action="extend", nargs="+", default=[], metavar="FACT=N",
                    help="set any shape fact, e.g. --shape num_rows=8")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--sm", help="simulate a CUDA device of this SM version, e.g. 9.0")
+    where.add_argument("--sm", help="simulate a CUDA device of this SM version: 9.0, 9, 90 or "
+                       "sm_90 (9 is 9.0)")
     where.add_argument("--cpu", action="store_true", help="decide for CPU tensors")
     p.add_argument("--backend", default=None, help="as the backend= argument (name or upstream alias)")
     p.add_argument("--assume-installed", action="store_true",
                    help="pretend every vendor package imports")
-    p.add_argument("--json", action="store_true", help="print Decision.as_dict() as JSON")
+    p.add_argument("--json", action="store_true", help="print Decision.as_dict() as JSON (a "
+                   "list of them for a public function that dispatches several ops)")
     p.set_defaults(run=cmd_explain)
 
     p = sub.add_parser("clear-cache", help="empty FLASHINFER_CACHE_DIR and the decision cache")
@@ -586,10 +747,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return run(args)
+        status = run(args)
+        sys.stdout.flush()  # here, so a closed pipe is seen below, not at interpreter exit
+        return status
     except UsageError as exc:
         print(f"flashinfer {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader stopped reading (`flashinfer show-config | head`): it has what it wanted.
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

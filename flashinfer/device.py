@@ -27,17 +27,47 @@ class DeviceFacts:
         return "cpu" if self.sm is None else f"{self.sm[0]}.{self.sm[1]}"
 
 
+#: the compute capabilities of the CUDA GPUs there are, by major version (CUDA 12.x / 13.x
+#: names; SM 10.1 became 11.0). A major above the last here is a GPU newer than this table.
+CUDA_SMS: dict[int, tuple[int, ...]] = {
+    5: (0, 2, 3), 6: (0, 1, 2), 7: (0, 2, 5), 8: (0, 6, 7, 9), 9: (0,), 10: (0, 1, 3), 11: (0,),
+    12: (0, 1),
+}
+
+
 def parse_sm(text: str) -> tuple[int, int]:
-    """``"9.0"`` / ``"90"`` / ``"sm_90"`` / ``"12.0"`` → ``(major, minor)``."""
+    """An SM version as ``(major, minor)``: ``"9.0"``, ``"9"``, ``"90"``, ``"sm_90a"`` → ``(9, 0)``.
+
+    A bare number below 20 is a major version (``"9"`` is 9.0, ``"12"`` is 12.0); from 20 on it
+    is major and minor run together as in ``sm_90`` (``"90"`` is 9.0, ``"100"`` is 10.0).
+    Only the syntax is checked (capability records name range ends such as 13.9);
+    :func:`cuda_sm` also checks that a GPU of that SM exists.
+    """
     raw = text.strip().lower().removeprefix("sm_").removeprefix("sm").rstrip("af")
-    try:
-        if "." in raw:
-            major, minor = raw.split(".", 1)
-            return int(major), int(minor)
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"SM version {text!r} is not valid; write it as 9.0, 90 or sm_90") from None
-    return (value // 10, value % 10)
+    major, dot, minor = raw.partition(".")
+    if not major.isdigit() or (dot and not (minor.isdigit() and len(minor) == 1)):
+        raise ValueError(f"SM version {text!r} is not valid; write it as 9.0, 9, 90 or sm_90")
+    if dot:
+        return int(major), int(minor)
+    value = int(major)
+    return (value, 0) if value < 20 else (value // 10, value % 10)
+
+
+def cuda_sm(sm: str | tuple[int, int]) -> tuple[int, int]:
+    """``sm`` parsed (:func:`parse_sm`) and checked to be the SM of a CUDA GPU: ``ValueError``
+    for one that cannot exist (SM 0.9, SM 9.9), so a typo is not silently a device on which
+    nothing runs. An SM newer than :data:`CUDA_SMS` is taken as given."""
+    major, minor = parse_sm(sm) if isinstance(sm, str) else sm
+    shown = f"{major}.{minor}"
+    if isinstance(sm, str) and sm.strip() != shown:
+        shown = f"{sm!r} (read as {shown})"
+    if major < min(CUDA_SMS):
+        raise ValueError(f"SM {shown} is not the SM of a CUDA GPU (the oldest supported is "
+                         f"{min(CUDA_SMS)}.0); write it as 9.0, 9, 90 or sm_90")
+    if major in CUDA_SMS and minor not in CUDA_SMS[major]:
+        known = ", ".join(f"{major}.{m}" for m in CUDA_SMS[major])
+        raise ValueError(f"SM {shown} is not the SM of a CUDA GPU; SM {major} GPUs are {known}")
+    return major, minor
 
 
 def sm_family(sm: tuple[int, int] | None) -> str:
@@ -57,10 +87,11 @@ def sm_family(sm: tuple[int, int] | None) -> str:
 
 
 def simulated(sm: str | tuple[int, int] | None) -> DeviceFacts:
-    """Facts for a device that is not here: ``simulated("9.0")``; ``None`` means CPU."""
+    """Facts for a device that is not here: ``simulated("9.0")``; ``None`` means CPU.
+    ``ValueError`` for an SM no GPU has (:func:`cuda_sm`)."""
     if sm is None or sm == "cpu":
         return DeviceFacts("cpu", None, "cpu")
-    parsed = parse_sm(sm) if isinstance(sm, str) else tuple(sm)
+    parsed = cuda_sm(sm)
     return DeviceFacts("cuda", parsed, f"simulated SM {parsed[0]}.{parsed[1]}")
 
 

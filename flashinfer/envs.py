@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .backend_names import known_backend_spellings
+from .backend_names import ALIASES, BACKEND_NAMES, known_backend_spellings
 from .op_catalog import FAMILIES
 
 
@@ -63,7 +63,8 @@ def _parse_backend(raw: str, var: EnvVar) -> str:
     # Validated against the backend names and upstream aliases; returns the raw spelling,
     # which backend_names.resolve_spelling() turns into backend specs.
     if raw.lower() not in known_backend_spellings():
-        raise _bad(var, raw, ", ".join(sorted(known_backend_spellings())))
+        raise _bad(var, raw, f"auto, a backend ({', '.join(BACKEND_NAMES)}) or an upstream "
+                             f"spelling ({', '.join(sorted(ALIASES))})")
     return raw.lower()
 
 

@@ -7,6 +7,12 @@ so a typo in a data file is an error naming the file and key, not a silently ign
 Shape facts are the sizes that decide whether a kernel can run (head dims, head counts) or which
 kernel is fastest (lengths, bucketed to powers of two by the op modules so the Decision cache
 stays small). Features are the optional behaviours a call uses; a record lists the ones it serves.
+
+:data:`PUBLIC_FUNCTIONS` maps every public function of upstream's API that dispatches (and each
+batch wrapper class) to the op(s) it becomes, with the features a typical call of it uses, so
+``flashinfer explain mm_fp8`` explains the ``bmm_fp8`` decision that ``mm_fp8`` makes;
+:data:`NOT_DISPATCHED` names the public functions that dispatch nothing. Imports nothing of the
+package.
 """
 
 from __future__ import annotations
@@ -181,3 +187,150 @@ def op_spec(op: str) -> OpSpec:
         return OPS[op]
     except KeyError:
         raise ValueError(f"unknown op {op!r}; known ops: {', '.join(sorted(OPS))}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# public functions -> ops
+
+
+@dataclass(frozen=True)
+class PublicFunction:
+    """One public function (or wrapper class) of upstream's API and the op(s) it dispatches.
+
+    ``features``, ``dtypes`` and ``layout`` describe a typical call, with upstream's defaults
+    for the arguments that have one (``top_p_sampling_from_probs`` always filters by top-p;
+    ``grouped_mm_fp8`` reads fp8 into a bf16 output), so ``flashinfer explain NAME`` builds the
+    Problem such a call builds. A feature applies to the ops that declare it, a dtype to the
+    ops that have that role.
+    """
+
+    name: str
+    module: str  # upstream's module of it, e.g. "flashinfer.gemm"
+    ops: tuple[str, ...]  # the ops one call dispatches, in call order
+    features: tuple[str, ...] = ()
+    dtypes: tuple[tuple[str, str], ...] = ()  # (role, dtype) pairs of a typical call
+    layout: str | None = None
+    note: str = ""
+
+
+_WRAPPER = "decides in plan(); run() launches the planned kernel"
+_BF16_EXPERTS = (("hidden", "bfloat16"), ("weight", "bfloat16"), ("out", "bfloat16"))
+_FP8_EXPERTS = (("hidden", "float8_e4m3fn"), ("weight", "float8_e4m3fn"), ("out", "bfloat16"))
+_LOGITS = (("logits", "float32"),)  # router logits, as DeepSeek-V3 passes them
+_ROUTING = "routes (moe_routing), then runs the experts (fused_moe)"
+
+
+def _rope(name: str, *features: str) -> PublicFunction:
+    return PublicFunction(name, "flashinfer.rope", ("rope",),
+                          features + (("inplace",) if name.endswith("_inplace") else ()))
+
+
+PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
+    f.name: f
+    for f in (
+        PublicFunction("single_decode_with_kv_cache", "flashinfer.decode", ("single_decode",)),
+        PublicFunction("BatchDecodeWithPagedKVCacheWrapper", "flashinfer.decode",
+                       ("batch_decode",), note=_WRAPPER),
+        PublicFunction("CUDAGraphBatchDecodeWithPagedKVCacheWrapper", "flashinfer.decode",
+                       ("batch_decode",), ("cuda_graph",), note=_WRAPPER),
+        PublicFunction("single_prefill_with_kv_cache", "flashinfer.prefill", ("single_prefill",)),
+        PublicFunction("single_prefill_with_kv_cache_return_lse", "flashinfer.prefill",
+                       ("single_prefill",), ("lse",)),
+        PublicFunction("BatchPrefillWithPagedKVCacheWrapper", "flashinfer.prefill",
+                       ("batch_prefill_paged",), note=_WRAPPER),
+        PublicFunction("BatchPrefillWithRaggedKVCacheWrapper", "flashinfer.prefill",
+                       ("batch_prefill_ragged",), note=_WRAPPER),
+        PublicFunction("append_paged_kv_cache", "flashinfer.page", ("append_paged_kv",)),
+        PublicFunction("rmsnorm", "flashinfer.norm", ("rmsnorm",)),
+        PublicFunction("fused_add_rmsnorm", "flashinfer.norm", ("rmsnorm",), ("fused_add",)),
+        PublicFunction("gemma_rmsnorm", "flashinfer.norm", ("rmsnorm",), ("gemma_weight",)),
+        PublicFunction("gemma_fused_add_rmsnorm", "flashinfer.norm", ("rmsnorm",),
+                       ("fused_add", "gemma_weight")),
+        PublicFunction("layernorm", "flashinfer.norm", ("layernorm",)),
+        _rope("apply_rope"),
+        _rope("apply_rope_inplace"),
+        _rope("apply_rope_pos_ids"),
+        _rope("apply_rope_pos_ids_inplace"),
+        _rope("apply_llama31_rope", "llama31"),
+        _rope("apply_llama31_rope_inplace", "llama31"),
+        _rope("apply_llama31_rope_pos_ids", "llama31"),
+        _rope("apply_llama31_rope_pos_ids_inplace", "llama31"),
+        _rope("apply_rope_with_cos_sin_cache", "cos_sin_cache"),
+        _rope("apply_rope_with_cos_sin_cache_inplace", "cos_sin_cache"),
+        PublicFunction("silu_and_mul", "flashinfer.activation", ("act_and_mul",), ("silu",)),
+        PublicFunction("gelu_and_mul", "flashinfer.activation", ("act_and_mul",), ("gelu",)),
+        PublicFunction("gelu_tanh_and_mul", "flashinfer.activation", ("act_and_mul",),
+                       ("gelu_tanh",)),
+        PublicFunction("sampling_from_probs", "flashinfer.sampling", ("sampling_from_probs",)),
+        PublicFunction("top_p_sampling_from_probs", "flashinfer.sampling",
+                       ("sampling_from_probs",), ("top_p",)),
+        PublicFunction("top_k_sampling_from_probs", "flashinfer.sampling",
+                       ("sampling_from_probs",), ("top_k",)),
+        PublicFunction("min_p_sampling_from_probs", "flashinfer.sampling",
+                       ("sampling_from_probs",), ("min_p",)),
+        PublicFunction("top_k_top_p_sampling_from_probs", "flashinfer.sampling",
+                       ("sampling_from_probs",), ("top_k", "top_p")),
+        PublicFunction("sampling_from_logits", "flashinfer.sampling", ("sampling_from_logits",)),
+        PublicFunction("top_k_top_p_sampling_from_logits", "flashinfer.sampling",
+                       ("top_k_top_p_sampling_from_logits",), ("top_k", "top_p")),
+        PublicFunction("top_p_renorm_probs", "flashinfer.sampling", ("renorm_probs",), ("top_p",)),
+        PublicFunction("top_p_renorm_prob", "flashinfer.sampling", ("renorm_probs",), ("top_p",),
+                       note="upstream's older name of top_p_renorm_probs"),
+        PublicFunction("top_k_renorm_probs", "flashinfer.sampling", ("renorm_probs",), ("top_k",)),
+        PublicFunction("top_k_renorm_prob", "flashinfer.sampling", ("renorm_probs",), ("top_k",),
+                       note="upstream's older name of top_k_renorm_probs"),
+        PublicFunction("top_k_mask_logits", "flashinfer.sampling", ("top_k_mask_logits",)),
+        PublicFunction("softmax", "flashinfer.sampling", ("softmax",)),
+        PublicFunction("chain_speculative_sampling", "flashinfer.sampling",
+                       ("chain_speculative_sampling",)),
+        PublicFunction("mm_bf16", "flashinfer.gemm", ("mm_bf16",)),
+        PublicFunction("bmm_fp8", "flashinfer.gemm", ("bmm_fp8",)),
+        PublicFunction("mm_fp8", "flashinfer.gemm", ("bmm_fp8",),
+                       note="a bmm_fp8 of batch 1 (alpha as A's scale)"),
+        PublicFunction("gemm_fp8_nt_groupwise", "flashinfer.gemm", ("gemm_fp8_groupwise",),
+                       ("scale_1x128",)),
+        PublicFunction("gemm_fp8_nt_blockscaled", "flashinfer.gemm", ("gemm_fp8_groupwise",),
+                       ("scale_128x128",)),
+        PublicFunction("group_gemm_fp8_nt_groupwise", "flashinfer.gemm",
+                       ("group_gemm_fp8_groupwise",), ("scale_1x128",)),
+        PublicFunction("mm_fp4", "flashinfer.gemm", ("mm_fp4",)),
+        PublicFunction("grouped_mm_bf16", "flashinfer.grouped_mm", ("segment_gemm",),
+                       dtypes=(("x", "bfloat16"), ("weights", "bfloat16"), ("out", "bfloat16")),
+                       layout="column_major"),
+        PublicFunction("grouped_mm_fp8", "flashinfer.grouped_mm", ("segment_gemm",),
+                       dtypes=(("x", "float8_e4m3fn"), ("weights", "float8_e4m3fn"),
+                               ("out", "bfloat16")), layout="column_major"),
+        PublicFunction("SegmentGEMMWrapper", "flashinfer.gemm", ("segment_gemm",),
+                       note="run() decides and launches"),
+        PublicFunction("cutlass_fused_moe", "flashinfer.fused_moe", ("fused_moe",),
+                       dtypes=_BF16_EXPERTS, note="experts only: the caller gives the routing"),
+        PublicFunction("trtllm_bf16_moe", "flashinfer.fused_moe", ("moe_routing", "fused_moe"),
+                       dtypes=_LOGITS + _BF16_EXPERTS, note=_ROUTING),
+        PublicFunction("trtllm_fp8_per_tensor_scale_moe", "flashinfer.fused_moe",
+                       ("moe_routing", "fused_moe"), ("fp8_per_tensor",), _LOGITS + _FP8_EXPERTS,
+                       note=_ROUTING),
+        PublicFunction("trtllm_fp8_block_scale_moe", "flashinfer.fused_moe",
+                       ("moe_routing", "fused_moe"), ("fp8_block_scale",), _LOGITS + _FP8_EXPERTS,
+                       note=_ROUTING),
+        PublicFunction("trtllm_fp4_block_scale_moe", "flashinfer.fused_moe", ("fused_moe",),
+                       dtypes=(("hidden", "uint8"), ("weight", "uint8"), ("out", "bfloat16")),
+                       note="no backend serves FP4 MoE here: every call raises, listing why"),
+        PublicFunction("fused_topk_deepseek", "flashinfer.fused_moe", ("moe_routing",),
+                       ("bias", "grouped_topk"), _LOGITS),
+    )
+}
+
+#: public functions that dispatch nothing (host helpers, quantisers with one implementation):
+#: name -> upstream's module. ``flashinfer explain`` says so instead of "unknown name".
+NOT_DISPATCHED: dict[str, str] = {
+    **dict.fromkeys(("get_batch_indices_positions", "get_seq_lens", "unpack_paged_kv_cache"),
+                    "flashinfer.page"),
+    "get_alibi_slopes": "flashinfer",
+    "get_seed_and_offset": "flashinfer.sampling",
+    "is_gated_activation": "flashinfer.fused_moe",
+    **dict.fromkeys(("per_token_group_quant_8bit", "quantize_fp8_per_tensor",
+                     "quantize_fp8_per_token", "quantize_fp8_blockwise", "fp4_quantize",
+                     "mxfp4_quantize", "mxfp4_dequantize", "mxfp4_dequantize_host",
+                     "nvfp4_quantize", "block_scale_interleave", "nvfp4_block_scale_interleave",
+                     "e2m1_and_ufp8sf_scale_to_float"), "flashinfer.quantization"),
+}

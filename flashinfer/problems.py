@@ -26,7 +26,10 @@ DEFAULT_FACTS: dict[str, int] = {
     "num_qo_heads": 32, "num_kv_heads": 8, "num_q_heads": 32, "num_k_heads": 8,
     "qo_len": 1024, "kv_len": 4096, "num_tokens": 1024, "num_rows": 128, "hidden_size": 4096,
     "batch_size": 64, "vocab_size": 128256, "num_draft": 4,
-    "m": 128, "n": 8192, "k": 8192, "batch": 1,
+    "m": 128, "n": 8192, "k": 8192, "batch": 1, "num_groups": 8, "rows_per_group": 16,
+    # batch attention: 64 requests of 1024 new tokens against 4096 cached ones, pages of 16
+    "max_qo_len": 1024, "max_kv_len": 4096, "total_qo_len": 64 * 1024, "page_size": 16,
+    "q_len_per_req": 1,
 }
 
 #: dtype of a family's value roles when the caller names none (sampling reads fp32 probs).
@@ -43,11 +46,23 @@ OP_DTYPES: dict[str, dict[str, str]] = {
 }
 
 #: per-op departures from DEFAULT_FACTS that the op's definition imposes.
-OP_FACTS: dict[str, dict[str, int]] = {"single_decode": {"qo_len": 1}}
+#: (the MoE ops: a DeepSeek-V3-like layer, 256 experts, top-8, intermediate size 2048)
+OP_FACTS: dict[str, dict[str, int]] = {
+    "single_decode": {"qo_len": 1},
+    "batch_decode": {"max_qo_len": 1, "total_qo_len": 64},
+    "batch_prefill_ragged": {"page_size": 0},  # no pages: the wrappers' plan() says 0
+    "moe_routing": {"num_experts": 256, "top_k": 8},
+    "fused_moe": {"num_experts": 256, "top_k": 8, "intermediate_size": 2048},
+}
+
+#: shape facts a feature brings when the caller sets none (already bucketed): a sampling call
+#: with a scalar top-k of 50 has shape fact top_k = 64.
+FEATURE_FACTS: dict[str, dict[str, int]] = {"top_k": {"top_k": 64}}
 
 #: facts that are lengths / row counts: the op modules bucket them with ``length_bucket``.
 BUCKETED_FACTS = frozenset({"qo_len", "kv_len", "num_tokens", "num_rows", "batch_size",
-                            "vocab_size", "m", "batch"})
+                            "vocab_size", "m", "batch", "max_qo_len", "max_kv_len",
+                            "total_qo_len", "num_groups", "rows_per_group"})
 
 #: short dtype spellings accepted besides the torch names.
 DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32",
@@ -77,13 +92,16 @@ def default_shape(op: str) -> dict[str, int]:
 
 
 def representative(op: str, device: DeviceFacts, *, dtype: str | None = None,
+                   dtypes: Mapping[str, str] | None = None,
                    shape: Mapping[str, int] | None = None, features: Iterable[str] = (),
                    layout: str | None = None) -> Problem:
     """A Problem for a typical call of ``op`` on ``device``.
 
-    ``shape`` overrides individual facts (unknown facts raise ``ValueError`` listing the op's
-    facts); ``features`` adds to the implied ones (unknown ones raise ``ValueError``);
-    ``layout`` defaults to the op's first layout (``NHD`` for attention), ``None`` if it has none.
+    ``dtype`` is every value role's dtype; ``dtypes`` sets single roles (``{"out":
+    "bfloat16"}``; unknown roles raise ``ValueError`` listing the op's roles). ``shape``
+    overrides individual facts (unknown facts raise ``ValueError`` listing the op's facts);
+    ``features`` adds to the implied ones (unknown ones raise ``ValueError``); ``layout``
+    defaults to the op's first layout (``NHD`` for attention), ``None`` if it has none.
     """
     spec = op_spec(op)
     pinned = OP_DTYPES.get(op, {})
@@ -102,12 +120,21 @@ def representative(op: str, device: DeviceFacts, *, dtype: str | None = None,
     if unknown:
         raise ValueError(f"{op} has no feature(s) {', '.join(sorted(unknown))}; "
                          f"its features: {', '.join(spec.features) or 'none'}")
+    for feature in feats:
+        for fact, value in FEATURE_FACTS.get(feature, {}).items():
+            if fact in spec.shape_facts and fact not in (shape or {}):
+                facts[fact] = value
     feats |= implied_features(op, facts)
     if layout is None:
         layout = spec.layouts[0] if spec.layouts else None
     elif layout not in spec.layouts:
         raise ValueError(f"layout {layout!r} is not valid for {op}; "
                          f"valid: {', '.join(spec.layouts) or 'none (the op has no layout)'}")
-    dtypes = {role: INDEX_ROLES.get(role, pinned.get(role, dtype)) for role in spec.dtype_roles}
+    roles = {role: INDEX_ROLES.get(role, pinned.get(role, dtype)) for role in spec.dtype_roles}
+    for role, name in (dtypes or {}).items():
+        if role not in spec.dtype_roles:
+            raise ValueError(f"{op} has no dtype role {role!r}; its roles: "
+                             f"{', '.join(spec.dtype_roles)}")
+        roles[role] = DTYPE_ALIASES.get(name, name)
     bucketed = {k: length_bucket(v) if k in BUCKETED_FACTS else v for k, v in facts.items()}
-    return Problem.make(op, device, dtypes=dtypes, shape=bucketed, features=feats, layout=layout)
+    return Problem.make(op, device, dtypes=roles, shape=bucketed, features=feats, layout=layout)

@@ -113,12 +113,47 @@ def test_show_config_json_and_malformed_env():
     for op, entry in data["ops"].items():
         declared = {r.backend for r in database().for_op(op)}
         assert {k["backend"] for k in entry["kernels"]} == set(BACKEND_NAMES)
+        planned = {(r.backend, r.variant) for r in database().for_op(op) if r.planned}
         for k in entry["kernels"]:
             if k["backend"] not in declared:
                 assert k["status"] == "no kernel"
+            elif (k["backend"], k["variant"]) in planned:
+                assert k["status"] == "planned" and k["reason"] is None
             else:
                 assert k["status"] in ("usable", "rejected")
                 assert (k["reason"] is None) == (k["status"] == "usable")
+    assert data["planned_backends"] == cli.planned_backends()
+
+
+def test_planned_records_are_shown_as_planned_not_as_backends(capsys):
+    """A record with ``planned = true`` (declared, no kernel wired) is never a backend that runs:
+    show-config's op table and list-backends say planned, and a backend with nothing but
+    planned records is marked so (its packages get no pip hint: installing them changes nothing)."""
+    db = database()
+    planned = [r for r in db.records if r.planned]
+    assert planned, "no planned record left: drop this test or keep one as a fixture"
+    wholly_planned = cli.planned_backends()
+    assert wholly_planned == [b for b in BACKEND_NAMES
+                              if all(r.planned for r in db.records if r.backend == b)]
+    rc, text, _ = call(capsys, "show-config")
+    assert rc == 0
+    table = text.split("=== Ops x backends", 1)[1]
+    for rec in planned:
+        block = table.split(f"\n{rec.op} ", 1)[1].split("(auto picks)", 2)[1]
+        line = next(ln for ln in block.splitlines() if ln.split()[:1] == [rec.key.removesuffix(":default")])
+        assert cli.PLANNED_RECORD in line and "usable" not in line and "*" not in line
+    packages = text.split("=== Backend packages ===", 1)[1].split("===", 1)[0]
+    for backend in wholly_planned:
+        line = next(ln for ln in packages.splitlines() if ln.startswith(backend + " "))
+        assert cli.PLANNED_BACKEND in line and "pip install" not in line
+    rc, text, _ = call(capsys, "list-backends")
+    for rec in planned:
+        name = rec.op if rec.variant == "default" else f"{rec.op}:{rec.variant}"
+        section = text.split(f"\n{rec.backend}: ", 1)[1].split("\n\n", 1)[0]
+        line = next(ln for ln in section.splitlines() if ln.split()[:1] == [name])
+        assert cli.PLANNED_RECORD in line
+    for backend in wholly_planned:
+        assert f"[{cli.PLANNED_BACKEND}]" in text.split(f"\n{backend}: ", 1)[1].splitlines()[0]
 
 
 def test_list_backends(capsys):
@@ -130,8 +165,9 @@ def test_list_backends(capsys):
     for backend, info in data.items():
         assert info["description"] == db.descriptions[backend]
         records = [r for r in db.records if r.backend == backend]
-        assert [(o["op"], o["variant"], o["verified"]) for o in info["ops"]] == [
-            (r.op, r.variant, r.verified) for r in records]
+        assert [(o["op"], o["variant"], o["verified"], o["planned"]) for o in info["ops"]] == [
+            (r.op, r.variant, r.verified, r.planned) for r in records]
+        assert info["planned"] == (backend in cli.planned_backends())
         for pkg in info["packages"]:
             assert pkg["installed"] == (pkg["error"] is None)
     rc, text, _ = call(capsys, "list-backends")
@@ -236,7 +272,16 @@ def test_explain_no_backend_exits_1(capsys, no_flashinfer_env):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["explain", "no_such_op"], ["invalid choice", "rmsnorm", "single_decode"]),
+    (["explain", "no_such_op"], ["'no_such_op'", "neither an op nor a public function",
+                                  "explain --list"]),
+    (["explain"], ["name an op or a public function", "explain --list"]),
+    (["explain", "mm_fp9"], ["did you mean", "mm_fp8", "bmm_fp8", "mm_fp4"]),
+    (["explain", "decode"], ["did you mean", "single_decode", "batch_decode",
+                             "single_decode_with_kv_cache", "BatchDecodeWithPagedKVCacheWrapper"]),
+    (["explain", "get_seq_lens"], ["get_seq_lens", "flashinfer.page", "dispatches no op"]),
+    (["explain", "rmsnorm", "--sm", "0.9"], ["SM 0.9", "not the SM of a CUDA GPU", "5.0"]),
+    (["explain", "rmsnorm", "--sm", "99"], ["'99'", "9.9", "not the SM of a CUDA GPU", "9.0"]),
+    (["explain", "mm_fp8", "--num-qo-heads", "8"], ["--num-qo-heads", "mm_fp8", "m, n, k"]),
     (["explain", "rmsnorm", "--feature", "window"], ["window", "fused_add", "gemma_weight"]),
     (["explain", "rmsnorm", "--dtype", "fp9"], ["fp9", "bfloat16", "float16"]),
     (["explain", "rmsnorm", "--sm", "abc"], ["abc", "9.0"]),
@@ -251,8 +296,91 @@ def test_explain_no_backend_exits_1(capsys, no_flashinfer_env):
 def test_explain_bad_arguments_exit_2(argv, words, capsys, no_flashinfer_env):
     rc, out, err = call(capsys, *argv)
     assert rc == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 or err.startswith("usage:"), err  # one clear line
     for word in words:
         assert word in err
+
+
+@pytest.mark.parametrize("text", ["9", "9.0", "90", "sm_90a"])
+def test_explain_sm_spellings_mean_the_same_device(text, capsys, no_flashinfer_env):
+    rc, out, _ = call(capsys, "explain", "rmsnorm", "--sm", text, "--json")
+    assert rc == 0 and json.loads(out)["problem"]["sm"] == "9.0"
+    assert simulated(text).sm == (9, 0)
+
+
+def test_sm_parsing_reads_majors_and_rejects_impossible_sms():
+    from flashinfer.device import cuda_sm, parse_sm
+
+    assert [parse_sm(t) for t in ("12", "120", "100", "10.3", "13.9")] == [
+        (12, 0), (12, 0), (10, 0), (10, 3), (13, 9)]
+    assert cuda_sm("13.0") == (13, 0)  # newer than the table: taken as given
+    for text in ("0.9", "4.0", "99", "9.9", "8.8", "12.5"):
+        with pytest.raises(ValueError, match="not the SM of a CUDA GPU"):
+            cuda_sm(text)
+    with pytest.raises(ValueError, match="SM version"):
+        parse_sm("9.10")
+
+
+@pytest.mark.parametrize("name, op", [
+    ("mm_fp8", "bmm_fp8"), ("single_decode_with_kv_cache", "single_decode"),
+    ("BatchDecodeWithPagedKVCacheWrapper", "batch_decode"),
+    ("BatchDecodeWithPagedKVCacheWrapper.run", "batch_decode"),
+    ("flashinfer.gemm.mm_fp8", "bmm_fp8"),
+])
+def test_explain_a_public_function_explains_its_op(name, op, capsys, no_flashinfer_env):
+    row = cli.explain_target(name)[0]
+    rc, out, _ = call(capsys, "explain", name, "--sm", "9.0", "--assume-installed", "--json")
+    assert rc == 0
+    data = json.loads(out)
+    assert data["problem"]["op"] == op
+    rc, same, _ = call(capsys, "explain", op, "--sm", "9.0", "--assume-installed", "--json",
+                       *[arg for f in row.features for arg in ("--feature", f)])
+    assert json.loads(same) == data  # the op with the row's features: the same Decision
+    rc, text, _ = call(capsys, "explain", name, "--sm", "9.0")
+    assert rc == 0 and text.startswith(f"{row.name} ({row.module}) dispatches op {op}")
+    assert "chosen:" in text
+
+
+def test_explain_a_public_function_adds_what_a_typical_call_uses(capsys, no_flashinfer_env):
+    rc, out, _ = call(capsys, "explain", "top_k_top_p_sampling_from_probs", "--cpu", "--json")
+    problem = json.loads(out)["problem"]
+    assert rc == 0 and problem["op"] == "sampling_from_probs"
+    assert {"top_k", "top_p"} <= set(problem["features"]) and problem["shape"]["top_k"] == 64
+    rc, out, _ = call(capsys, "explain", "grouped_mm_fp8", "--sm", "9.0", "--json")
+    problem = json.loads(out)["problem"]
+    assert problem["layout"] == "column_major"
+    assert problem["dtypes"] == {"x": "float8_e4m3fn", "weights": "float8_e4m3fn", "out": "bfloat16"}
+    rc, out, _ = call(capsys, "explain", "grouped_mm_fp8", "--sm", "9.0", "--dtype", "bf16", "--json")
+    assert set(json.loads(out)["problem"]["dtypes"].values()) == {"bfloat16"}  # --dtype wins
+
+
+def test_explain_a_public_function_of_several_ops_explains_each(capsys, no_flashinfer_env):
+    name = "trtllm_fp8_block_scale_moe"
+    ops = list(cli.PUBLIC_FUNCTIONS[name].ops)
+    assert len(ops) > 1
+    rc, out, _ = call(capsys, "explain", name, "--sm", "9.0", "--assume-installed", "--json",
+                      "--hidden-size", "7168")
+    assert rc == 0
+    data = json.loads(out)
+    assert [d["problem"]["op"] for d in data] == ops
+    assert data[1]["problem"]["shape"]["hidden_size"] == 7168  # set where the op has the fact
+    assert "fp8_block_scale" in data[1]["problem"]["features"]
+    rc, text, _ = call(capsys, "explain", name, "--sm", "9.0")
+    assert rc == 0 and f"dispatches {len(ops)} ops: {', '.join(ops)}" in text.splitlines()[0]
+    for i, op in enumerate(ops):
+        assert f"--- op {i + 1} of {len(ops)}: {op} ---" in text
+    assert text.count("chosen:") == len(ops)
+
+
+def test_explain_list_shows_every_name(capsys):
+    rc, out, _ = call(capsys, "explain", "--list", "--json")
+    data = json.loads(out)
+    assert rc == 0 and set(data["ops"]) == set(OPS)
+    assert set(data["public"]) == set(cli.PUBLIC_FUNCTIONS)
+    assert set(data["not_dispatched"]) == set(cli.NOT_DISPATCHED)
+    rc, text, _ = call(capsys, "explain", "--list")
+    for name, row in cli.PUBLIC_FUNCTIONS.items():
+        assert re.search(rf"\n  {name} +{row.module} +-> {', '.join(row.ops)}", text), name
 
 
 def test_explain_environment_override_subprocess():
@@ -261,6 +389,44 @@ def test_explain_environment_override_subprocess():
     data = json.loads(res.stdout)
     assert (data["backend"], data["source"]) == ("reference", "environment")
     assert "FLASHINFER_BACKEND" in data["rule"]
+
+
+@pytest.mark.parametrize("command", ["show-config", "list-backends"])
+def test_piping_into_head_exits_cleanly(command):
+    """``flashinfer show-config | head -1``: the reader closes the pipe after one line."""
+    proc = subprocess.Popen([sys.executable, "-m", "flashinfer", command], cwd=REPO,
+                            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert first.strip() and err == ""
+
+
+def test_bad_backend_variable_is_one_line_in_show_config():
+    res = run_cli("show-config", FLASHINFER_BACKEND="nope")
+    assert res.returncode == 0
+    message = "environment variable FLASHINFER_BACKEND='nope' is not valid"
+    assert res.stdout.count(message) == 1  # in the Environment variables section, once
+    assert res.stdout.count("FLASHINFER_BACKEND is invalid: see Environment variables") == len(OPS)
+    assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr
+    for name in sorted(known_backend_spellings()):
+        assert name in res.stderr
+
+
+def test_bad_backend_variable_in_a_python_call_is_one_valueerror():
+    code = ("import torch, flashinfer\n"
+            "try:\n"
+            "    flashinfer.rmsnorm(torch.randn(2, 8), torch.ones(8))\n"
+            "except ValueError as exc:\n"
+            "    print(type(exc).__name__, exc.__context__, exc, sep='|')\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         env=clean_env(FLASHINFER_BACKEND="nope"), timeout=120)
+    kind, context, message = res.stdout.strip().split("|")
+    assert res.returncode == 0 and kind == "ValueError" and context == "None"
+    assert "\n" not in message and "FLASHINFER_BACKEND='nope'" in message
+    for name in sorted(known_backend_spellings()):
+        assert name in message
 
 
 def test_explain_bad_environment_override_subprocess():
@@ -346,6 +512,36 @@ def test_ci_runs_the_readme_test_command():
     command = [b.split("\n", 1)[1].strip() for b in setup.split("```")[1::2]][1]
     ci = (REPO / ".ci" / "run").read_text()
     assert command.replace("python ", "python3 ").replace("pip install", "python3 -m pip install -q") in ci
+
+
+def test_readme_says_how_to_get_the_cpu_build_of_torch():
+    setup = _section((REPO / "README.md").read_text(), "Set-up")
+    assert "`pip install torch --index-url https://download.pytorch.org/whl/cpu`" in setup
+
+
+def test_readme_names_the_wired_and_the_planned_backends_as_the_records_do():
+    intro = (REPO / "README.md").read_text().split("\n## ", 1)[0]
+    wired_text, planned_text = intro.split("Wired today:", 1)[1].split("Declared but not wired", 1)
+    records = database().records
+    assert {n for n in re.findall(r"`(\w+)`", wired_text) if n in BACKEND_NAMES} == {
+        r.backend for r in records if not r.planned}
+    assert set(re.findall(r"`(\w+)`:\s+`(\w+)`", planned_text)) == {
+        (r.backend, r.op) for r in records if r.planned}
+
+
+def test_readme_paths_exist():
+    """The files and folders of the package and the examples the README names (the tuned rules
+    among them), and the layout section's packages."""
+    readme = (REPO / "README.md").read_text()
+    for path in re.findall(r"(?<![/\w])((?:examples|flashinfer)/[\w/.*-]*[\w*])", readme):
+        assert list(REPO.glob(path)), path
+    layout = _section(readme, "Repository layout")
+    for name in re.findall(r"\b(\w+)/", layout.split("backends/", 1)[1].split("backend_names", 1)[0]):
+        assert (REPO / "flashinfer" / "backends" / name / "__init__.py").exists(), name
+    for package in ("attention", "gemm", "sampling", "quantization", "fused_moe"):
+        assert f"{package}/" in layout and (REPO / "flashinfer" / package / "__init__.py").exists()
+    for example in (REPO / "examples").iterdir():
+        assert example.name in layout, example.name
 
 
 def test_readme_alias_table_matches_overrides():
