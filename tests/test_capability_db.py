@@ -76,6 +76,16 @@ verified = false
 def test_good_file_parses(tmp_path):
     backend, _, records = parse_file(_write(tmp_path, "triton.toml", GOOD), BACKEND_NAMES)
     assert backend == "triton" and records[0].sm_min == (8, 0) and records[0].variant == "default"
+    assert records[0].verified_by is None and records[0].tested_by == ()
+
+
+def test_evidence_keys_parse(tmp_path):
+    text = GOOD.replace("verified = false", 'verified = true\nverified_on = ["9.0"]\n'
+                        'tested_by = ["tests/test_norm.py"]\n'
+                        'verified_by = "benchmarks/results/gpu_tests_h200_2026-11-30.txt"')
+    _, _, (rec,) = parse_file(_write(tmp_path, "triton.toml", text), BACKEND_NAMES)
+    assert rec.tested_by == ("tests/test_norm.py",)
+    assert rec.verified_by == "benchmarks/results/gpu_tests_h200_2026-11-30.txt"
 
 
 @pytest.mark.parametrize("change, where", [
@@ -97,6 +107,11 @@ def test_good_file_parses(tmp_path):
     (('kernel = "triton.norm:rmsnorm"', 'planned = true\ncheck = "triton.norm:reasons"'),
      "planned"),
     (('kernel = "triton.norm:rmsnorm"', 'kernel = "triton.norm:rmsnorm"\ncheck = "x"'), "check"),
+    (('verified = false', 'verified = false\nverified_by = "benchmarks/results/gpu_tests_x.txt"'),
+     "verified_by"),
+    (('verified = false', 'verified = true\nverified_by = "gpu_tests_x.txt"'), "verified_by"),
+    (('verified = false', 'verified = false\ntested_by = ["test_norm.py"]'), "tested_by"),
+    (('verified = false', 'verified = false\ntested_by = "tests/test_norm.py"'), "tested_by"),
 ])
 def test_malformed_record_names_file_and_key(tmp_path, change, where):
     text = GOOD.replace(*change)

@@ -26,10 +26,20 @@ Record keys (all but ``name`` and ``verified`` optional)::
     verified = false                 # true only once run on real hardware against the reference
     verified_on = ["9.0"]            # the SMs it ran on; elsewhere in its range it counts as
                                      # unverified (omit: verified everywhere, e.g. the reference)
+    tested_by = ["tests/test_gemm_gpu.py"]   # the GPU test files that compare it with the
+                                     # reference: a clean GPU run of them verifies it
+    verified_by = "benchmarks/results/gpu_tests_gemm_h200_2026-11-30_2123utc.txt"
+                                     # with verified = true: the GPU test log in which tested_by
+                                     # ran with no failure (the one place to update after a re-run)
     deterministic = true
     emulation = true                 # a slow stand-in for a missing native kernel (e.g. FP4
                                      # dequantised to bf16): strict mode refuses it on CUDA
     note = "free text shown by explain"
+
+Evidence: every ``verified = true`` record of a backend other than the reference (the oracle,
+checked against float64 math by the CPU suite) names ``tested_by`` and ``verified_by``;
+``tests/test_evidence.py`` checks that the log exists, shows no failure, ran those files on the
+GPU of ``verified_on``, and did not skip them for a missing package. The loader checks the form.
 
 :meth:`Record.check` turns a :class:`~flashinfer.dispatch.Problem` into a list of reasons (empty =
 can run). It never raises and collects every reason, not only the first.
@@ -65,10 +75,12 @@ DTYPE_NAMES = (
 _RECORD_KEYS = {
     "name", "variant", "devices", "sm_min", "sm_max", "dtypes", "shape", "features", "layouts",
     "requires", "requires_any", "cpu_under_triton_interpret", "verified", "verified_on",
-    "deterministic", "emulation", "note", "kernel", "check", "planned",
+    "deterministic", "emulation", "note", "kernel", "check", "planned", "verified_by", "tested_by",
 }
 _SHAPE_KEYS = {"values", "min", "max", "multiple_of"}
 _REF = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+_LOG = re.compile(r"benchmarks/results/[A-Za-z0-9_.+-]+")
+_TEST_FILE = re.compile(r"tests/test_[A-Za-z0-9_]+\.py")
 
 
 class CapabilityDBError(ValueError):
@@ -123,6 +135,8 @@ class Record:
     emulation: bool = False
     kernel: str | None = None  # "module:function" under flashinfer.backends; None when planned
     check_ref: str | None = None  # the adapter's extra check, same form
+    verified_by: str | None = None  # the GPU test log behind verified = true
+    tested_by: tuple[str, ...] = ()  # the GPU test files that compare it with the reference
     source: str = field(compare=False, default="")
 
     @property
@@ -288,6 +302,7 @@ def _parse_record(backend: str, raw: dict, source: str, index: int) -> Record:
     if planned and (raw["verified"] or check is not None):
         raise _fail(source, where, "a planned record has no kernel: verified must be false and "
                     "there is no check")
+    verified_by, tested_by = _evidence(raw, source, where)
     return Record(
         backend=backend,
         op=op,
@@ -309,8 +324,26 @@ def _parse_record(backend: str, raw: dict, source: str, index: int) -> Record:
         emulation=bool(raw.get("emulation", False)),
         kernel=kernel,
         check_ref=check,
+        verified_by=verified_by,
+        tested_by=tested_by,
         source=source,
     )
+
+
+def _evidence(raw: dict, source: str, where: str) -> tuple[str | None, tuple[str, ...]]:
+    """The form of ``verified_by`` / ``tested_by`` (tests/test_evidence.py checks the files)."""
+    verified_by = raw.get("verified_by")
+    if verified_by is not None:
+        if not isinstance(verified_by, str) or not _LOG.fullmatch(verified_by):
+            raise _fail(source, f"{where}.verified_by", "expected 'benchmarks/results/<GPU test "
+                        f"log>', got {verified_by!r}")
+        if raw["verified"] is not True:
+            raise _fail(source, f"{where}.verified_by", "only meaningful with verified = true")
+    tested_by = _str_list(raw.get("tested_by", []), source, f"{where}.tested_by")
+    for path in tested_by:
+        if not _TEST_FILE.fullmatch(path):
+            raise _fail(source, f"{where}.tested_by", f"expected 'tests/test_<name>.py', got {path!r}")
+    return verified_by, tested_by
 
 
 def parse_file(path: Path, backend_names: Iterable[str]) -> tuple[str, str, tuple[Record, ...]]:

@@ -3,7 +3,8 @@
 One TOML file per op (``<op>.toml`` beside this file)::
 
     op = "single_prefill"
-    priority_basis = "why this order: the measurement file, or 'not measured yet: ...'"
+    priority_basis = "benchmarks/results/X.json: cudnn 0.26 ms vs FA2 0.51 at causal 4096; ..."
+    cpu_basis = "not measured: ..."   # only where the cpu row puts a kernel before the reference
 
     [priority]                 # SM family -> backends (or "backend:variant"), best first
     "9.0" = ["cudnn", "torch:flash_varlen", "triton", "reference"]
@@ -19,6 +20,13 @@ One TOML file per op (``<op>.toml`` beside this file)::
     basis = "benchmarks/results/....json: flash 1.4x cuDNN below 64 query tokens"
 
 SM families: 7.5, 8.0 (8.0/8.6/8.7), 8.9, 9.0, 10 (10.x/11.x), 12 (12.x), cpu.
+
+A basis is one line: the results file and what it showed (``benchmarks/results/<file>: A 89 us vs
+B 5479 at 256 x 128k``), or "not measured" and why the order is what it is; families without a
+measurement say "not measured" there. ``cpu_basis`` (shown for CPU problems) justifies a CPU order
+that does not start with the reference. tests/test_evidence.py checks the shipped rules: every
+named backend has a record serving the op in that family, every cited file exists, bases are one
+line of at most 200 characters.
 
 Tuned rules (``FLASHINFER_TUNED_RULES=path.json``) have the threshold shape plus ``op``::
 
@@ -82,6 +90,7 @@ class OpRules:
     priority: tuple[tuple[str, tuple[str, ...]], ...]
     priority_basis: str
     thresholds: tuple[ShapeRule, ...]
+    cpu_basis: str = ""  # why the cpu order puts a kernel before the reference ("" = it does not)
 
     def family_order(self, family: str) -> tuple[str, ...]:
         table = dict(self.priority)
@@ -137,7 +146,7 @@ def parse_file(path: Path) -> OpRules:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise DispatchRulesError(f"{source}: not valid TOML: {exc}") from None
-    unknown = set(data) - {"op", "priority", "priority_basis", "threshold"}
+    unknown = set(data) - {"op", "priority", "priority_basis", "cpu_basis", "threshold"}
     if unknown:
         raise _fail(source, sorted(unknown)[0], "unknown top-level key")
     op = data.get("op")
@@ -145,6 +154,8 @@ def parse_file(path: Path) -> OpRules:
         raise _fail(source, "op", f"must be a known op equal to the file name, got {op!r}")
     if not isinstance(data.get("priority_basis"), str):
         raise _fail(source, "priority_basis", "required: the measurement behind the order")
+    if not isinstance(data.get("cpu_basis", ""), str):
+        raise _fail(source, "cpu_basis", "expected a string: why the cpu order is what it is")
     priority = []
     for family, order in (data.get("priority") or {}).items():
         if family not in SM_FAMILIES and family != "default":
@@ -154,7 +165,8 @@ def parse_file(path: Path) -> OpRules:
         raise _fail(source, "priority", "at least one family order is required")
     thresholds = tuple(_parse_rule(raw, op, source, f"threshold[{i}]")
                        for i, raw in enumerate(data.get("threshold", [])))
-    return OpRules(op, tuple(priority), data["priority_basis"], thresholds)
+    return OpRules(op, tuple(priority), data["priority_basis"], thresholds,
+                   data.get("cpu_basis", ""))
 
 
 @functools.lru_cache(maxsize=1)
@@ -214,4 +226,5 @@ def ordering(problem, tuned_path: str | None) -> Ordering:
         if rule.matches(problem):
             return Ordering(rule.order, "default", rule.name, rule.basis)
     family = sm_family(problem.sm)
-    return Ordering(rules.family_order(family), "default", f"priority[{family}]", rules.priority_basis)
+    basis = rules.cpu_basis if family == "cpu" and rules.cpu_basis else rules.priority_basis
+    return Ordering(rules.family_order(family), "default", f"priority[{family}]", basis)
