@@ -4,8 +4,8 @@ may use it (the environment parser, the override machinery, the data loaders).
 
 An alias may stand for several kernels; an override spelled with it allows any of them, in the
 dispatch rules' order (:mod:`flashinfer.overrides` explains the precedence). Family-specific
-spellings (a name that means something only for one op family's upstream ``backend=``) live in
-:data:`FAMILY_ALIASES`.
+spellings (a name that means something only for one family's upstream ``backend=`` argument)
+live in :data:`FAMILY_ALIASES`, read through :func:`family_spelling`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,48 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "pytorch": ("reference",),
     "ref": ("reference",),
 }
+
+
+#: Upstream ``backend=`` spellings of one family's public functions: what each means here (a
+#: spelling the dispatcher takes), or None for an upstream kernel with no counterpart (an error).
+#: The quantisers dispatch nothing (one torch implementation); their entries list what they
+#: accept beyond ``auto`` / ``torch`` / ``reference``.
+FAMILY_ALIASES: dict[str, dict[str, str | None]] = {
+    "gemm": {"cublas": "torch", "cublaslt": "torch", "tgv": None, "tinygemm": None,
+             "cutile": None, "trtllm_low_latency": None, "cutedsl_low_latency": None},
+    # SegmentGEMMWrapper's CUTLASS SM80 / SM90 kernels: torch's grouped GEMM serves both
+    "segment_gemm": {"sm80": "torch", "sm90": "torch", "cutile": None, "cake": None},
+    # cutlass_fused_moe's "cutlass" is its own default kernel: ours is auto's choice
+    "moe": {"cutlass": "auto", "cake": None},
+    "fp8_quantization": {"cutile": "torch"},
+    "fp4_quantization": {"cuda": "torch", "cute-dsl": "torch"},
+}
+
+#: what the quantisers accept besides their family aliases
+_QUANTIZER_NAMES = ("auto", "torch", "reference")
+
+
+def family_spelling(family: str, backend) -> str:
+    """``backend`` as the dispatcher spells it for ``family`` (:data:`FAMILY_ALIASES`); other
+    spellings pass through unchanged (the dispatcher names an unknown one), except for the
+    quantisers, which accept only their aliases and ``auto`` / ``torch`` / ``reference``.
+    ``TypeError`` for a non-str; ``ValueError`` for an upstream kernel with no counterpart."""
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
+    table = FAMILY_ALIASES[family]
+    key = backend.strip().lower()
+    if key in table:
+        mapped = table[key]
+        if mapped is None:
+            raise ValueError(f"backend={backend!r} is an upstream FlashInfer kernel with no "
+                             f"counterpart in this library; use 'auto' or a backend that "
+                             f"`flashinfer list-backends` lists for this op")
+        return mapped
+    if family.endswith("_quantization") and key not in _QUANTIZER_NAMES:
+        allowed = ", ".join(_QUANTIZER_NAMES + tuple(table))
+        raise ValueError(f"backend={backend!r} is not supported; allowed: {allowed} (all run "
+                         f"this library's torch implementation)")
+    return backend
 
 
 def known_backend_spellings() -> frozenset[str]:

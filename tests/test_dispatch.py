@@ -13,6 +13,7 @@ from flashinfer.dispatch import (
     select,
 )
 from flashinfer.dispatch_rules import DispatchRulesError, default_rules, parse_file
+from flashinfer.backend_names import family_spelling
 from flashinfer.overrides import collect, resolve_spelling
 
 
@@ -82,6 +83,28 @@ def test_alias_spellings():
         resolve_spelling("cudnnn")
     with pytest.raises(TypeError):
         resolve_spelling(3)
+
+
+@pytest.mark.parametrize("family,spelling,means", [
+    ("gemm", "cublas", "torch"), ("gemm", "CuBLASLt", "torch"), ("gemm", "cudnn", "cudnn"),
+    ("segment_gemm", "sm90", "torch"), ("moe", "cutlass", "auto"), ("moe", "torch", "torch"),
+    ("fp8_quantization", "cutile", "torch"), ("fp4_quantization", "cute-dsl", "torch"),
+    ("fp4_quantization", "reference", "reference"),
+])
+def test_family_spellings_come_from_one_table(family, spelling, means):
+    assert family_spelling(family, spelling) == means
+
+
+@pytest.mark.parametrize("family,spelling,match", [
+    ("gemm", "tinygemm", "no counterpart"), ("segment_gemm", "cake", "no counterpart"),
+    ("moe", "cake", "no counterpart"), ("fp8_quantization", "cuda", "allowed: auto, torch"),
+    ("fp4_quantization", "triton", "allowed: auto, torch, reference, cuda, cute-dsl"),
+])
+def test_family_spellings_without_a_counterpart_are_errors(family, spelling, match):
+    with pytest.raises(ValueError, match=match):
+        family_spelling(family, spelling)
+    with pytest.raises(TypeError, match="backend must be a str"):
+        family_spelling(family, None)
 
 
 def test_argument_override_is_strict_and_raises_with_reasons():

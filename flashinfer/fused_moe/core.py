@@ -53,6 +53,7 @@ from typing import List, Optional
 import torch
 
 from .. import dispatch, index_checks
+from ..backend_names import family_spelling
 from ..api_logging import flashinfer_api
 from ..custom_op import custom_op
 from ..dispatch import BackendUnavailableError, Problem
@@ -135,12 +136,6 @@ def _run(out, x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, quant, activ
     return out
 
 
-def _backend(backend) -> str:
-    if not isinstance(backend, str):
-        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
-    return backend
-
-
 # --------------------------------------------------------------------------------------------
 # public API
 
@@ -210,10 +205,7 @@ def cutlass_fused_moe(input: torch.Tensor, token_selected_experts: torch.Tensor,
     ``swizzled_input_sf`` and ``use_fused_finalize`` are accepted and ignored (results here are
     deterministic either way).
     """
-    if backend == "cake":
-        raise ValueError("backend='cake' has no counterpart here; use 'auto', 'torch' or "
-                         "'reference'")
-    backend = "auto" if backend == "cutlass" else _backend(backend)
+    backend = family_spelling("moe", backend)
     _unsupported(fc1_expert_biases=fc1_expert_biases, fc2_expert_biases=fc2_expert_biases,
                  input_sf=input_sf, swiglu_alpha=swiglu_alpha, swiglu_beta=swiglu_beta,
                  swiglu_limit=swiglu_limit, enable_alltoall=enable_alltoall,
@@ -329,7 +321,7 @@ def trtllm_bf16_moe(routing_logits: torch.Tensor, routing_bias: Optional[torch.T
     weights prepared for its trtllm-gen kernels and are rejected: pass ``use_shuffled_weight=
     False, weight_layout=WeightLayout.MajorK``. ``enable_pdl``/``tune_max_num_tokens`` ignored.
     """
-    backend = _backend(backend)
+    backend = family_spelling("moe", backend)
     _hidden("hidden_states", hidden_states, (torch.bfloat16,))
     _layout(use_shuffled_weight, weight_layout)
     num, _ = _weights(hidden_states, gemm1_weights, gemm2_weights, (torch.bfloat16,))
@@ -369,7 +361,7 @@ def trtllm_fp8_per_tensor_scale_moe(
     re-quantisation of the intermediate into these scales; it is not rounded to fp8 here.
     ``use_routing_scales_on_input=True`` (Llama-4) scales the input by the routing weight.
     """
-    backend = _backend(backend)
+    backend = family_spelling("moe", backend)
     _hidden("hidden_states", hidden_states, (_E4M3,))
     num, _ = _weights(hidden_states, gemm1_weights, gemm2_weights, (_E4M3,))
     dev = hidden_states.device
@@ -418,7 +410,7 @@ def trtllm_fp8_block_scale_moe(
     scales ``gemm1_weights_scale [E_local, ceil(2I/128), ceil(H/128)]`` / ``gemm2_weights_scale
     [E_local, ceil(H/128), ceil(I/128)]`` float32. Only ``Fp8QuantizationType.DeepSeekFp8``.
     """
-    backend = _backend(backend)
+    backend = family_spelling("moe", backend)
     if int(fp8_quantization_type) != Fp8QuantizationType.DeepSeekFp8:
         raise ValueError(f"fp8_quantization_type={fp8_quantization_type!r} is not supported; "
                          "only Fp8QuantizationType.DeepSeekFp8 (128x128 blocks)")

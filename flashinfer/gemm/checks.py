@@ -10,17 +10,11 @@ from typing import Optional
 
 import torch
 
+from ..backend_names import family_spelling
+
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 FP8_OUT = (torch.bfloat16, torch.float16)
 BF16_OUT = (torch.bfloat16, torch.float16, torch.float32)
-
-#: upstream backend names and what they mean here (None: no counterpart).
-UPSTREAM_BACKENDS: dict[str, Optional[str]] = {
-    "cublas": "torch", "cublaslt": "torch",
-    "tgv": None, "tinygemm": None, "cutile": None, "trtllm_low_latency": None,
-    "cutedsl_low_latency": None,
-}
-
 
 def dtype_names(dtypes) -> str:
     return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
@@ -73,17 +67,9 @@ def scalar_scale_arg(name: str, t, device) -> torch.Tensor:
 
 
 def backend_arg(backend) -> str:
-    if not isinstance(backend, str):
-        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
-    key = backend.strip().lower()
-    if key not in UPSTREAM_BACKENDS:
-        return backend  # the dispatcher resolves it (ValueError naming it when unknown)
-    mapped = UPSTREAM_BACKENDS[key]
-    if mapped is None:
-        raise ValueError(f"backend={backend!r} is an upstream FlashInfer kernel with no "
-                         "counterpart in this library; use 'auto', 'torch' or 'reference' "
-                         "(or 'cudnn' / 'cutlass' where they declare the op)")
-    return mapped
+    """Upstream's GEMM ``backend=`` spellings as the dispatcher takes them
+    (:data:`flashinfer.backend_names.FAMILY_ALIASES`)."""
+    return family_spelling("gemm", backend)
 
 
 def cdiv(a: int, b: int) -> int:

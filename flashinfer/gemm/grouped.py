@@ -69,6 +69,7 @@ from typing import Literal, Optional, Tuple
 import torch
 
 from .. import dispatch, index_checks
+from ..backend_names import family_spelling
 from ..api_logging import flashinfer_api
 from ..custom_op import custom_op
 from ..dispatch import Problem
@@ -84,17 +85,9 @@ __all__ = ["SegmentGEMMWrapper", "group_gemm_fp8_nt_groupwise", "grouped_mm_bf16
 _INDEX = (torch.int32, torch.int64)
 _SEGMENT_X = (torch.float16, torch.bfloat16) + FP8
 _GROUPED_OUT = (torch.bfloat16, torch.float16, torch.float32)
-#: upstream segment-GEMM backends (CUTLASS SM80 / SM90 kernels): torch serves both here
-_SEGMENT_BACKENDS = {"sm80": "torch", "sm90": "torch"}
-_NO_COUNTERPART = ("cutile", "cake")
-
-
 def _resolve(backend) -> str:
-    if isinstance(backend, str) and backend.strip().lower() in _NO_COUNTERPART:
-        raise ValueError(f"backend={backend!r} is an upstream FlashInfer kernel with no "
-                         "counterpart in this library; use 'auto', 'torch', 'triton' or "
-                         "'reference'")
-    return backend_arg(backend)
+    """A grouped GEMM's ``backend=``: the segment-GEMM spellings, then the GEMM ones."""
+    return backend_arg(family_spelling("segment_gemm", backend))
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,8 +310,7 @@ class SegmentGEMMWrapper:
         self._float_workspace_buffer = float_workspace_buffer
         self._int_workspace_buffer: Optional[torch.Tensor] = None
         self.backend = backend
-        self._dispatch_backend = _resolve(_SEGMENT_BACKENDS.get(backend.strip().lower(),
-                                                                 backend))
+        self._dispatch_backend = _resolve(backend)
 
     def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor,
                                int_workspace_buffer: torch.Tensor) -> None:

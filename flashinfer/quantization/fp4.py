@@ -22,6 +22,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..backend_names import family_spelling
 from ..fp4_format import (
     SfLayout, dequantize, e2m1_to_float, float_to_e2m1, float_to_ue8m0, from_layout, pack_e2m1,
     sf_offsets, sf_storage_shape, to_layout,
@@ -36,7 +37,6 @@ __all__ = [
 
 _SOURCES = (torch.float16, torch.bfloat16, torch.float32)
 _SCALE_DTYPES = (torch.float8_e4m3fn, torch.uint8)
-_UPSTREAM_BACKENDS = ("cuda", "cute-dsl", "auto", "torch", "reference")
 
 
 def _layout_of(swizzled: bool, eight_by_four: bool) -> SfLayout:
@@ -69,9 +69,7 @@ def _check_input(name: str, x) -> torch.Tensor:
 
 
 def _check_backend(backend) -> None:
-    if backend not in _UPSTREAM_BACKENDS:
-        raise ValueError(f"backend={backend!r} is not supported; allowed: "
-                         f"{', '.join(_UPSTREAM_BACKENDS)} (all run this torch implementation)")
+    family_spelling("fp4_quantization", backend)
 
 
 def _global_scale(global_scale, inversed: bool, device, name: str = "global_scale"

@@ -33,12 +33,12 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..backend_names import family_spelling
 __all__ = ["per_token_group_quant_8bit", "quantize_fp8_per_tensor", "quantize_fp8_per_token",
            "quantize_fp8_blockwise"]
 
 _DST = (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
 _SOURCES = (torch.float32, torch.float16, torch.bfloat16)
-_BACKENDS = ("auto", "cutile", "torch", "reference")
 
 
 def _max_of(dtype: torch.dtype) -> float:
@@ -159,8 +159,7 @@ def per_token_group_quant_8bit(x: torch.Tensor, group_size: int, eps: float = 1e
                          "scales (scale_ue8m0=False)")
     if column_major_scales and x.dim() != 2:
         raise ValueError(f"column_major_scales needs a 2-D x, got shape {tuple(x.shape)}")
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend={backend!r} is not supported; allowed: {', '.join(_BACKENDS)}")
+    family_spelling("fp8_quantization", backend)
     lead, h = x.shape[:-1], x.shape[-1]
     groups = x.float().reshape(math.prod(lead), h // group_size, group_size)
     scale = groups.abs().amax(-1).clamp_min(eps) / _max_of(dtype)
