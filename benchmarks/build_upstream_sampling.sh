@@ -2,7 +2,7 @@
 # Build upstream FlashInfer 0.7.2's sampling modules (sampling, and topk for top-k-first
 # filtering) ahead of time, without a GPU, with upstream's own JIT build (its ninja file, nvcc
 # flags and sources), for SM 9.0a, into .anchor/aot/<module>.so (see
-# benchmarks/device_check_upstream_sampling.sh). Needs nvcc 13.0 at /usr/local/cuda, the .anchor/
+# `bash benchmarks/device.sh upstream sampling`). Needs nvcc 13.0 at /usr/local/cuda, the .anchor/
 # tarball and PyPI (apache-tvm-ffi, the curand headers). On 2 cores (2026-11-30) the sampling
 # module took 112 s, the topk module 20 minutes (its cub_topk.cu alone ~18).
 set -eu

@@ -1,45 +1,92 @@
-"""Fused-MoE benchmark (issue 5): a DeepSeek-V3 MoE layer (256 experts, top-8, hidden 7168,
-intermediate 2048, fp8 128x128 block-scaled experts) for 1 to 4096 tokens, every backend.
+"""Fused-MoE benchmark: a DeepSeek-V3 MoE layer (256 experts, top-8, hidden 7168, intermediate
+2048, fp8 128x128 block-scaled experts) for 1 to 4096 tokens, every backend; upstream
+FlashInfer 0.7.2's ``cutlass_fused_moe`` side by side.
 
-    python benchmarks/moe.py --out results.json
-    PYTHONPATH=/tmp/anchor:/tmp/site python benchmarks/moe.py --impl upstream --out up.json
-    python benchmarks/moe.py --smoke --out /tmp/smoke.json      # CPU: a tiny layer
+    python benchmarks/moe.py                               # GPU: the token counts below
+    flashinfer bench moe --shapes quick
+    PYTHONPATH=/tmp/anchor:/tmp/site python benchmarks/moe.py --impl upstream --plain-routing
+    python benchmarks/moe.py --plot ours.jsonl upstream.jsonl
 
 The layer: DeepSeek-V3 routing (``fused_topk_deepseek``: sigmoid scores + bias, 8 groups, top-4
-groups, top-8 experts, routed scaling 2.5) then ``cutlass_fused_moe`` with
-``use_deepseek_fp8_block_scale=True`` (bf16 activations, fp8 weights, 128x128 scales) — the same
-calls on upstream FlashInfer (run in a separate process; upstream's CUTLASS MoE is JIT-built,
-so its first call is timed and reported). Tokens are routed with random logits, so expert loads
-are random-uniform; ``--skew`` routes 90 % of the tokens to 8 experts (imbalance). Time: CUDA
-events over back-to-back eager calls (the torch path reads expert counts on the host, so it
-cannot be captured), median of ``--iters``; TFLOP/s counts 2 * 3 * tokens * top_k * H * I.
+groups, top-8 experts, routed scaling 2.5; ``--plain-routing``: torch's top-k of the sigmoid
+scores, which upstream runs without a JIT build) then ``cutlass_fused_moe`` with
+``use_deepseek_fp8_block_scale=True`` (bf16 activations, fp8 weights, 128x128 scales): the same
+calls on upstream FlashInfer, in a separate process (``bash benchmarks/device.sh upstream moe``).
+Tokens are routed with random logits, so expert loads are random-uniform; ``--skew`` routes
+90 % of the tokens to 8 experts. Time: CUDA events over back-to-back eager calls (the torch
+path reads expert counts on the host, so it cannot be captured), median of ``--iters`` after
+three untimed calls; ``first_call_s``: a backend's first call in the process (plans, JIT);
+TFLOP/s counts 2 * 3 * tokens * top_k * hidden * intermediate.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-import statistics
+import functools
 import sys
 import time
 
 import torch
 
-from bench_timing import cuda_events
+import harness
+import timing
 
 import flashinfer
 
+FAMILY = "moe"
+IMPLS = ("ours", "upstream")
+TIMING = ("eager calls between CUDA events (perf_counter on the CPU), median of the iterations "
+          "after 3 untimed calls; first_call_s: the backend's first call of the process")
+
+# ------------------------------------------------------------------------------ shape table
 LAYER = {"experts": 256, "top_k": 8, "hidden": 7168, "inter": 2048, "n_group": 8,
          "topk_group": 4, "routed_scaling": 2.5}
-SMOKE = {"experts": 8, "top_k": 2, "hidden": 256, "inter": 128, "n_group": 4, "topk_group": 2,
-         "routed_scaling": 1.0}
-TOKENS = (1, 16, 64, 256, 1024, 4096)
+TINY_LAYER = {"experts": 8, "top_k": 2, "hidden": 256, "inter": 128, "n_group": 4,
+              "topk_group": 2, "routed_scaling": 1.0}
+TOKENS = {"full": (1, 16, 64, 256, 1024, 4096), "quick": (16, 1024), "tiny": (1, 7)}
+#: untimed calls before each backend's timed ones: at 1 token the first backend timed read
+#: about twice its later time (``auto`` 0.61 ms against ``triton``'s 0.33 for the same kernels,
+#: moe_ours_plain_routing_h200_2026-11-30_2022utc.json)
+WARMUP_CALLS = 3
 
 
-def _weights(layer: dict, device: str):
-    """fp8 experts with 128x128 dequantisation scales: (w1, s1, w2, s2)."""
+def add_arguments(parser) -> None:
+    parser.add_argument("--skew", action="store_true", help="90 %% of the tokens to 8 experts")
+    parser.add_argument("--plain-routing", action="store_true",
+                        help="route with torch's top-k instead of fused_topk_deepseek (upstream: "
+                             "no JIT build of its routing op)")
+    parser.add_argument("--tokens", type=int, nargs="+", default=None,
+                        help="token counts instead of the shape table's")
+
+
+def layer_of(args) -> dict:
+    """The layer of the shape table: DeepSeek-V3's, or a tiny one on the CPU."""
+    return TINY_LAYER if args.shapes == "tiny" else LAYER
+
+
+def cases(args) -> list[dict]:
+    """A case per token count (``--tokens``, else the shape table's)."""
+    return [{"case": f"moe tokens={t}", "tokens": t} for t in args.tokens or TOKENS[args.shapes]]
+
+
+def backends(case: dict, args) -> list[str]:
+    """ours: auto, torch, triton (CPU: auto and the reference); upstream: its one call."""
+    if args.impl == "upstream":
+        return ["upstream"]
+    return harness.pick(args, ["auto", "reference"] if args.device == "cpu"
+                        else ["auto", "torch", "triton"])
+
+
+def prepare(args) -> dict:
+    return {"layer": layer_of(args), "skew": args.skew,
+            "routing": "torch top-k of sigmoid scores" if args.plain_routing else "fused_topk_deepseek"}
+
+
+@functools.lru_cache(maxsize=2)
+def expert_weights(layer_items: tuple, device: str):
+    """fp8 experts with 128x128 dequantisation scales: (w1, s1, w2, s2), made once per run."""
+    layer = dict(layer_items)
     e, h, i = layer["experts"], layer["hidden"], layer["inter"]
+    torch.manual_seed(0)
 
     def block_quant(shape):
         w = torch.randn(*shape, device=device) / shape[-1] ** 0.5
@@ -53,7 +100,7 @@ def _weights(layer: dict, device: str):
     return w1, s1, w2, s2
 
 
-def _route(layer: dict, tokens: int, device: str, skew: bool, plain: bool = False):
+def route(layer: dict, tokens: int, device: str, skew: bool, plain: bool = False):
     """``(ids, values)`` of the layer's routing on random logits; ``plain``: torch's top-k of the
     sigmoid scores instead of ``fused_topk_deepseek`` (upstream builds that op by JIT, which does
     not fit a device call; the loads are random-uniform either way)."""
@@ -72,99 +119,89 @@ def _route(layer: dict, tokens: int, device: str, skew: bool, plain: bool = Fals
     return ids, values
 
 
-def _layer_call(x, ids, values, weights, backend: str | None):
+def layer_call(x, ids, values, weights, backend: str):
+    """The expert computation of the layer (``upstream``: upstream's call, no ``backend=``)."""
     w1, s1, w2, s2 = weights
-    kwargs = {} if backend is None else {"backend": backend}
+    kwargs = {} if backend == "upstream" else {"backend": backend}
     return flashinfer.cutlass_fused_moe(x, ids, values, w1, w2, x.dtype, [s1, s2],
                                         use_deepseek_fp8_block_scale=True, **kwargs)[0]
 
 
-#: untimed calls before each backend's timed ones: at 1 token the first backend timed read
-#: about twice its later time (``auto`` 0.61 ms against ``triton``'s 0.33 for the same kernels,
-#: moe_ours_plain_routing_h200_2026-11-30_2022utc.json)
-WARMUP_CALLS = 3
+def run_case(case: dict, args) -> dict:
+    """Every backend's first call and eager time of the layer at one token count."""
+    layer, tokens = layer_of(args), case["tokens"]
+    weights = expert_weights(tuple(layer.items()), args.device)
+    x = torch.randn(tokens, layer["hidden"], device=args.device, dtype=torch.bfloat16)
+    ids, values = route(layer, tokens, args.device, args.skew, args.plain_routing)
+    flops = 2 * 3 * layer["top_k"] * layer["hidden"] * layer["inter"] * tokens
+    out = {}
+    for backend in backends(case, args):
+        run = lambda: layer_call(x, ids, values, weights, backend)  # noqa: E731
+        try:
+            t0 = time.perf_counter()
+            run()
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            first = time.perf_counter() - t0
+            ms = timing.eager_ms(run, args.iters, warmup=WARMUP_CALLS)
+            entry = {"ms": ms, "tflops": flops / ms / 1e9, "first_call_s": first}
+            if backend == "auto":
+                entry["chosen"] = harness.chosen(run)
+        except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+            entry = harness.error_entry(exc)
+        out[backend] = entry
+    return {"flops": flops, "backends": out}
 
 
-def _time_ms(fn, iters: int, cuda: bool) -> float:
-    for _ in range(WARMUP_CALLS):
-        fn()
-    times = []
-    for _ in range(iters):
-        if cuda:
-            start, end = cuda_events()
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+# ------------------------------------------------------------------------------ summary, plot
+def series(runs) -> dict:
+    """``{label: {tokens: ms}}``: upstream's runs as ``upstream``, ours per backend."""
+    table, order = harness.merged(runs)
+    out: dict = {}
+    for case in order:
+        tokens = int(case.split("=")[1])
+        for label, entry in table[case].items():
+            if "ms" in entry:
+                out.setdefault(label, {})[tokens] = entry["ms"]
+    return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--impl", choices=("ours", "upstream"), default="ours")
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--skew", action="store_true", help="90 %% of tokens to 8 experts")
-    ap.add_argument("--smoke", action="store_true", help="CPU, a tiny layer")
-    ap.add_argument("--plain-routing", action="store_true",
-                    help="route with torch's top-k instead of fused_topk_deepseek (upstream: "
-                         "no JIT build of its routing op)")
-    ap.add_argument("--tokens", type=int, nargs="+", default=None,
-                    help="token counts (default: 1 16 64 256 1024 4096)")
-    args = ap.parse_args()
-    device = "cpu" if args.smoke else "cuda"
-    layer = SMOKE if args.smoke else LAYER
-    tokens_grid = (1, 7) if args.smoke else tuple(args.tokens or TOKENS)
-    backends = [None] if args.impl == "upstream" else (
-        ["auto", "reference", "torch"] if args.smoke else ["auto", "torch", "triton"])
-    torch.manual_seed(0)
-    weights = _weights(layer, device)
-    doc = {"command": "python " + " ".join(sys.argv), "impl": args.impl,
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-           "torch": torch.__version__, "layer": layer, "skew": args.skew,
-           "routing": "torch top-k of sigmoid scores" if args.plain_routing else
-                      "fused_topk_deepseek",
-           "timing": "eager calls between CUDA events (perf_counter on CPU), median of --iters "
-                     f"after {WARMUP_CALLS} untimed calls; "
-                     "first_call_s: the first call of the process (plans, JIT builds)",
-           "results": []}
-    flops_per_token = 2 * 3 * layer["top_k"] * layer["hidden"] * layer["inter"]
-    for tokens in tokens_grid:
-        x = torch.randn(tokens, layer["hidden"], device=device, dtype=torch.bfloat16)
-        ids, values = _route(layer, tokens, device, args.skew, args.plain_routing)
-        point = {"tokens": tokens, "backends": {}}
-        for backend in backends:
-            label = backend or "upstream"
-            try:
-                t0 = time.perf_counter()
-                _layer_call(x, ids, values, weights, backend)
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                first = time.perf_counter() - t0
-                ms = _time_ms(lambda: _layer_call(x, ids, values, weights, backend), args.iters,
-                              device == "cuda")
-                entry = {"ms": ms, "tflops": flops_per_token * tokens / ms / 1e9,
-                         "first_call_s": first}
-                if backend == "auto":
-                    with flashinfer.record_decisions() as log:
-                        _layer_call(x, ids, values, weights, backend)
-                    entry["chosen"] = "+".join(sorted({d.name for d in log}))
-            except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
-                entry = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
-            point["backends"][label] = entry
-            print(f"tokens={tokens:<5d} {label:10s} " + (
-                f"{entry['ms']:9.3f} ms {entry['tflops']:7.1f} TFLOP/s first {entry['first_call_s']:.2f} s"
-                if "ms" in entry else entry["error"]), flush=True)
-        doc["results"].append(point)
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
+def summary(runs) -> str:
+    """Every backend's ms per token count, and upstream / auto where upstream ran."""
+    data = series(runs)
+    labels = sorted(data, key=lambda s: (s != "auto", s))
+    lines = [f"{'tokens':>7} " + " ".join(f"{s:>14}" for s in labels) + f" {'upstream/auto':>14}"]
+    for t in sorted({t for s in data.values() for t in s}):
+        auto, up = data.get("auto", {}).get(t), data.get("upstream", {}).get(t)
+        lines.append(f"{t:>7} " + " ".join(f"{data[s].get(t, float('nan')):>14.3f}" for s in labels)
+                     + f" {(f'{up / auto:.2f}' if up and auto else '-'):>14}")
+    return "\n".join(lines)
+
+
+def plot(runs):
+    """ms per call against tokens, log-log, a line per backend (upstream dashed)."""
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, points in sorted(series(runs).items()):
+        tokens = sorted(points)
+        ax.plot(tokens, [points[t] for t in tokens], "--" if label == "upstream" else "-",
+                marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set(xlabel="tokens", ylabel="ms per call (eager)")
+    layer = runs[0][0].get("layer", LAYER)
+    ax.set_title(f"MoE layer ({layer['experts']} experts, top-{layer['top_k']}, "
+                 f"{layer['hidden']} / {layer['inter']}, fp8 block-scaled)", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def main(argv=None, prog=None) -> int:
+    return harness.main(sys.modules[__name__], argv, prog)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -210,9 +210,14 @@ def _versions(flashinfer) -> dict:
 def measure(upstream: bool, rows: list[str], out_path: str) -> None:
     import flashinfer
 
-    meta = {"header": "benchmarks/overhead.py", "command": " ".join(sys.argv),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "side": "upstream" if upstream else "ours", **_versions(flashinfer)}
+    versions = _versions(flashinfer)
+    side = "upstream FlashInfer" if upstream else "ours and the vendor kernel called directly"
+    meta = {"header": {
+        "command": "python3 " + " ".join(sys.argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "device": versions.pop("device"),
+        "shows": f"host cost per call, back-to-back eager ({side}): {', '.join(rows)}",
+        "versions": versions}}
     with open(out_path, "a") as sink:
         sink.write(json.dumps(meta) + "\n")
         for row in rows:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
 import time
 from collections import defaultdict
@@ -23,7 +24,34 @@ import torch
 import flashinfer
 from flashinfer.attention import batch_decode, batch_wrapper as batch_plan, upload as plan_upload
 from flashinfer import dispatch
-from plan_check_probe import wrapper_and_plan  # the same wrapper and batch as the A/B probe
+
+HQ, HKV, D, PAGE, KV, B = 32, 8, 128, 16, 4096, 64
+
+
+def wrapper_and_plan(fi, backend, ids):
+    """A decode wrapper of ``backend`` over B requests of KV tokens, page ids ``ids`` (host,
+    device-trusted, device-checked), planned and run 20 times: (wrapper, plan(), run())."""
+    os.environ["FLASHINFER_TRUST_DEVICE_PAGE_IDS"] = "1" if ids == "device-trusted" else "0"
+    pages = KV // PAGE
+    total = B * pages
+    cache = torch.randn(total, 2, PAGE, HKV, D, device="cuda", dtype=torch.bfloat16)
+    indices = torch.randperm(total, device="cuda", dtype=torch.int64).to(torch.int32)
+    if ids == "host":
+        indices = indices.cpu()
+    indptr = torch.arange(B + 1, dtype=torch.int32) * pages
+    last = torch.full((B,), PAGE, dtype=torch.int32)
+    q = torch.randn(B, HQ, D, device="cuda", dtype=torch.bfloat16)
+    ws = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
+
+    def plan():
+        w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=torch.bfloat16)
+
+    for _ in range(20):
+        plan()
+        w.run(q, cache)
+    return w, plan, lambda: w.run(q, cache)
+
 
 SPENT: dict = defaultdict(float)
 CALLS: dict = defaultdict(int)

@@ -19,7 +19,7 @@ import collections
 
 import torch
 
-from moe import LAYER, _route, _weights
+from moe import LAYER, expert_weights, route
 
 from flashinfer.backends.triton import moe as tmoe
 from flashinfer.fused_moe.core import ExpertSpec
@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--bf16-only", action="store_true")
     args = ap.parse_args()
     torch.manual_seed(0)
-    w1, s1, w2, s2 = _weights(LAYER, "cuda")
+    w1, s1, w2, s2 = expert_weights(tuple(LAYER.items()), "cuda")
     spec = ExpertSpec("fp8_block_scale", 3, 0, False)
     weight_bytes = w1.numel() + w2.numel()
     configs = [tuple(map(int, c.split(","))) for c in args.configs.split(";") if c]
@@ -63,7 +63,7 @@ def main() -> None:
     for tokens in args.tokens:
         x = torch.randn(tokens, LAYER["hidden"], device="cuda", dtype=torch.bfloat16)
         xq, xs = quantise_1x128(x)
-        ids, values = _route(LAYER, tokens, "cuda", False, args.plain_routing)
+        ids, values = route(LAYER, tokens, "cuda", False, args.plain_routing)
         out = torch.empty_like(x)
         used = torch.unique(ids).numel()
         floor_ms = weight_bytes * used / LAYER["experts"] / 4.8e12 * 1e3

@@ -1,11 +1,11 @@
-"""Sampling benchmark: every sampling function x backend over a batch x vocabulary grid.
+"""Sampling benchmark: every sampling function x backend over a batch x vocabulary grid;
+upstream FlashInfer 0.7.2 side by side, and the first call in a fresh process.
 
-    PYTHONPATH=$PWD python benchmarks/sampling.py --out sampling.json      # this package (repo root)
-    PYTHONPATH=$PWD python benchmarks/sampling.py --quick --out quick.json # a handful of points
-    PYTHONPATH=/tmp/anchor:/tmp/site python benchmarks/sampling.py --impl upstream --out up.json
-    PYTHONPATH=$PWD python benchmarks/sampling.py --first-call --out first.json  # fresh process
-    PYTHONPATH=$PWD python benchmarks/sampling.py --smoke --out /tmp/smoke.json  # CPU, tiny
-    python benchmarks/sampling.py --list --out x.json                      # the points, run nothing
+    python benchmarks/sampling.py                          # GPU: the grid below
+    flashinfer bench sampling --shapes quick               # a handful of target points
+    PYTHONPATH=/tmp/anchor:/tmp/site python benchmarks/sampling.py --impl upstream
+    python benchmarks/sampling.py --first-call             # import + first call, fresh processes
+    python benchmarks/sampling.py --plot ours.jsonl upstream.jsonl
 
 The runner calls ``flashinfer.sampling.<function>`` by its upstream name, so the same file
 measures upstream FlashInfer 0.7.2 when that package is first on PYTHONPATH (``--impl upstream``,
@@ -15,14 +15,12 @@ written in this file (the path serving engines use without a fused kernel), time
 
 Inputs: logits = randn * ``--scale`` (4: peaked like a language model; ``--flat``: scale 1),
 probabilities = softmax(logits), fp32, fixed seed, rotated across copies past the 60 MB L2.
-Timing (as benchmarks/bench_foundation.py): ``gpu_us`` replays the rotated calls captured in a
-CUDA graph, ``eager_us`` times back-to-back eager calls between CUDA events, medians of
-``--iters``; ``us`` is ``gpu_us`` when the call can be captured, else ``eager_us``.
-``tb_per_s`` = bytes of the input read once / ``us``. For ``auto`` the kernel(s) chosen
-(``flashinfer.record_decisions``) are recorded. Every (point, backend) runs under a deadline
-(``--case-timeout``; the first call of a function gets ``--first-timeout``, upstream JIT builds
-its module there) and any failure is recorded as an error string; the run goes on. The JSON is
-rewritten after every point, so a run cut short keeps what it measured.
+Timing as every runner (``timing.py``): ``gpu_ms`` replays the rotated calls captured in a CUDA
+graph, ``eager_ms`` times back-to-back eager calls, ``ms`` is ``gpu_ms`` when the call can be
+captured; ``tb_per_s`` = bytes of the input read once / ``ms``; ``first_call_s`` the backend's
+first call of the function in the process. Every (point, backend) runs under a deadline
+(``--case-timeout``; the first call of a function gets ``--first-timeout``: upstream JIT-builds
+its module there); a backend that timed out is skipped at the function's later points.
 """
 
 from __future__ import annotations
@@ -33,36 +31,33 @@ _T0 = time.perf_counter()  # --first-call child: import time counts from here
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
-import datetime  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
-import signal  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from bench_timing import cuda_events, graph_ms  # noqa: E402
-
 _T_TORCH = time.perf_counter()
 
-# ---------------------------------------------------------------------------- shape table
+import harness  # noqa: E402 - after the timers: the child's import time is flashinfer's
+import timing  # noqa: E402
+
+FAMILY = "sampling"
+IMPLS = ("ours", "upstream")
+TIMING = timing.METHOD + "; tb_per_s = input bytes read once / ms"
+
+# ------------------------------------------------------------------------------ shape table
 BATCHES = (1, 16, 64, 256, 512)
 VOCABS = (32000, 128256, 256000)  # 32k, 128k (Llama 3), 256k (Gemma)
 CHAIN_BATCHES = (1, 16, 64)
 N_DRAFT = 4
 TOP_K, TOP_P, MIN_P = 50, 0.9, 0.1
 SEED, OFFSET = 1234, 0
-L2_BYTES = 60 * 2**20
-CEIL_BW = 4.1e12  # device copy measured on the H200 (context for tb_per_s)
 
-# (function, label, input kind, keyword arguments, takes seed/offset, sort baseline (k, p, joint))
+#: (function, label, input kind, keyword arguments, takes seed/offset, sort baseline (k, p, joint))
 FUNCTIONS = [
     ("sampling_from_probs", "", "probs", {}, True, None),
     ("top_p_sampling_from_probs", "", "probs", {"top_p": TOP_P}, True, (None, TOP_P, False)),
@@ -81,24 +76,91 @@ FUNCTIONS = [
     ("sampling_from_logits", "", "logits", {}, True, None),
     ("chain_speculative_sampling", f"n={N_DRAFT}", "chain", {}, True, None),
 ]
+SPEC = {(f[0], f[1]): f for f in FUNCTIONS}
 TARGET = ("top_k_top_p_sampling_from_probs", "top_k_first")
-
-OURS_BACKENDS = ("auto", "triton", "torch")
-REFERENCE_MAX = (16, 32000)  # reference backend only up to this (batch, vocab) unless --reference
 QUICK = [("top_k_top_p_sampling_from_probs", b, 128256) for b in (1, 64, 256, 512)] + [
     ("top_k_top_p_sampling_from_probs", 256, 32000), ("top_k_top_p_sampling_from_probs", 256, 256000),
     ("top_p_sampling_from_probs", 256, 128256), ("sampling_from_probs", 256, 128256),
     ("top_k_mask_logits", 256, 128256), ("softmax", 256, 128256),
     ("chain_speculative_sampling", 16, 128256)]
-SMOKE = {"batch": 2, "vocab": 1000, "functions": ("top_k_top_p_sampling_from_probs", "top_p_renorm_probs",
-                                                   "softmax", "chain_speculative_sampling")}
+TINY = {"batch": 2, "vocab": 1000, "functions": ("top_k_top_p_sampling_from_probs",
+                                                  "top_p_renorm_probs", "softmax",
+                                                  "chain_speculative_sampling")}
+
+OURS_BACKENDS = ("auto", "triton", "torch")
+#: the Triton variants timed beside ``auto`` for each function (the rules choose among them)
+VARIANTS = {
+    "top_k_sampling_from_probs": ("triton:two_pass",),  # the two-pass top-k sampler
+    "top_k_top_p_sampling_from_probs": ("triton:two_pass",),
+    # the two-pass sampler reading the logits; softmax written first, then the two-pass sampler
+    "top_k_top_p_sampling_from_logits": ("triton:two_pass", "triton:softmax_two_pass"),
+    "top_p_sampling_from_probs": ("triton:nucleus",),  # top-p alone by lean rejection rounds
+    "top_k_renorm_probs": ("triton:two_pass",),  # tau from the lanes' candidates
+    "top_k_mask_logits": ("triton:two_pass",),
+    "sampling_from_logits": ("triton:one_pass",),  # one read, one exponential per element
+    "softmax": ("triton:streaming",),  # one exp per element, split rows at small batch
+    "top_p_renorm_probs": ("triton:bracket",),  # pivot passes narrow a bracket, then a sort
+}
+REFERENCE_MAX = (16, 32000)  # the reference backend only up to this (batch, vocab) unless --reference
 
 
-# ---------------------------------------------------------------------------- inputs
-def _copies(nbytes: int, device: str) -> int:
-    return 2 if device == "cpu" else max(2, min(64, math.ceil(3 * L2_BYTES / max(nbytes, 1))))
+def add_arguments(parser) -> None:
+    parser.add_argument("--first-call", action="store_true",
+                        help="only the first call in fresh processes (import included)")
+    parser.add_argument("--reference", action="store_true",
+                        help="time the reference backend at every point")
+    parser.add_argument("--skip", default="", help="leave out functions whose name contains this")
+    parser.add_argument("--scale", type=float, default=4.0, help="logits = randn * scale")
+    parser.add_argument("--flat", action="store_true", help="flatter distributions (scale 1)")
+    parser.add_argument("--case-timeout", type=float, default=120.0)
+    parser.add_argument("--first-timeout", type=float, default=540.0,
+                        help="deadline of a function's first call (upstream JIT) and of --first-call")
 
 
+# ------------------------------------------------------------------------------ cases
+def cases(args) -> list[dict]:
+    """The first-call runs (``--first-call``), else a case per (function, batch, vocabulary) of
+    the shape table."""
+    if args.first_call:
+        return [{"case": f"first call {run}", "run": run} for run in first_call_runs(args)]
+    rows = []
+    for name, label, kind, *_ in FUNCTIONS:
+        if args.skip and args.skip in name:
+            continue
+        if args.shapes == "tiny":
+            grid = [(TINY["batch"], TINY["vocab"])] if name in TINY["functions"] and label != "joint" else []
+        elif args.shapes == "quick":
+            grid = [(b, v) for n, b, v in QUICK if n == name]
+        else:
+            grid = [(b, v) for v in VOCABS for b in (CHAIN_BATCHES if kind == "chain" else BATCHES)]
+        rows += [{"case": f"{name}{'[' + label + ']' if label else ''} B={b} V={v}",
+                  "function": name, "label": label, "batch": b, "vocab": v,
+                  "num_draft": N_DRAFT if kind == "chain" else None} for b, v in grid]
+    return rows
+
+
+def backends(case: dict, args) -> list[str]:
+    """ours: auto, triton, torch, the function's Triton variants and (small points) the reference;
+    upstream: its one call; plus the inline sort baseline where the function has one."""
+    if "run" in case:
+        return [args.impl]
+    sort_cfg = SPEC[(case["function"], case["label"])][5]
+    if args.backends:
+        names = list(args.backends)
+    elif args.device == "cpu":
+        names = ["auto", "reference", "torch"]
+    elif args.impl == "upstream":
+        names = ["upstream"]
+    else:
+        names = list(OURS_BACKENDS) + list(VARIANTS.get(case["function"], ()))
+        if args.reference or (case["batch"] <= REFERENCE_MAX[0] and case["vocab"] <= REFERENCE_MAX[1]):
+            names.append("reference")
+    if sort_cfg is not None and "torch_sort_inline" not in names:
+        names.append("torch_sort_inline")
+    return names
+
+
+# ------------------------------------------------------------------------------ inputs, calls
 def make_inputs(kind: str, batch: int, vocab: int, scale: float, device: str, copies: int,
                 seed: int = SEED) -> list[tuple]:
     """Argument tuples (fp32, never zeros): (probs,) / (logits,) / (draft, draft_ids, target)."""
@@ -118,10 +180,10 @@ def make_inputs(kind: str, batch: int, vocab: int, scale: float, device: str, co
 
 
 def input_bytes(sets: list[tuple]) -> int:
+    """Bytes of one argument set's floating-point inputs (each read once)."""
     return sum(t.numel() * t.element_size() for t in sets[0] if t.is_floating_point())
 
 
-# ---------------------------------------------------------------------------- sort baseline
 _ARANGE: dict = {}
 
 
@@ -145,7 +207,6 @@ def torch_sort_sample(probs: torch.Tensor, top_k, top_p, joint: bool) -> torch.T
     return order.gather(-1, choice).squeeze(-1).to(torch.int32)
 
 
-# ---------------------------------------------------------------------------- calls
 def make_call(sampling, fn_name: str, kind: str, kwargs: dict, seeded: bool, sort_cfg):
     """→ call(args, backend) for a backend label: ours' backend names, "upstream", "torch_sort_inline"."""
     extra = dict(kwargs, **({"seed": SEED, "offset": OFFSET} if seeded else {}))
@@ -163,122 +224,114 @@ def make_call(sampling, fn_name: str, kind: str, kwargs: dict, seeded: bool, sor
     return call
 
 
-def backends_for(impl: str, sort_cfg, batch: int, vocab: int, args, name: str = "") -> list[str]:
-    if args.backends:
-        names = args.backends.split(",")
-    elif args.smoke:
-        names = ["auto", "reference", "torch"]
-    elif impl == "upstream":
-        names = ["upstream"]
-    else:
-        names = list(OURS_BACKENDS)
-        if sort_cfg is not None and name.endswith("_from_probs") and name != "top_p_sampling_from_probs":
-            names.append("triton:two_pass")  # the two-pass top-k variant (op sampling_from_probs)
-        if name == "top_k_top_p_sampling_from_logits":
-            names.append("triton:two_pass")  # the two-pass sampler reading the logits
-        if name == "top_p_sampling_from_probs":
-            names.append("triton:nucleus")  # top-p alone by lean rejection rounds
-        if name in ("top_k_renorm_probs", "top_k_mask_logits"):
-            names.append("triton:two_pass")  # tau from the lanes' candidates
-        if name == "sampling_from_logits":
-            names.append("triton:one_pass")  # one read, one exponential per element
-        if name == "softmax":
-            names.append("triton:streaming")  # one exp per element, split rows at small batch
-        if name == "top_p_renorm_probs":
-            names.append("triton:bracket")  # pivot passes narrow a bracket, then a sort
-        if args.reference or (batch <= REFERENCE_MAX[0] and vocab <= REFERENCE_MAX[1]):
-            names.append("reference")
-    if sort_cfg is not None and "torch_sort_inline" not in names:
-        names.append("torch_sort_inline")
-    return names
+# ------------------------------------------------------------------------------ timing
+#: per run (``prepare`` resets them): the (function, backend) pairs called once already, and
+#: (function, label, backend) -> why it is skipped from here on (it timed out)
+_FIRST_SEEN: set = set()
+_GIVEN_UP: dict = {}
 
 
-# ---------------------------------------------------------------------------- timing
-class CaseTimeout(Exception):
-    pass
+def prepare(args) -> dict:
+    _FIRST_SEEN.clear()
+    _GIVEN_UP.clear()
+    return {"inputs": {"dtype": "float32", "logit_scale": 1.0 if args.flat else args.scale,
+                       "seed": SEED, "top_k": TOP_K, "top_p": TOP_P, "min_p": MIN_P,
+                       "num_draft": N_DRAFT}}
 
 
-@contextlib.contextmanager
-def deadline(seconds: float):
-    """Raise CaseTimeout in the main thread after ``seconds`` (Python-level; a hung kernel is not
-    interrupted until it returns to the interpreter)."""
-    if not seconds or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_alarm(signum, frame):
-        raise CaseTimeout(f"exceeded {seconds:.0f} s")
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(max(1, int(math.ceil(seconds))))
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def eager_us(sets, call, backend, iters) -> float:
-    times = []
-    for _ in range(iters):
-        if sets[0][0].is_cuda:
-            start, end = cuda_events()
-            start.record()
-            for a in sets:
-                call(a, backend)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3 / len(sets))
-        else:
-            t = time.perf_counter()
-            for a in sets:
-                call(a, backend)
-            times.append((time.perf_counter() - t) * 1e6 / len(sets))
-    return statistics.median(times)
-
-
-def graph_us(sets, call, backend, iters) -> float | None:
-    """Per-call GPU time (us) from replaying the rotated calls captured in one CUDA graph; None
-    when the path cannot be captured (host synchronisation, host-side RNG state reads, ...)."""
-    ms = graph_ms(sets, call, backend, iters, passthrough=(CaseTimeout,))
-    return None if ms is None else ms * 1e3
-
-
-def chosen_kernels(flashinfer_mod, sets, call, backend) -> str | None:
-    record = getattr(flashinfer_mod, "record_decisions", None)
-    if record is None:  # upstream
-        call(sets[0], backend)
-        return None
-    with record() as log:
-        call(sets[0], backend)
-    names = list(dict.fromkeys(d.name for d in log))
-    return "+".join(names) if names else None
-
-
-def measure(flashinfer_mod, sets, call, backend, iters, nbytes) -> dict:
+def measure(sets, call, backend: str, iters: int, nbytes: int) -> dict:
+    """First call (builds, JIT, caches: ``first_call_s``; auto's kernels), then graph and eager time."""
     t = time.perf_counter()
-    chosen = chosen_kernels(flashinfer_mod, sets, call, backend)  # first call: builds, JIT, caches
-    cuda = sets[0][0].is_cuda
-    if cuda:
+    chosen = harness.chosen(lambda: call(sets[0], backend))
+    if sets[0][0].is_cuda:
         torch.cuda.synchronize()
     first_s = time.perf_counter() - t
-    for i in range(2):
-        call(sets[i % len(sets)], backend)
-    gpu = graph_us(sets, call, backend, iters) if cuda else None
-    eager = eager_us(sets, call, backend, iters)
-    us = gpu if gpu is not None else eager
-    entry = {"us": us, "gpu_us": gpu, "eager_us": eager, "tb_per_s": nbytes / us / 1e6,
-             "fraction_of_copy_bw": nbytes / us * 1e6 / CEIL_BW, "first_call_s": first_s}
+    entry = timing.graph_and_eager_ms(sets, call, backend, iters, passthrough=(timing.CaseTimeout,))
+    entry.update(tb_per_s=nbytes / entry["ms"] / 1e9, first_call_s=first_s)
     if backend == "auto":
         entry["chosen"] = chosen
     return entry
 
 
-def _error(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines() or [""]
-    return f"{type(exc).__name__}: {lines[0][:240]}"
+def run_case(case: dict, args) -> dict:
+    """Every backend of one point under its deadline (or one first-call run)."""
+    if "run" in case:
+        return {"backends": {args.impl: first_call(case["run"], args)}}
+    import flashinfer.sampling as sampling  # noqa: PLC0415 - ours or upstream, whichever is first
+
+    fn_name, label, kind, kwargs, seeded, sort_cfg = SPEC[(case["function"], case["label"])]
+    scale = 1.0 if args.flat else args.scale
+    try:
+        probe = make_inputs(kind, case["batch"], case["vocab"], scale, args.device, 1)
+        nbytes = input_bytes(probe)
+        sets = probe + make_inputs(kind, case["batch"], case["vocab"], scale, args.device,
+                                   timing.copies(nbytes, args.device) - 1, seed=SEED + 1)
+    except Exception as exc:  # noqa: BLE001 - e.g. out of memory
+        return {"backends": {b: harness.error_entry(exc) for b in backends(case, args)}}
+    call = make_call(sampling, fn_name, kind, kwargs, seeded, sort_cfg)
+    out = {}
+    for backend in backends(case, args):
+        key = (fn_name, label, backend)
+        if key in _GIVEN_UP or backend in _GIVEN_UP:
+            out[backend] = {"skipped": _GIVEN_UP.get(key) or _GIVEN_UP[backend]}
+            continue
+        first = (fn_name, backend) not in _FIRST_SEEN
+        _FIRST_SEEN.add((fn_name, backend))
+        try:
+            with timing.deadline(args.first_timeout if first else args.case_timeout):
+                out[backend] = measure(sets, call, backend, args.iters, nbytes)
+        except timing.CaseTimeout as exc:
+            out[backend] = harness.error_entry(exc)
+            _GIVEN_UP[key] = f"an earlier point timed out ({exc})"
+            if first and backend == "upstream":  # one JIT module serves every function
+                _GIVEN_UP[backend] = f"upstream's first call timed out ({exc}): JIT build"
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot run is a finding
+            out[backend] = harness.error_entry(exc)
+        if args.device == "cuda":
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize()
+    del sets
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+    return {"bytes": nbytes, "backends": out}
 
 
-# ---------------------------------------------------------------------------- first call
+# ------------------------------------------------------------------------------ first call
+def first_call_runs(args) -> list[str]:
+    """The Triton cache as it is, and on a GPU (ours) an empty one without and with the kernel
+    pack (what a fresh machine pays)."""
+    cold = ["cold_triton_cache_no_pack", "cold_triton_cache"]
+    return (cold if args.impl == "ours" and torch.cuda.is_available() else []) + ["as_is"]
+
+
+def first_call(run: str, args) -> dict:
+    """Import + first top_k_top_p_sampling_from_probs call in a fresh process (this file's
+    ``--_first-call-child``); ``ms`` is that first call's time."""
+    batch, vocab = (TINY["batch"], TINY["vocab"]) if args.shapes == "tiny" else (256, 128256)
+    env = {} if run == "as_is" else {"TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton_")}
+    if run == "cold_triton_cache_no_pack":
+        env["FLASHINFER_KERNEL_PACK_DIR"] = "off"
+    cmd = [sys.executable, os.path.abspath(__file__), "--_first-call-child", "--impl", args.impl,
+           "--batch", str(batch), "--vocab", str(vocab), "--device", args.device]
+    entry = {"batch": batch, "vocab": vocab, "function": "top_k_top_p_sampling_from_probs",
+             "env": env}
+    t = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True,
+                              timeout=args.first_timeout)
+        entry["process_wall_s"] = time.perf_counter() - t
+        if proc.returncode == 0:
+            entry.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+            entry["ms"] = entry["first_call_s"] * 1e3
+        else:
+            entry["error"] = f"exit {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1][:300]}"
+    except subprocess.TimeoutExpired:
+        entry["error"] = f"no result after {args.first_timeout:.0f} s (killed)"
+    if "TRITON_CACHE_DIR" in env:  # kernels compiled in the child leave their IR behind
+        entry["compiled_in_process"] = len(list(Path(env["TRITON_CACHE_DIR"]).glob("*/*.ttir")))
+    return entry
+
+
 def first_call_child(argv) -> None:
     """In a fresh process: import flashinfer, call top_k_top_p_sampling_from_probs twice."""
     p = argparse.ArgumentParser()
@@ -301,225 +354,99 @@ def first_call_child(argv) -> None:
     if a.device == "cuda":
         torch.cuda.synchronize()
     t1 = time.perf_counter()
-    record = getattr(flashinfer, "record_decisions", None)
-    with (record() if record else contextlib.nullcontext([])) as log:
-        run()
+    chosen = harness.chosen(run)
     t2 = time.perf_counter()
     run()
     t3 = time.perf_counter()
     print(json.dumps({"import_torch_s": _T_TORCH - _T0, "import_flashinfer_s": t_import - _T_TORCH,
                       "first_call_s": t2 - t1, "second_call_s": t3 - t2,
-                      "import_plus_first_call_s": t_import - _T_TORCH + t2 - t1,
-                      "chosen": "+".join(dict.fromkeys(d.name for d in log)) or None}))
+                      "import_plus_first_call_s": t_import - _T_TORCH + t2 - t1, "chosen": chosen}))
 
 
-def first_call(args, device: str) -> list[dict]:
-    batch, vocab = (SMOKE["batch"], SMOKE["vocab"]) if args.smoke else (256, 128256)
-    runs = [("as_is", {})]
-    if args.impl == "ours" and device == "cuda":
-        # empty Triton cache: what a fresh machine pays, without and with the kernel pack
-        runs[:0] = [("cold_triton_cache_no_pack", {"TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton_"),
-                                                   "FLASHINFER_KERNEL_PACK_DIR": "off"}),
-                    ("cold_triton_cache", {"TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton_")})]
-    out = []
-    for label, env in runs:
-        cmd = [sys.executable, os.path.abspath(__file__), "--_first-call-child", "--impl", args.impl,
-               "--batch", str(batch), "--vocab", str(vocab), "--device", device]
-        entry = {"impl": args.impl, "run": label, "batch": batch, "vocab": vocab,
-                 "function": "top_k_top_p_sampling_from_probs", "env": env}
-        t = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True,
-                                  timeout=args.first_timeout)
-            entry["process_wall_s"] = time.perf_counter() - t
-            if proc.returncode == 0:
-                entry.update(json.loads(proc.stdout.strip().splitlines()[-1]))
-            else:
-                entry["error"] = f"exit {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1][:300]}"
-        except subprocess.TimeoutExpired:
-            entry["error"] = f"no result after {args.first_timeout:.0f} s (killed)"
-        except Exception as exc:  # noqa: BLE001
-            entry["error"] = _error(exc)
-        if "TRITON_CACHE_DIR" in env:  # kernels compiled in the child leave their IR behind
-            entry["compiled_in_process"] = len(list(Path(env["TRITON_CACHE_DIR"]).glob("*/*.ttir")))
-        print(f"first call [{args.impl} {label}] " + (
-            f"import {entry['import_flashinfer_s']:.2f} s + first call {entry['first_call_s']:.2f} s "
-            f"(second {entry['second_call_s'] * 1e3:.2f} ms) -> {entry.get('chosen')}"
-            if "error" not in entry else entry["error"]), flush=True)
-        out.append(entry)
-    return out
+# ------------------------------------------------------------------------------ summary, plot
+SORT = "torch_sort_inline"
 
 
-# ---------------------------------------------------------------------------- grid
-def points(args) -> list[tuple]:
-    rows = []
-    for f in FUNCTIONS:
-        name = f[0]
-        if args.only and args.only not in name:
-            continue
-        if args.skip and args.skip in name:
-            continue
-        if args.smoke:
-            if name in SMOKE["functions"] and f[1] != "joint":
-                rows.append((f, SMOKE["batch"], SMOKE["vocab"]))
-            continue
-        if args.quick:
-            rows += [(f, b, v) for n, b, v in QUICK if n == name]
-            continue
-        batches = CHAIN_BATCHES if f[2] == "chain" else BATCHES
-        rows += [(f, b, v) for v in VOCABS for b in batches]
-    return rows
+def _us(entry: dict | None) -> float | None:
+    return entry["ms"] * 1e3 if entry and "ms" in entry else None
 
 
-class Progress:
-    def __init__(self, total: int):
-        self.total, self.done, self.t0 = total, 0, time.perf_counter()
-
-    def line(self, text: str) -> None:
-        self.done += 1
-        el = time.perf_counter() - self.t0
-        eta = el / self.done * (self.total - self.done)
-        width = 24
-        bar = "#" * (width * self.done // self.total) + "." * (width - width * self.done // self.total)
-        print(f"[{bar}] {self.done:4d}/{self.total} {el:6.0f}s eta {eta:5.0f}s  {text}", flush=True)
+def _fmt(x: float | None, spec: str = "10.1f") -> str:
+    return format(x, spec) if x is not None else format("-", ">" + spec.split(".")[0])
 
 
-def main() -> None:
-    if "--_first-call-child" in sys.argv:
-        first_call_child(sys.argv[1:])
-        return
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--impl", choices=("ours", "upstream"), default="ours")
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--quick", action="store_true", help="a handful of points incl. 256 x 128k top_k_top_p")
-    ap.add_argument("--smoke", action="store_true", help="CPU, batch 2, vocab 1000, reference/torch")
-    ap.add_argument("--first-call", action="store_true", help="only the fresh-process first-call timing")
-    ap.add_argument("--list", action="store_true", help="print the points and backends, run nothing")
-    ap.add_argument("--reference", action="store_true", help="time the reference backend at every point")
-    ap.add_argument("--backends", default="", help="comma list overriding the backends timed")
-    ap.add_argument("--only", default="", help="substring filter on function names")
-    ap.add_argument("--skip", default="", help="leave out functions whose name contains this")
-    ap.add_argument("--scale", type=float, default=4.0, help="logits = randn * scale")
-    ap.add_argument("--flat", action="store_true", help="flatter distributions (scale 1)")
-    ap.add_argument("--case-timeout", type=float, default=120.0)
-    ap.add_argument("--first-timeout", type=float, default=540.0,
-                    help="deadline of a function's first call (upstream JIT) and of --first-call")
-    ap.add_argument("--budget-s", type=float, default=0.0, help="stop starting new points after this")
-    args = ap.parse_args()
-    scale = 1.0 if args.flat else args.scale
-    device = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
-    t_start = time.perf_counter()
-    plan = [(f, b, v, backends_for(args.impl, f[5], b, v, args, f[0])) for f, b, v in points(args)]
-    if args.list:
-        for (fn_name, label, *_), b, v, names in plan:
-            print(f"{fn_name}{'[' + label + ']' if label else ''} B={b} V={v}: {', '.join(names)}")
-        print(f"{len(plan)} points, {sum(len(p[3]) for p in plan)} timings")
-        return
-    try:
-        import flashinfer  # noqa: PLC0415 - after argument parsing (the first-call child times it)
-        import flashinfer.sampling as sampling  # noqa: PLC0415
-    except Exception as exc:  # noqa: BLE001 - leave a JSON that says why
-        with open(args.out, "w") as f:
-            json.dump({"command": "python " + " ".join(sys.argv), "impl": args.impl,
-                       "error": f"import flashinfer.sampling: {_error(exc)}", "results": []}, f)
-        raise
-
-    results: list = []
-    doc = {"command": "python " + " ".join(sys.argv), "impl": args.impl,
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
-           "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                        "cuda": torch.version.cuda, "flashinfer": getattr(flashinfer, "__version__", "?"),
-                        "flashinfer_path": os.path.dirname(flashinfer.__file__)},
-           "inputs": {"dtype": "float32", "logit_scale": scale, "seed": SEED, "top_k": TOP_K,
-                      "top_p": TOP_P, "min_p": MIN_P, "num_draft": N_DRAFT},
-           "timing": (f"median of {args.iters}; gpu_us = CUDA-graph replay of calls rotated past L2, "
-                      f"eager_us = back-to-back eager calls (CUDA events; perf_counter on CPU); "
-                      f"us = gpu_us if capturable else eager_us; tb_per_s = input bytes read once / us"),
-           "results": results, "first_call": []}
-
-    def save():
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
-
-    if args.first_call:
-        doc["first_call"] = first_call(args, device)
-        save()
-        return
-
-    progress = Progress(sum(len(p[3]) for p in plan))
-    first_seen: set = set()
-    given_up: dict = {}  # (function, label, backend) -> why (a timeout skips its later points)
-    for (fn_name, label, kind, kwargs, seeded, sort_cfg), batch, vocab, names in plan:
-        name = f"{fn_name}{'[' + label + ']' if label else ''} B={batch} V={vocab}"
-        point = {"case": name, "function": fn_name, "label": label, "batch": batch, "vocab": vocab,
-                 "num_draft": N_DRAFT if kind == "chain" else None, "backends": {}}
-        results.append(point)
-        if args.budget_s and time.perf_counter() - t_start > args.budget_s:
-            point["skipped"] = "budget exhausted"
-            for _ in names:
-                progress.line(f"{name:<58} skipped (budget)")
-            continue
-        sets = None
-        try:
-            probe = make_inputs(kind, batch, vocab, scale, device, 1)
-            nbytes = input_bytes(probe)
-            sets = probe + make_inputs(kind, batch, vocab, scale, device, _copies(nbytes, device) - 1,
-                                       seed=SEED + 1)
-            point["bytes"] = nbytes
-        except Exception as exc:  # noqa: BLE001 - e.g. out of memory
-            point["error"] = _error(exc)
-        call = make_call(sampling, fn_name, kind, kwargs, seeded, sort_cfg)
-        for backend in names:
-            key = (fn_name, label, backend)
-            if sets is None:
-                entry = {"error": point["error"]}
-            elif key in given_up or backend in given_up:
-                entry = {"skipped": given_up.get(key) or given_up[backend]}
-            else:
-                first = (fn_name, backend) not in first_seen
-                first_seen.add((fn_name, backend))
-                limit = args.first_timeout if first else args.case_timeout
-                try:
-                    with deadline(limit):
-                        entry = measure(flashinfer, sets, call, backend, args.iters, nbytes)
-                except CaseTimeout as exc:
-                    entry = {"error": _error(exc)}
-                    given_up[key] = f"an earlier point timed out ({exc})"
-                    if first and backend == "upstream":  # one JIT module serves every function
-                        given_up[backend] = f"upstream's first call timed out ({exc}): JIT build"
-                except Exception as exc:  # noqa: BLE001 - a backend that cannot run is a finding
-                    entry = {"error": _error(exc)}
-                if device == "cuda":
-                    with contextlib.suppress(Exception):
-                        torch.cuda.synchronize()
-            point["backends"][backend] = entry
-            progress.line(f"{name:<58} {backend:<18} " + (
-                f"{entry['us']:10.2f} us {entry['tb_per_s']:6.3f} TB/s"
-                + (" (eager)" if entry["gpu_us"] is None and device == "cuda" else "")
-                + (f" -> {entry['chosen']}" if entry.get("chosen") else "")
-                if "us" in entry else entry.get("error") or entry.get("skipped")))
-        del sets
-        if device == "cuda":
-            torch.cuda.empty_cache()
-        save()
-    save()
-    summary(results)
+def summary(runs) -> str:
+    """A table per function that ran, a row per point: ours auto and its kernel, triton,
+    torch, the sort baseline and upstream, with the speed-ups sort / auto (target >= 5x at
+    256 x 128k for top_k_top_p) and upstream / auto (target >= 1.0x); first-call runs first."""
+    table, order = harness.merged(runs)
+    rows = {r["case"]: r for _, records in runs for r in records}
+    lines = []
+    for case in order:
+        if "run" in rows[case]:
+            e = next(iter(table[case].values()))
+            lines.append(f"{case}: " + (f"import {e['import_flashinfer_s']:.2f} s + first call "
+                                        f"{e['first_call_s']:.2f} s -> {e.get('chosen')}"
+                                        if "error" not in e else e["error"]))
+    functions = list(dict.fromkeys((rows[c]["function"], rows[c]["label"]) for c in order
+                                   if "function" in rows[c]))
+    for fn, label in functions:
+        lines.append(f"\n{fn}{' [' + label + ']' if label else ''}  (us per call)")
+        lines.append(f"{'batch':>6} {'vocab':>7} {'ours auto':>10} {'chosen':<18} {'triton':>10} "
+                     f"{'torch':>10} {'sort inl.':>10} {'upstream':>10} {'sort/auto':>9} {'up/auto':>8}")
+        for case in order:
+            r = rows[case]
+            if (r.get("function"), r.get("label")) != (fn, label):
+                continue
+            row = table[case]
+            auto, sort = _us(row.get("auto")), _us(row.get(SORT) or row.get(f"upstream:{SORT}"))
+            up = _us(row.get("upstream"))
+            chosen = str((row.get("auto") or {}).get("chosen") or "-")
+            lines.append(
+                f"{r['batch']:>6} {r['vocab']:>7} {_fmt(auto)} {chosen[:18]:<18} "
+                f"{_fmt(_us(row.get('triton')))} {_fmt(_us(row.get('torch')))} {_fmt(sort)} "
+                f"{_fmt(up)} {_fmt(sort / auto if sort and auto else None, '9.2f')} "
+                f"{_fmt(up / auto if up and auto else None, '8.2f')}")
+    return "\n".join(lines)
 
 
-def summary(results: list) -> None:
-    rows = [p for p in results if (p["function"], p["label"]) == TARGET]
-    if not rows:
-        return
-    print(f"\n{TARGET[0]} [{TARGET[1]}]: us per call")
-    keys = list(dict.fromkeys(k for p in rows for k in p["backends"]))
-    print(f"{'batch':>6} {'vocab':>7} " + " ".join(f"{k:>18}" for k in keys))
-    for p in rows:
-        cells = [p["backends"][k].get("us") if k in p["backends"] else None for k in keys]
-        print(f"{p['batch']:>6} {p['vocab']:>7} "
-              + " ".join(f"{c:18.2f}" if c is not None else f"{'-':>18}" for c in cells))
+def plot(runs):
+    """Time per call against batch of the target function (top_k_top_p_sampling_from_probs,
+    top_k_first), a panel per vocabulary, a line per implementation and backend."""
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    table, order = harness.merged(runs)
+    rows = {r["case"]: r for _, records in runs for r in records}
+    target = [c for c in order if (rows[c].get("function"), rows[c].get("label")) == TARGET]
+    if not target:  # another function only: the generic bars
+        return harness.bar_plot(runs)
+    vocabs = sorted({rows[c]["vocab"] for c in target})
+    fig, axes = plt.subplots(1, len(vocabs), figsize=(5 * len(vocabs), 4.2), squeeze=False)
+    for ax, vocab in zip(axes[0], vocabs):
+        points = sorted((c for c in target if rows[c]["vocab"] == vocab), key=lambda c: rows[c]["batch"])
+        for label in dict.fromkeys(k for c in points for k in table[c]):
+            xy = [(rows[c]["batch"], _us(table[c].get(label))) for c in points
+                  if _us(table[c].get(label)) is not None]
+            if xy:
+                ax.plot(*zip(*xy), "--" if SORT in label or label.startswith("upstream") else "-",
+                        marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set(xlabel="batch", ylabel="time per call (us)", title=f"vocab {vocab}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    axes[0][0].figure.text(0.01, 0.01, f"{TARGET[0]} ({TARGET[1]}, k={TOP_K}, p={TOP_P})", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def main(argv=None, prog=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--_first-call-child" in argv:
+        first_call_child(argv)
+        return 0
+    return harness.main(sys.modules[__name__], argv, prog)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

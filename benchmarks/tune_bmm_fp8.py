@@ -18,8 +18,8 @@ import sys
 
 import torch
 
-from bench_timing import capture, interleaved_graph_ms
-from gemm import BATCHED, GRAPH_PASSES, _call, _inputs
+from timing import capture, interleaved_graph_ms
+from gemm import BATCHED, GRAPH_PASSES, call, make_inputs
 
 from flashinfer.backends.triton import gemm as tgemm
 
@@ -57,12 +57,12 @@ def main() -> None:
            "results": []}
     for name, (batch, n, k) in BATCHED.items():
         for m in (int(v) for v in args.ms.split(",")):
-            sets = [_inputs("bmm_fp8", m, n, k, "cuda", batch) for _ in range(8)] * GRAPH_PASSES
-            graphs = {"cudnn": capture(sets, lambda a, b: _call("bmm_fp8", a, b), "cudnn")}
+            sets = [make_inputs("bmm_fp8", m, n, k, "cuda", batch) for _ in range(8)] * GRAPH_PASSES
+            graphs = {"cudnn": capture(sets, lambda a, b: call("bmm_fp8", a, b), "cudnn")}
             for cand in candidates(m):
                 tgemm.bmm_fp8_launch = lambda *a, _c=cand: _c
                 try:
-                    graphs[str(cand)] = capture(sets, lambda a, b: _call("bmm_fp8", a, b),
+                    graphs[str(cand)] = capture(sets, lambda a, b: call("bmm_fp8", a, b),
                                                 "triton")
                 except Exception as exc:  # noqa: BLE001 - a shape that does not compile
                     print(f"{name} m={m} {cand}: {type(exc).__name__}: {str(exc)[:80]}")

@@ -16,8 +16,8 @@ import sys
 
 import torch
 
-from bench_timing import graph_ms
-from moe import LAYER, TOKENS, _route, _weights
+from timing import graph_ms
+from moe import LAYER, TOKENS, expert_weights, route
 
 import flashinfer
 from flashinfer.backends.triton import moe as tmoe
@@ -39,15 +39,15 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=10)
     args = ap.parse_args()
     torch.manual_seed(0)
-    weights = _weights(LAYER, "cuda")
+    weights = expert_weights(tuple(LAYER.items()), "cuda")
     w1, s1, w2, s2 = weights
     original = tmoe.launch_config
     doc = {"command": "python " + " ".join(sys.argv),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name(), "layer": LAYER, "results": []}
-    for tokens in TOKENS:
+    for tokens in TOKENS["full"]:
         x = torch.randn(tokens, LAYER["hidden"], device="cuda", dtype=torch.bfloat16)
-        ids, values = _route(LAYER, tokens, "cuda", False)
+        ids, values = route(LAYER, tokens, "cuda", False)
         out = torch.empty_like(x)
 
         def call(_args, _backend):

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bench_timing import graph_ms
+from timing import graph_ms
 
 from flashinfer.dispatch import kernel_for
 from flashinfer.backends.triton import sampling as ts

@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from . import __version__, device, dispatch, envs, kernel_pack, overrides
+from . import __version__, bench_command, device, dispatch, envs, kernel_pack, overrides
 from .backends.cutlass import runtime as cutlass_runtime
 from .backend_names import BACKEND_NAMES
 from .capability_db import DTYPE_NAMES, Record, database
@@ -736,6 +736,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "into FLASHINFER_CACHE_DIR/cutlass, where every later process finds them")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=cmd_warmup)
+
+    p = sub.add_parser("bench", help="run a family's benchmark runner (benchmarks/FAMILY.py of "
+                                     "the checkout)")
+    bench_command.add_arguments(p)
+    p.set_defaults(run=bench_command.main)
     return parser
 
 

@@ -18,7 +18,8 @@ SHAPES = [(7, 256, 512), (5, 200, 264), (16, 8192, 8192), (16, 28672, 8192), (12
 #: weight scales have a partial last row
 PARTIAL_N = [(1, 576, 7168), (33, 144, 512)]
 #: K whose count of 128-wide scale blocks is not a multiple of 4: cuBLASLt's block-wise recipe
-#: returned wrong values there without an error (benchmarks/probe_blockwise_scales.py), so the
+#: returned wrong values there without an error
+#: (benchmarks/results/probe_blockwise_scales_h200_2026-11-30_2120utc.txt), so the
 #: torch record refuses them and auto must land elsewhere
 ODD_SCALE_BLOCKS = [(16, 512, 896), (64, 256, 640)]
 FP8_TOL = 1e-2

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "flashinfer"
 #: top to bottom; the first pattern a module matches gives its layer
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("entry points", ("flashinfer.cli", "flashinfer.__main__", "flashinfer.warmup",
-                      "flashinfer.problems")),
+                      "flashinfer.problems", "flashinfer.bench_command")),
     ("public API", ("flashinfer", "flashinfer.decode", "flashinfer.prefill", "flashinfer.page",
                     "flashinfer.grouped_mm", "flashinfer.fp4_quantization", "flashinfer.gemm",
                     "flashinfer.sampling", "flashinfer.quantization", "flashinfer.fused_moe",

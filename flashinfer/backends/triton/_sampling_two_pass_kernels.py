@@ -3,7 +3,9 @@
 Why a second kernel: the general one (``_sampling_kernels``) needs only one or two passes over a
 row for top-k 50 then top-p 0.9, but does much work per element in each (eight pivot counts and
 masses, eight race trackers, top-four tracking, Philox and a logarithm): on the H200 it took
-604 us at 256 x 128k where upstream FlashInfer took 137 (benchmarks/results/README.md). This
+604 us at 256 x 128k where upstream FlashInfer took 137
+(benchmarks/results/sampling_quick_topktopp_h200_2026-11-30_1028utc.json,
+sampling_upstream_0.7.2_aot_h200_2026-11-30_1027utc.json). This
 kernel does little per element, one program per row reading ``BLOCK`` elements a step, for three
 common cases (MODE, chosen on the host):
 
