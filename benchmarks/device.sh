@@ -29,7 +29,8 @@
 #   fa2                FlashAttention-2 built into build/fa2 (carry .whl_fa2src, and
 #                      .whl_fa2pack to link kernel objects compiled without a GPU; else every
 #                      kernel is compiled here, about 8 minutes): a later call on the same warm
-#                      machine finds it on PYTHONPATH (e.g. `tests tests/test_flash_attn.py`)
+#                      machine finds it on PYTHONPATH
+#                      (e.g. `tests tests/attention/test_flash_attn.py`)
 set -u
 export PYTHONUNBUFFERED=1
 # carried wheels: .whl/ (cuDNN frontend, CUTLASS python and its deps), .whl_*/ (e.g. .whl_fa3/)

@@ -40,6 +40,33 @@ signature (kernels take the 2-D forms their ops receive). A new Decision is logg
 ``FLASHINFER_LOGLEVEL>=1``) when it is first made. Wrappers decide in ``plan()``; ``run()`` only
 executes the kernel the Decision names. ``benchmarks/overhead.py`` measures what this costs
 against the vendor kernel called directly.
+
+Layout as built
+---------------
+Layers, imports only downward (``tests/core/test_layering.py`` enforces it, no cycles):
+
+* entry points: ``cli``, ``warmup``, ``problems`` (typical Problems for ``explain``);
+* public API: ``flashinfer`` and upstream's module paths. ``decode``, ``prefill``, ``page``,
+  ``grouped_mm``, ``fp4_quantization`` are thin re-exports of the family packages (the one
+  scheme: a public module defines nothing); ``norm``, ``rope``, ``activation`` are small enough
+  to be their family in one module;
+* family machinery: ``attention/`` (checks, params, the wrapper base, plan upload, kernel
+  contracts), ``gemm/``, ``sampling/``, ``quantization/``, ``fused_moe/``;
+* this dispatcher, then the data: ``op_catalog`` (ops, and every public name mapped to its ops),
+  ``capability_db/`` and ``dispatch_rules/`` (TOML + loaders that import no adapter);
+* backends: one package per backend named like it (``backends/{reference,torch,triton,
+  flash_attn,cudnn,cutlass}``), shared helpers in ``backends/shared``; a record names its kernel
+  and its adapter check as ``"module:function"`` strings resolved on first use, so nothing
+  registers by import side effect;
+* foundations every layer may use, importing nothing of the package: ``backend_names`` (the
+  one table of backend spellings, upstream aliases and per-family ``backend=`` spellings),
+  ``optional_packages``, ``shape_buckets``, ``reasons``, ``fp4_format``.
+
+Where this differs from ``DESIGN.md``: tests share helpers through ``tests/conftest.py`` and,
+within a family, ``tests/<family>/<family>_helpers.py`` (one conftest per directory would be
+ambiguous to import from); the benchmark runners stay in the checkout's ``benchmarks/`` (each
+also runs upstream, which is also named ``flashinfer``, in a process of its own) and
+``flashinfer bench`` finds them there.
 """
 
 from __future__ import annotations

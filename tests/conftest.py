@@ -1,5 +1,12 @@
 """Shared test set-up.
 
+Layout: one folder per op family (attention/, gemm/, moe/, sampling/, quantization/, norm/, rope/,
+activation/; core/: the dispatcher, data and tooling), no ``__init__.py``, every test file's base
+name unique (pytest puts each file's folder and this one on ``sys.path``). Fixtures and helpers
+every family uses live here (``from conftest import ...``); a family's shared helpers live in
+tests/<family>/<family>_helpers.py (the sampling ones that need triton at import in
+sampling/triton_draws.py); no test module imports another. tests/core/test_test_layout.py checks it.
+
 Without a GPU, Triton kernels run in Triton's interpreter: TRITON_INTERPRET must be set before
 any @triton.jit function is defined, so it is set here, before tests import the kernels. The
 dispatcher still prefers the reference backend on CPU; Triton tests ask for backend="triton".
@@ -76,7 +83,7 @@ def capture_cuda_graph(fn):
 
 
 # --------------------------------------------------------------------------------------------
-# the fuzz suite (tests/test_fuzz_*.py)
+# the fuzz suite (tests/*/test_fuzz_*.py)
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 

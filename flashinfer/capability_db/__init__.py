@@ -26,8 +26,8 @@ Record keys (all but ``name`` and ``verified`` optional)::
     verified = false                 # true only once run on real hardware against the reference
     verified_on = ["9.0"]            # the SMs it ran on; elsewhere in its range it counts as
                                      # unverified (omit: verified everywhere, e.g. the reference)
-    tested_by = ["tests/test_gemm_gpu.py"]   # the GPU test files that compare it with the
-                                     # reference: a clean GPU run of them verifies it
+    tested_by = ["tests/gemm/test_gemm_gpu.py"]   # the GPU test files that compare it with
+                                     # the reference: a clean GPU run of them verifies it
     verified_by = "benchmarks/results/gpu_tests_gemm_h200_2026-11-30_2123utc.txt"
                                      # with verified = true: the GPU test log in which tested_by
                                      # ran with no failure (the one place to update after a re-run)
@@ -38,8 +38,9 @@ Record keys (all but ``name`` and ``verified`` optional)::
 
 Evidence: every ``verified = true`` record of a backend other than the reference (the oracle,
 checked against float64 math by the CPU suite) names ``tested_by`` and ``verified_by``;
-``tests/test_evidence.py`` checks that the log exists, shows no failure, ran those files on the
-GPU of ``verified_on``, and did not skip them for a missing package. The loader checks the form.
+``tests/core/test_evidence.py`` checks that the log exists, shows no failure, ran those files on
+the GPU of ``verified_on``, and did not skip them for a missing package. The loader checks the
+form.
 
 :meth:`Record.check` turns a :class:`~flashinfer.dispatch.Problem` into a list of reasons (empty =
 can run). It never raises and collects every reason, not only the first.
@@ -80,7 +81,7 @@ _RECORD_KEYS = {
 _SHAPE_KEYS = {"values", "min", "max", "multiple_of"}
 _REF = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 _LOG = re.compile(r"benchmarks/results/[A-Za-z0-9_.+-]+")
-_TEST_FILE = re.compile(r"tests/test_[A-Za-z0-9_]+\.py")
+_TEST_FILE = re.compile(r"tests/[a-z]+/test_[A-Za-z0-9_]+\.py")
 
 
 class CapabilityDBError(ValueError):
@@ -331,7 +332,7 @@ def _parse_record(backend: str, raw: dict, source: str, index: int) -> Record:
 
 
 def _evidence(raw: dict, source: str, where: str) -> tuple[str | None, tuple[str, ...]]:
-    """The form of ``verified_by`` / ``tested_by`` (tests/test_evidence.py checks the files)."""
+    """The form of ``verified_by`` / ``tested_by`` (tests/core/test_evidence.py checks the files)."""
     verified_by = raw.get("verified_by")
     if verified_by is not None:
         if not isinstance(verified_by, str) or not _LOG.fullmatch(verified_by):
@@ -342,7 +343,8 @@ def _evidence(raw: dict, source: str, where: str) -> tuple[str | None, tuple[str
     tested_by = _str_list(raw.get("tested_by", []), source, f"{where}.tested_by")
     for path in tested_by:
         if not _TEST_FILE.fullmatch(path):
-            raise _fail(source, f"{where}.tested_by", f"expected 'tests/test_<name>.py', got {path!r}")
+            raise _fail(source, f"{where}.tested_by",
+                        f"expected 'tests/<family>/test_<name>.py', got {path!r}")
     return verified_by, tested_by
 
 

@@ -24,9 +24,9 @@ SM families: 7.5, 8.0 (8.0/8.6/8.7), 8.9, 9.0, 10 (10.x/11.x), 12 (12.x), cpu.
 A basis is one line: the results file and what it showed (``benchmarks/results/<file>: A 89 us vs
 B 5479 at 256 x 128k``), or "not measured" and why the order is what it is; families without a
 measurement say "not measured" there. ``cpu_basis`` (shown for CPU problems) justifies a CPU order
-that does not start with the reference. tests/test_evidence.py checks the shipped rules: every
-named backend has a record serving the op in that family, every cited file exists, bases are one
-line of at most 200 characters.
+that does not start with the reference. tests/core/test_evidence.py checks the shipped rules:
+every named backend has a record serving the op in that family, every cited file exists, bases
+are one line of at most 200 characters.
 
 Tuned rules (``FLASHINFER_TUNED_RULES=path.json``) have the threshold shape plus ``op``::
 

@@ -1,0 +1,314 @@
+"""Batch wrapper API rules: validation (issue 3, deliverable 5), plan() positional orders,
+CUDA-graph wrapper rules, aliases, and Decisions on simulated SMs."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from attention_helpers import make_paged, ws
+import flashinfer
+from flashinfer import dispatch
+from flashinfer.attention.batch_checks import require_workspace
+from flashinfer.device import simulated
+
+I32 = torch.int32
+
+
+def _decode(ps=4, lens=(3, 9), hq=4, hk=2, d=16):
+    torch.manual_seed(0)
+    cache, indptr, indices, last, _, _ = make_paged(list(lens), ps, hk, d, "NHD")
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws())
+    w.plan(indptr, indices, last, hq, hk, d, ps, q_data_type=torch.float32)
+    return w, cache, torch.randn(len(lens), hq, d)
+
+
+def test_index_arrays_must_be_int32():
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws())
+    with pytest.raises(ValueError, match="indptr.*int32"):
+        w.plan(torch.tensor([0, 1]), torch.tensor([0], dtype=I32), torch.tensor([1], dtype=I32), 2, 2, 16, 4)
+
+
+def test_indptr_not_monotone():
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws())
+    with pytest.raises(ValueError, match="indptr.*monotone"):
+        w.plan(torch.tensor([0, 2, 1], dtype=I32), torch.tensor([0, 1], dtype=I32),
+               torch.tensor([1, 1], dtype=I32), 2, 2, 16, 4)
+
+
+def test_indptr_wrong_length():
+    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws())
+    with pytest.raises(ValueError, match="kv_indptr.*length"):
+        w.plan(torch.tensor([0, 1, 2], dtype=I32), torch.tensor([0, 1], dtype=I32), 2, 2, 16)
+
+
+def test_last_page_len_out_of_range():
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws())
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match="last_page_len"):
+            w.plan(torch.tensor([0, 1], dtype=I32), torch.tensor([0], dtype=I32),
+                   torch.tensor([bad], dtype=I32), 2, 2, 16, 4)
+
+
+def test_a_plan_that_fails_after_writing_buffers_leaves_no_plan(monkeypatch):
+    w, cache, q = _decode(ps=4, lens=(5, 9), hq=4, hk=2, d=16)
+    w.run(q, cache)
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("planner failed")
+    monkeypatch.setattr(w, "_finish_plan", boom)
+    with pytest.raises(RuntimeError, match="planner failed"):
+        w.plan(torch.tensor([0, 2, 3], dtype=I32), torch.tensor([0, 1, 2], dtype=I32),
+               torch.tensor([1, 2], dtype=I32), 4, 2, 16, 4, q_data_type=torch.float32)
+    with pytest.raises(RuntimeError, match="before plan"):
+        w.run(q, cache)  # the old plan's device arrays were overwritten: no silent stale run
+
+
+def test_page_index_beyond_cache():
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws())
+    cache = torch.randn(3, 2, 4, 2, 16)
+    w.plan(torch.tensor([0, 1], dtype=I32), torch.tensor([7], dtype=I32),
+           torch.tensor([2], dtype=I32), 2, 2, 16, 4, q_data_type=torch.float32)
+    with pytest.raises(ValueError, match="holds page id 7, beyond the"):
+        w.run(torch.randn(1, 2, 16), cache)
+    with pytest.raises(ValueError, match="indices"):
+        w.plan(torch.tensor([0, 1], dtype=I32), torch.tensor([-1], dtype=I32),
+               torch.tensor([2], dtype=I32), 2, 2, 16, 4)
+
+
+def test_largest_page_id_is_one_reduction_that_still_sees_negatives():
+    from flashinfer.attention.batch_checks import largest_page_id
+    ids = np.array([3, 0x7FFFFFFF, 5], dtype=np.int32)
+    assert largest_page_id(ids, "kv_indices") == 0x7FFFFFFF
+    with pytest.raises(ValueError, match=r"kv_indices must be >= 0.*got -2147483648"):
+        largest_page_id(np.array([1, -(2**31), 2], dtype=np.int32), "kv_indices")
+    with pytest.raises(ValueError, match=r"kv_indices must be >= 0.*got -1"):
+        largest_page_id(np.array([9, -1], dtype=np.int32), "kv_indices")
+
+
+def test_head_count_and_dim_differ_between_plan_and_run():
+    w, cache, q = _decode()
+    with pytest.raises(ValueError, match="q must have shape"):
+        w.run(torch.randn(2, 8, 16), cache)
+    with pytest.raises(ValueError, match="q must have shape"):
+        w.run(torch.randn(2, 4, 32), cache)
+    with pytest.raises(ValueError, match="kv heads"):
+        w.run(q, torch.randn(cache.shape[0], 2, 4, 1, 16))
+    with pytest.raises(ValueError, match="head dims"):
+        w.run(q, torch.randn(cache.shape[0], 2, 4, 2, 8))
+
+
+def test_q_and_kv_dtype_other_than_planned():
+    w, cache, q = _decode()
+    with pytest.raises(ValueError, match="q dtype"):
+        w.run(q.half(), cache)
+    with pytest.raises(ValueError, match="k_cache dtype"):
+        w.run(q, cache.half())
+
+
+def test_run_before_plan():
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws())
+    with pytest.raises(RuntimeError, match="before plan"):
+        w.run(torch.randn(1, 2, 16), torch.randn(1, 2, 4, 2, 16))
+
+
+def test_workspace_too_small_states_size():
+    w, _, _ = _decode()
+    with pytest.raises(ValueError, match="float_workspace_buffer.*needs 4194304 bytes"):
+        require_workspace(w._plan, 4 << 20, "test planner")
+    assert require_workspace(w._plan, 1024, "x").numel() == 1024
+
+
+def test_window_left_at_run_must_match_plan_and_out_buffers_checked():
+    w, cache, q = _decode()
+    with pytest.raises(ValueError, match="window_left"):
+        w.run(q, cache, window_left=3)
+    with pytest.raises(ValueError, match="out must be"):
+        w.run(q, cache, out=torch.empty(2, 4, 8))
+    with pytest.raises(ValueError, match="lse must be"):
+        w.run(q, cache, lse=torch.empty(2, 3), return_lse=True)
+    with pytest.raises(TypeError, match="k_scale"):
+        w.run(q, cache, k_scale=torch.tensor(1.0))
+    with pytest.raises(ValueError, match="pos_encoding_mode"):
+        w.plan(torch.tensor([0, 1], dtype=I32), torch.tensor([0], dtype=I32),
+               torch.tensor([1], dtype=I32), 2, 2, 16, 4, pos_encoding_mode="ROPE_LLAMA")
+
+
+def test_decode_plan_legacy_positional_order():
+    w, cache, q = _decode()
+    torch.manual_seed(0)
+    _, indptr, indices, last, _, _ = make_paged([3, 9], 4, 2, 16, "NHD")
+    with pytest.warns(DeprecationWarning):
+        # pos_encoding_mode, window_left, logits_soft_cap, q_data_type, kv_data_type, o_data_type,
+        # data_type, sm_scale
+        w.plan(indptr, indices, last, 4, 2, 16, 4, "NONE", 2, 5.0, torch.float32, torch.float32,
+               torch.bfloat16, None, 0.3)
+    assert (w._window_left, w._logits_soft_cap, w._sm_scale) == (2, 5.0, 0.3)
+    assert w._plan.o_dtype == torch.bfloat16 and w._plan.kv_dtype == torch.float32
+
+
+def test_paged_prefill_plan_positional_order():
+    torch.manual_seed(0)
+    _, indptr, indices, last, _, _ = make_paged([3, 9], 4, 2, 16, "NHD")
+    qo = torch.tensor([0, 1, 3], dtype=I32)
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws())
+    # head_dim_vo, custom_mask, packed_custom_mask, causal, pos_encoding_mode,
+    # use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap
+    w.plan(qo, indptr, indices, last, 4, 2, 16, 4, None, None, None, True, "NONE", False, 0.3, 2, 5.0)
+    assert (w._causal, w._sm_scale, w._window_left, w._logits_soft_cap) == (True, 0.3, 2, 5.0)
+
+
+def test_ragged_prefill_plan_positional_order():
+    qo = torch.tensor([0, 1, 3], dtype=I32)
+    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws())
+    # head_dim_vo, custom_mask, packed_custom_mask, causal, pos_encoding_mode,
+    # use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale
+    w.plan(qo, qo, 4, 2, 16, None, None, None, True, "NONE", False, 2, 5.0, 0.3)
+    assert (w._causal, w._sm_scale, w._window_left, w._logits_soft_cap) == (True, 0.3, 2, 5.0)
+
+
+def test_aliases_and_forward():
+    w, cache, q = _decode()
+    out = w.run(q, cache)
+    o2, lse = w.run_return_lse(q, cache)
+    assert torch.equal(out, o2) and lse.shape == (2, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        o3 = w.forward(q, cache, sm_scale=w._sm_scale)
+        o4, _ = w.forward_return_lse(q, cache)
+        o5 = w.forward(q, cache, logits_soft_cap=3.0)  # re-plans
+    assert torch.allclose(out, o3) and torch.allclose(out, o4)
+    assert w._logits_soft_cap == 3.0 and not torch.allclose(out, o5)
+    assert w.begin_forward is not None and w.end_forward() is None
+
+
+def test_cuda_graph_wrappers_require_buffers():
+    with pytest.raises(ValueError, match="paged_kv_last_page_len_buffer"):
+        flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws(), use_cuda_graph=True)
+    buf = lambda n: torch.zeros(n, dtype=I32)  # noqa: E731
+    with pytest.raises(ValueError, match="paged_kv_indptr_buffer must have length 3"):
+        flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws(), buf(2), buf(8), buf(2))
+    w = flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws(), buf(3), buf(8), buf(2))
+    assert w.is_cuda_graph_enabled and w._fixed_batch_size == 2
+    with pytest.raises(ValueError, match="fixed batch size"):
+        w.plan(torch.tensor([0, 1], dtype=I32), torch.tensor([0], dtype=I32),
+               torch.tensor([1], dtype=I32), 2, 2, 16, 4)
+    with pytest.raises(ValueError, match="qo_indptr_buf"):
+        flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws(), use_cuda_graph=True)
+    with pytest.raises(ValueError, match="kv_indptr_buf"):
+        flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws(), use_cuda_graph=True, qo_indptr_buf=buf(3))
+
+
+def test_cuda_graph_plan_copies_into_fixed_buffers():
+    buf = lambda n: torch.full((n,), -7, dtype=I32)  # noqa: E731
+    w = flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws(), buf(3), buf(8), buf(2))
+    torch.manual_seed(0)
+    cache, indptr, indices, last, _, _ = make_paged([3, 9], 4, 2, 16, "NHD")
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type=torch.float32)
+    assert w._paged_kv_indices_buf[:len(indices)].tolist() == indices.tolist()
+    assert w._paged_kv_indptr_buf.tolist() == indptr.tolist()
+    assert w._plan.kv_indices.data_ptr() == w._paged_kv_indices_buf.data_ptr()
+
+
+OPS = ("batch_decode", "batch_prefill_paged", "batch_prefill_ragged")
+SMS = ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0", "cpu"]
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("sm", SMS)
+def test_decisions_on_simulated_sms(op, sm):
+    device = torch.device("cpu") if sm == "cpu" else simulated(sm)
+    problem = dispatch.Problem.make(
+        op, device, dtypes={"q": torch.bfloat16, "kv": torch.bfloat16, "o": torch.bfloat16},
+        shape={"head_dim_qk": 128, "head_dim_vo": 128, "num_qo_heads": 32, "num_kv_heads": 8,
+               "batch_size": 64, "max_qo_len": 1 if op == "batch_decode" else 1024,
+               "max_kv_len": 4096, "total_qo_len": 64, "page_size": 0 if "ragged" in op else 16,
+               "q_len_per_req": 1 if op == "batch_decode" else 0},
+        features=["gqa"] + ([] if op == "batch_decode" else ["causal"]), layout="NHD")
+    decision = dispatch.select(problem, assume_installed=True)
+    if sm == "cpu":
+        assert decision.backend == "reference"
+        assert [c.name for c in decision.candidates if c.usable] == ["reference"]
+    else:
+        assert decision.source == "default"
+        assert decision.order[-1] == "reference"
+        # dispatch_rules/<op>.toml: this family's priority (no threshold applies at this shape)
+        assert decision.rule.startswith("priority[")
+        assert "attention_h200" in decision.basis or sm != "9.0"
+    assert "reference" in [c.backend for c in decision.candidates]
+
+
+@pytest.mark.parametrize("batch, graph, want", [(8, True, "triton"), (8, False, "cudnn"),
+                                                (64, True, "cudnn")])
+def test_small_graph_decode_goes_to_triton_on_sm90(batch, graph, want):
+    """GPU time decides a captured decode (launch cost is gone): Triton below batch 16."""
+    problem = dispatch.Problem.make(
+        "batch_decode", simulated("9.0"), dtypes={"q": "bfloat16", "kv": "bfloat16", "o": "bfloat16"},
+        shape={"head_dim_qk": 128, "head_dim_vo": 128, "num_qo_heads": 32, "num_kv_heads": 8,
+               "batch_size": batch, "max_qo_len": 1, "max_kv_len": 4096, "total_qo_len": batch,
+               "page_size": 16, "q_len_per_req": 1},
+        features=["gqa"] + (["cuda_graph"] if graph else []), layout="NHD")
+    decision = dispatch.select(problem, assume_installed=True)
+    assert decision.backend == want
+    assert (decision.rule == "small_graph_decode_prefers_triton") == (want == "triton")
+
+
+def test_reference_rejects_cuda_graph_problems():
+    problem = dispatch.Problem.make(
+        "batch_decode", simulated("9.0"), dtypes={"q": "bfloat16", "kv": "bfloat16", "o": "bfloat16"},
+        shape={"head_dim_qk": 128, "head_dim_vo": 128, "num_qo_heads": 8, "num_kv_heads": 8,
+               "batch_size": 4, "max_qo_len": 1, "max_kv_len": 64, "total_qo_len": 4,
+               "page_size": 16, "q_len_per_req": 1}, features=["cuda_graph"], layout="NHD")
+    ref = [c for c in dispatch.select(problem, assume_installed=True).candidates if c.backend == "reference"]
+    assert ref and any(r.field == "feature" and r.actual == "cuda_graph" for r in ref[0].reasons)
+
+
+def test_loglevel_1_logs_batch_calls_and_their_decisions():
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, flashinfer\n"
+        "cache = torch.randn(8, 2, 16, 2, 64, dtype=torch.float16)\n"
+        "w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))\n"
+        "w.plan(torch.tensor([0, 3, 5], dtype=torch.int32), torch.arange(5, dtype=torch.int32),\n"
+        "       torch.tensor([4, 16], dtype=torch.int32), 2, 2, 64, 16, q_data_type=torch.float16)\n"
+        "w.run(torch.randn(2, 2, 64, dtype=torch.float16), cache)\n")
+    env = {**__import__("os").environ, "FLASHINFER_LOGLEVEL": "1", "FLASHINFER_LOGDEST": "stdout"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                         timeout=120, check=True).stdout
+    assert "API call: BatchDecodeWithPagedKVCacheWrapper.plan" in out
+    assert "API call: BatchDecodeWithPagedKVCacheWrapper.run" in out
+    assert "problem: batch_decode on cpu" in out and "chosen:  reference" in out
+
+
+
+def test_two_phase_planner_prepares_before_the_upload_and_finishes_with_its_views(monkeypatch):
+    """A planner with ``prepare`` (batch_attention_params.Prepared): called before the plan's
+    upload (device fields unset), its arrays sent with the index arrays, ``finish`` given their
+    device views; the plan is complete when the runner runs."""
+    import numpy as np
+
+    from flashinfer.backends.reference import batch_attention as ref
+    from flashinfer.attention.batch_params import Prepared
+
+    seen = {}
+
+    def prepare(plan):
+        seen["kv_indptr_before"] = plan.kv_indptr
+        extra = np.arange(7, 12, dtype=np.int32)
+
+        def finish(views):
+            seen["views"] = {name: t.clone() for name, t in views.items()}
+            seen["kv_indptr_after"] = plan.kv_indptr.clone()
+            return ref.batch_decode(plan)
+        return Prepared({"extra": (extra, None)}, finish)
+
+    monkeypatch.setattr(ref.batch_decode, "prepare", prepare, raising=False)
+    w, cache, q = _decode(lens=(5, 9, 2))
+    assert seen["kv_indptr_before"] is None  # the Decision and prepare() need host values only
+    assert seen["views"]["extra"].tolist() == [7, 8, 9, 10, 11]
+    assert torch.equal(seen["kv_indptr_after"], w._plan.kv_indptr_host)
+    out = w.run(q, cache)
+    assert out.shape == q.shape and torch.isfinite(out).all()
