@@ -146,3 +146,16 @@ def test_headers_of_each_format(tmp_path):
     assert module.read_header(tmp_path / "c.txt") == {"command": "c", "shows": "s"}
     assert module.read_header(tmp_path / "d.log") == {}
     assert "| `d.log` | no header |" in module.render(tmp_path)
+
+
+def test_overhead_report_reads_the_committed_run():
+    """benchmarks/overhead.py --report: the side-by-side table and the issue's targets, from a
+    results file (the measuring modes need CUDA)."""
+    import subprocess
+
+    results = sorted((ROOT / "benchmarks" / "results").glob("overhead_*.jsonl"))
+    assert results, "no overhead run in benchmarks/results"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--report",
+                           str(results[-1])], capture_output=True, text=True, timeout=120)
+    assert "decode_run_kv512" in done.stdout and "vs direct" in done.stdout
+    assert done.returncode == (1 if "MISS" in done.stdout else 0)
