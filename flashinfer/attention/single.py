@@ -279,14 +279,48 @@ def single_decode_with_kv_cache(
     -------
     ``out [num_qo_heads, head_dim]`` in q's dtype, and ``lse`` when ``return_lse``.
     """
-    layout = check_kv_layout(kv_layout)
-    _, _, _, _, head_dim, _ = check_qkv(q, k, v, layout, 2, same_head_dim=True)
-    mode, window_left, cap, scale, rope_scale, rope_theta = check_common(
-        pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
-        head_dim, backend)
-    scale *= float_arg("q_scale", q_scale, 1.0) * float_arg("k_scale", k_scale, 1.0)
-    check_softmax_scale(scale, "sm_scale * q_scale * k_scale")
-    out_scale = float_arg("v_scale", v_scale, 1.0)
-    out, lse = _single_decode_op(q, k, v, layout, mode, scale, window_left, cap, rope_scale,
-                                 rope_theta, bool(return_lse), out_scale, backend)
+    eager = not torch.compiler.is_compiling()
+    signature = checked = None
+    if eager:
+        signature = _decode_signature(q, k, v, kv_layout, pos_encoding_mode, q_scale, k_scale,
+                                      v_scale, window_left, logits_soft_cap, sm_scale,
+                                      rope_scale, rope_theta, return_lse, backend)
+        checked = _CHECKED_DECODES.get(signature) if signature is not None else None
+    if checked is None:
+        layout = check_kv_layout(kv_layout)
+        _, _, _, _, head_dim, _ = check_qkv(q, k, v, layout, 2, same_head_dim=True)
+        mode, window_left, cap, scale, rope_scale, rope_theta = check_common(
+            pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
+            head_dim, backend)
+        scale *= float_arg("q_scale", q_scale, 1.0) * float_arg("k_scale", k_scale, 1.0)
+        check_softmax_scale(scale, "sm_scale * q_scale * k_scale")
+        out_scale = float_arg("v_scale", v_scale, 1.0)
+        checked = (layout, mode, scale, window_left, cap, rope_scale, rope_theta,
+                   bool(return_lse), out_scale, backend)
+        if signature is not None:
+            if len(_CHECKED_DECODES) >= _CHECKED_LIMIT:
+                _CHECKED_DECODES.clear()
+            _CHECKED_DECODES[signature] = checked
+    out, lse = _single_decode_op(q, k, v, *checked)
     return (out, lse) if return_lse else out
+
+
+#: eager calls whose arguments passed every check above: their signature (the tensors'
+#: metadata and every other argument, with its type) -> the checked values. The checks read
+#: metadata and scalars only, so a call with the same signature passes them again; a hit skips
+#: them (the hot path of a decode step). Bounded; failing calls are never stored.
+_CHECKED_DECODES: dict[tuple, tuple] = {}
+_CHECKED_LIMIT = 4096
+
+
+def _decode_signature(q, k, v, *args) -> tuple | None:
+    """What single_decode_with_kv_cache's checks read, hashable; None when an argument is not a
+    tensor or not hashable (the checks then run and name it)."""
+    try:
+        key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
+               v.shape, v.stride(), v.dtype, v.device, args,
+               tuple(map(type, args)))  # the types too: True == 1 == 1.0 as dict keys
+        hash(args)
+    except (AttributeError, TypeError):
+        return None
+    return key

@@ -96,6 +96,28 @@ def test_validation(name):
         call()
 
 
+@pytest.mark.parametrize("name,good,bad,exc", [
+    ("window_left", 1, True, TypeError), ("q_scale", 1.0, True, TypeError),
+    ("sm_scale", 0.1, float("nan"), ValueError), ("kv_layout", "NHD", "nhd", ValueError),
+])
+def test_a_checked_decode_signature_never_admits_a_bad_argument(name, good, bad, exc):
+    """The eager decode remembers calls that passed its checks (by the tensors' metadata and the
+    arguments with their types): a value equal as a dict key (True == 1) is still checked."""
+    for _ in range(2):  # the second call is a hit
+        _decode(**{name: good})
+    with pytest.raises(exc, match=name):
+        _decode(**{name: bad})
+
+
+def test_a_checked_decode_signature_follows_the_tensors():
+    q, k, v = (torch.randn(4, 16), torch.randn(8, 2, 16), torch.randn(8, 2, 16))
+    single_decode_with_kv_cache(q, k, v)
+    with pytest.raises(ValueError, match="same dtype"):
+        single_decode_with_kv_cache(q, k, v.half())
+    with pytest.raises(ValueError, match="head_dim of k"):
+        single_decode_with_kv_cache(q, k[..., :8], v[..., :8])
+
+
 # --- the Problem each call builds ----------------------------------------------------------
 
 def _problem(fn, *args, **kw):
