@@ -21,6 +21,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "flash-attn": ("flash_attn",),
     "flashattention": ("flash_attn",),
     "cublas": ("torch",),
+    "cublaslt": ("torch",),
     "sdpa": ("torch",),
     "trtllm-gen": ("trtllm",),
     "xqa": ("trtllm",),
@@ -35,8 +36,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
 #: The quantisers dispatch nothing (one torch implementation); their entries list what they
 #: accept beyond ``auto`` / ``torch`` / ``reference``.
 FAMILY_ALIASES: dict[str, dict[str, str | None]] = {
-    "gemm": {"cublas": "torch", "cublaslt": "torch", "tgv": None, "tinygemm": None,
-             "cutile": None, "trtllm_low_latency": None, "cutedsl_low_latency": None},
+    "gemm": {"tgv": None, "tinygemm": None, "cutile": None, "trtllm_low_latency": None,
+             "cutedsl_low_latency": None},
     # SegmentGEMMWrapper's CUTLASS SM80 / SM90 kernels: torch's grouped GEMM serves both
     "segment_gemm": {"sm80": "torch", "sm90": "torch", "cutile": None, "cake": None},
     # cutlass_fused_moe's "cutlass" is its own default kernel: ours is auto's choice
@@ -70,6 +71,21 @@ def family_spelling(family: str, backend) -> str:
         raise ValueError(f"backend={backend!r} is not supported; allowed: {allowed} (all run "
                          f"this library's torch implementation)")
     return backend
+
+
+#: upstream FlashInfer's names of its own kernels, as its ``backend=`` arguments take them. Passed
+#: as a ``backend=`` argument they ask for the kernels of ours they map to when those can serve
+#: the call, and for the best backend otherwise (noted in the Decision); FLASHINFER_STRICT=1 makes
+#: them strict. Our own names (flash_attn, torch, triton, reference, "backend:variant") are strict.
+UPSTREAM_KERNEL_NAMES: frozenset[str] = frozenset({
+    "fa2", "fa3", "cudnn", "cutlass", "cublas", "cublaslt", "trtllm", "trtllm-gen", "xqa",
+    "cute-dsl",
+})
+
+
+def names_upstream_kernel(spelling: str) -> bool:
+    """Whether ``spelling`` is one of :data:`UPSTREAM_KERNEL_NAMES` (case and blanks ignored)."""
+    return spelling.strip().lower() in UPSTREAM_KERNEL_NAMES
 
 
 def known_backend_spellings() -> frozenset[str]:

@@ -17,7 +17,11 @@ for a GPU that is not here (``flashinfer explain --sm 9.0``).
 2. **Overrides** — ``backend=`` argument > ``use_backend(...)`` > ``FLASHINFER_<FAMILY>_BACKEND``
    > ``FLASHINFER_BACKEND`` (see :mod:`flashinfer.overrides`). The first level that applies
    restricts the candidates; if none of its kernels is usable the call raises
-   :class:`BackendUnavailableError` with their reasons (explicit is strict).
+   :class:`BackendUnavailableError` with their reasons (explicit is strict). Except upstream's
+   names of its own kernels as a ``backend=`` argument (``fa2``, ``cudnn``, ``cublas``, ...:
+   code written for upstream passes them where upstream's kernel runs anything): they fall
+   through to the next level with a note saying what was asked and why it could not run,
+   unless ``FLASHINFER_STRICT=1``.
 3. **Order** — without an override, the usable kernels are ordered by a tuned rule
    (``FLASHINFER_TUNED_RULES``), else a named threshold (shape limits, optionally features such
    as ``cuda_graph``: a captured call is ranked by GPU time, an eager one pays launch cost),
@@ -343,6 +347,14 @@ def select(problem: Problem, levels: tuple[overrides.Override, ...] = (), *, str
                          f"{'/'.join(sorted(level.backends()))} kernel for {problem.op}")
             continue
         chosen = [c for c in usable if level.allows(c.backend, c.variant)]
+        if not chosen and level.preference and not strict:
+            named = [c for c in candidates if level.allows(c.backend, c.variant)]
+            why = "; ".join(f"{c.name}: {c.reasons[0].message}" for c in named if c.reasons)
+            notes.append(f"{level.origin}={level.spelling!r} (upstream's kernel name) asks for "
+                         f"{', '.join(level.allowed)}, which cannot run this problem here "
+                         f"({why or 'no such kernel for ' + problem.op}); the next level or the "
+                         f"rules choose instead (FLASHINFER_STRICT=1 makes this an error)")
+            continue
         if not chosen:
             named = [c for c in candidates if level.allows(c.backend, c.variant)]
             raise BackendUnavailableError(

@@ -7,7 +7,12 @@ level decides (upstream's default ``backend="auto"`` therefore never hides an en
 override).
 
 Scope: an argument or a per-family override is strict: if the named backend cannot run the
-problem, the call raises with its reasons. A global override (``FLASHINFER_BACKEND=cudnn`` or
+problem, the call raises with its reasons. Except upstream's names of its own kernels passed as
+a ``backend=`` argument (``fa2``, ``fa3``, ``cudnn``, ``cutlass``, ``cublas``, ``trtllm-gen``,
+...: :data:`flashinfer.backend_names.UPSTREAM_KERNEL_NAMES`): upstream code passes them where
+upstream's kernel runs anything, so they prefer the kernels they map to and, when none of those
+can run the problem, let the next level or the rules choose; the Decision notes what was asked,
+what ran and why. ``FLASHINFER_STRICT=1`` makes them strict too. A global override (``FLASHINFER_BACKEND=cudnn`` or
 ``use_backend("cudnn")``) only applies to ops that backend has a capability record for; for
 other ops it is skipped and recorded, so forcing cuDNN for attention does not break RMSNorm.
 
@@ -39,7 +44,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from . import envs
-from .backend_names import resolve_spelling
+from .backend_names import names_upstream_kernel, resolve_spelling
 from .op_catalog import FAMILIES
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class Override:
     source: str  # "argument" | "context" | "environment"
     scope: str  # "op" (strict) | "global" (skipped for ops the backend has no record for)
     origin: str  # human-readable: "backend= argument", "FLASHINFER_NORM_BACKEND", ...
+    preference: bool = False  # an upstream kernel name as backend=: falls through when unusable
 
     def allows(self, backend: str, variant: str) -> bool:
         return any(spec == backend or spec == f"{backend}:{variant}" for spec in self.allowed)
@@ -101,7 +107,8 @@ def collect(family: str, argument: str | None) -> tuple[Override, ...]:
             return
         allowed = resolve_spelling(spelling, what=origin)
         if allowed is not None:
-            levels.append(Override(allowed, spelling, source, scope, origin))
+            preference = source == "argument" and names_upstream_kernel(spelling)
+            levels.append(Override(allowed, spelling, source, scope, origin, preference))
 
     add(argument, "argument", "op", "backend")
     context = _CONTEXT.get()

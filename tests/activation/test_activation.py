@@ -148,6 +148,15 @@ def test_bad_input(call, exc, name):
 
 
 def test_named_backend_without_a_kernel_raises():
+    with pytest.raises(BackendUnavailableError, match="flash_attn has no kernel for act_and_mul"):
+        fact.silu_and_mul(rand(2, 8), backend="flash_attn")
+
+
+def test_an_upstream_kernel_name_without_a_kernel_runs_the_best_and_says_so(monkeypatch):
+    with dispatch.record_decisions() as log:
+        fact.silu_and_mul(rand(2, 8), backend="cutlass")
+    assert log[-1].backend == "reference" and "backend='cutlass'" in log[-1].notes[0]
+    monkeypatch.setenv("FLASHINFER_STRICT", "1")
     with pytest.raises(BackendUnavailableError, match="cutlass has no kernel for act_and_mul"):
         fact.silu_and_mul(rand(2, 8), backend="cutlass")
 

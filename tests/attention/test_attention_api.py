@@ -165,10 +165,15 @@ def test_causal_dropped_for_one_query_row_and_decode_problem():
 
 @pytest.mark.parametrize("spelling", sorted(backend_names.known_backend_spellings()))
 def test_every_backend_spelling_is_accepted(spelling):
-    """Reference spellings run on CPU; the others are known, so they fail with reasons only."""
+    """Reference spellings and upstream's kernel names (which fall through to the best backend,
+    noted in the Decision) run on CPU; our other names are strict, so they fail with reasons."""
     q, k, v = qkv()
     allowed = backend_names.resolve_spelling(spelling)
-    if allowed is None or all(a.split(":")[0] == "reference" for a in allowed):
+    if backend_names.names_upstream_kernel(spelling):
+        with record_decisions() as log:
+            single_prefill_with_kv_cache(q, k, v, backend=spelling)
+        assert log[-1].backend == "reference" and "upstream's kernel name" in log[-1].notes[0]
+    elif allowed is None or all(a.split(":")[0] == "reference" for a in allowed):
         assert single_prefill_with_kv_cache(q, k, v, backend=spelling).shape == (4, 4, 16)
         assert single_decode_with_kv_cache(q[0], k, v, backend=spelling).shape == (4, 16)
     else:

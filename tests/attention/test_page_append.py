@@ -188,7 +188,11 @@ def test_rejects_bad_layout():
         append(_bad(), "NDH")
 
 
-def test_named_backend_without_a_kernel_raises_with_reasons():
+def test_named_backend_without_a_kernel_raises_with_reasons(monkeypatch):
+    """cudnn (upstream's kernel name) is strict under FLASHINFER_STRICT=1; flash_attn always."""
+    with pytest.raises(BackendUnavailableError, match="flash_attn"):
+        append(_bad(), "NHD", "flash_attn")
+    monkeypatch.setenv("FLASHINFER_STRICT", "1")
     with pytest.raises(BackendUnavailableError, match="cudnn"):
         append(_bad(), "NHD", "cudnn")
 

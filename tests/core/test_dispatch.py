@@ -86,7 +86,7 @@ def test_alias_spellings():
 
 
 @pytest.mark.parametrize("family,spelling,means", [
-    ("gemm", "cublas", "torch"), ("gemm", "CuBLASLt", "torch"), ("gemm", "cudnn", "cudnn"),
+    ("gemm", "cublas", "cublas"), ("gemm", "cudnn", "cudnn"),
     ("segment_gemm", "sm90", "torch"), ("moe", "cutlass", "auto"), ("moe", "torch", "torch"),
     ("fp8_quantization", "cutile", "torch"), ("fp4_quantization", "cute-dsl", "torch"),
     ("fp4_quantization", "reference", "reference"),
@@ -116,8 +116,35 @@ def test_argument_override_is_strict_and_raises_with_reasons():
 
 
 def test_argument_naming_a_backend_without_a_kernel_says_so():
+    with pytest.raises(BackendUnavailableError, match="flash_attn has no kernel for rmsnorm"):
+        select(norm_problem(), collect("norm", "flash_attn"))
     with pytest.raises(BackendUnavailableError, match="cutlass has no kernel for rmsnorm"):
-        select(norm_problem(), collect("norm", "cutlass"))
+        select(norm_problem(), collect("norm", "cutlass"), strict=True)
+
+
+@pytest.mark.parametrize("spelling", ["cutlass", "fa3", "cudnn", "trtllm-gen"])
+def test_an_upstream_kernel_name_as_argument_falls_through_and_says_why(spelling, monkeypatch):
+    """Upstream code passes its kernel names where upstream's kernel runs anything: the kernels
+    they map to when usable, else the next level or the rules, with a note; strict=True (what
+    FLASHINFER_STRICT=1 sets) makes them strict."""
+    auto = select(norm_problem(), collect("norm", None))
+    d = select(norm_problem(), collect("norm", spelling))
+    assert (d.name, d.source) == (auto.name, "default")
+    assert f"backend={spelling!r} (upstream's kernel name)" in d.notes[0]
+    with use_backend("cudnn"):  # global, and cudnn has no rmsnorm kernel: skipped too
+        assert select(norm_problem(), collect("norm", spelling)).name == auto.name
+    monkeypatch.setenv("FLASHINFER_NORM_BACKEND", "reference")
+    assert select(norm_problem(), collect("norm", spelling)).source == "environment"
+
+
+def test_an_upstream_kernel_name_that_can_serve_is_used():
+    problem = Problem.make("single_prefill", simulated("9.0"),
+                           dtypes={"q": "float16", "kv": "float16", "o": "float16"},
+                           shape={"head_dim_qk": 128, "head_dim_vo": 128, "num_qo_heads": 8,
+                                  "num_kv_heads": 8, "qo_len": 128, "kv_len": 128},
+                           features=["causal"], layout="NHD")
+    d = select(problem, collect("attention", "fa3"), assume_installed=True)
+    assert (d.name, d.source, d.notes) == ("flash_attn:fa3", "argument", ())
 
 
 def test_precedence_argument_context_env(monkeypatch):
@@ -317,4 +344,4 @@ def test_decide_each_memo_follows_overrides_caches_and_recording(monkeypatch):
     with record_decisions() as log:  # an open recording sees every decision
         decide_each(problems, "auto", memo)
     assert [d.backend for d in log] == ["reference"]
-    assert isinstance(decide_each(problems, "cudnn", memo)[0], (NoBackendError, BackendUnavailableError))
+    assert isinstance(decide_each(problems, "flash_attn", memo)[0], (NoBackendError, BackendUnavailableError))

@@ -88,7 +88,12 @@ def test_backend_spellings():
             mm_bf16(a, b, backend=upstream_only)
 
 
-def test_named_backend_without_kernel_is_strict():
+def test_named_backend_without_kernel_is_strict(monkeypatch):
+    """Upstream's kernel name runs the best backend and says so; strict with FLASHINFER_STRICT."""
+    with flashinfer.record_decisions() as log:
+        mm_bf16(_bf16(4, 8), _bf16(8, 4), backend="cudnn")
+    assert log[-1].backend == "reference" and "backend='cudnn'" in log[-1].notes[0]
+    monkeypatch.setenv("FLASHINFER_STRICT", "1")
     with pytest.raises(BackendUnavailableError, match="cudnn"):
         mm_bf16(_bf16(4, 8), _bf16(8, 4), backend="cudnn")
 

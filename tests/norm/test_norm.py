@@ -222,7 +222,10 @@ def test_triton_cannot_take_a_hidden_size_above_its_limit():
     assert rel_error(fnorm.rmsnorm(x, w), naive_rmsnorm(x, w)) <= TOLERANCE[torch.float32]
 
 
-def test_named_backend_without_a_kernel_raises():
+def test_named_backend_without_a_kernel_raises(monkeypatch):
+    with pytest.raises(BackendUnavailableError, match="flash_attn has no kernel for rmsnorm"):
+        fnorm.rmsnorm(_x(), rand(64), backend="flash_attn")
+    monkeypatch.setenv("FLASHINFER_STRICT", "1")  # upstream's kernel names: strict only then
     with pytest.raises(BackendUnavailableError, match="cudnn has no kernel for rmsnorm"):
         fnorm.rmsnorm(_x(), rand(64), backend="cudnn")
 

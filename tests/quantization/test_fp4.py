@@ -360,8 +360,9 @@ def test_mm_fp4_mxfp4_scales_must_be_uint8():
 
 
 @pytest.mark.parametrize("backend", ["cutlass", "cudnn", "trtllm", "cute-dsl"])
-def test_mm_fp4_native_backends_are_refused_with_reasons(backend):
+def test_mm_fp4_native_backends_are_refused_with_reasons(backend, monkeypatch):
     ops, _, _ = _operands(6, 16, 64, seed=12)
+    monkeypatch.setenv("FLASHINFER_STRICT", "1")  # else upstream's kernel names fall through
     with pytest.raises(BackendUnavailableError) as info:
         flashinfer.mm_fp4(**_bad(ops, backend=backend))
     assert "mm_fp4" in str(info.value)
