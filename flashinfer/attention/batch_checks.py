@@ -174,6 +174,19 @@ def planned_device_fields(arrays: dict, fixed: dict) -> dict:
             for name, t in arrays.items()}
 
 
+def workspace_bytes(name: str, buffer) -> torch.Tensor:
+    """A workspace buffer as the raw bytes the planners carve (a 1-D uint8 view, no copy).
+    Upstream treats the buffer as bytes of any dtype (int8, uint8, float, ...); it must be one
+    dense block of memory (contiguous): ``TypeError`` / ``ValueError`` naming ``name``."""
+    if not isinstance(buffer, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor (any dtype, e.g. 128 MiB of uint8), got "
+                        f"{type(buffer).__name__}")
+    if not buffer.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (one block of bytes), got shape "
+                         f"{tuple(buffer.shape)} with strides {buffer.stride()}")
+    return buffer.reshape(-1).view(torch.uint8)
+
+
 def require_workspace(plan: BatchPlan, nbytes: int, who: str) -> torch.Tensor:
     """For planners: ``nbytes`` of ``plan.workspace`` as uint8, or a ValueError stating the need."""
     ws = plan.workspace
@@ -230,5 +243,5 @@ def paged_kv_pages(paged_kv_cache, plan: BatchPlan, max_page: int, check_kv, ind
 
 __all__ = ["canonical_dtype", "positive_int", "index_array", "host_index_arrays", "check_indptr",
            "paged_kv_lens", "page_indices", "largest_page_id", "DeviceIdsCheck",
-           "check_fixed_buffer", "planned_device_fields", "require_workspace", "scale_arg",
+           "check_fixed_buffer", "planned_device_fields", "require_workspace", "workspace_bytes", "scale_arg",
            "unpack_segments", "paged_kv_pages", "Q_DTYPES", "FP8_DTYPES", "KV_DTYPES"]

@@ -159,7 +159,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
             kv_last_page_len_host=last_h, **planned_device_fields(arrays, fixed),
             total_qo=batch * q_len_per_req, max_qo_len=q_len_per_req,
             max_kv_len=int(kv_lens_np.max()), kv_indices_host=indices_d if on_host else None,
-            cuda_graph=graph, workspace=self._float_workspace_buffer, reusable=self._reusable)
+            cuda_graph=graph, workspace=self._workspace_bytes, reusable=self._reusable)
         self._finish_plan(plan, max_page, arrays, fixed, non_blocking)
         set_plan_attributes(self, plan, window_left, replay)
         self._pos_encoding_mode = "NONE"

@@ -95,7 +95,7 @@ class BatchPlan:
     custom_mask: torch.Tensor | None = None  # flattened bool on device, prefill only
     mask_indptr_host: torch.Tensor | None = None  # [B+1] offsets into custom_mask
     cuda_graph: bool = False
-    workspace: torch.Tensor | None = None  # the user's float workspace buffer (uint8)
+    workspace: torch.Tensor | None = None  # the float workspace buffer as 1-D uint8 bytes
     # the wrapper's scratch dict, the same object every plan(): a planner may keep device buffers
     # here and rewrite them in the next plan() instead of allocating (runs of an older plan of
     # the same wrapper are never issued after a new plan()). None: nothing is kept.

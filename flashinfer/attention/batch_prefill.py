@@ -115,7 +115,7 @@ class _PrefillBase(BatchWrapperBase):
             total_qo=total_qo, max_qo_len=int(qo_lens_h.numpy().max()), max_kv_len=int(kv_lens_h.numpy().max()),
             kv_indices_host=indices_h if paged and indices_h.device.type == "cpu" else None,
             custom_mask=mask, mask_indptr_host=mask_h, cuda_graph=graph,
-            workspace=self._float_workspace_buffer, reusable=self._reusable)
+            workspace=self._workspace_bytes, reusable=self._reusable)
         self._finish_plan(plan, max_page, arrays, fixed, non_blocking)
         set_plan_attributes(self, plan, window_left, replay)
         self._causal = bool(causal)

@@ -26,7 +26,7 @@ import warnings
 import torch
 
 from .. import dispatch
-from .batch_checks import FP8_DTYPES, DeviceIdsCheck, scale_arg
+from .batch_checks import FP8_DTYPES, DeviceIdsCheck, scale_arg, workspace_bytes
 from .batch_params import BatchPlan, KVInput, RunScales, Tail, bind_device_arrays
 from .checks import check_kv_layout
 from .params import check_softmax_scale
@@ -47,9 +47,7 @@ class BatchWrapperBase:
 
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str, use_cuda_graph: bool,
                  backend: str):
-        if not isinstance(float_workspace_buffer, torch.Tensor):
-            raise TypeError("float_workspace_buffer must be a torch.Tensor (uint8, e.g. 128 MiB), "
-                            f"got {type(float_workspace_buffer).__name__}")
+        self._workspace_bytes = workspace_bytes("float_workspace_buffer", float_workspace_buffer)
         if not isinstance(backend, str):
             raise TypeError(f"backend must be a str, got {type(backend).__name__}")
         self._float_workspace_buffer = float_workspace_buffer
@@ -85,6 +83,7 @@ class BatchWrapperBase:
         return self._use_cuda_graph
 
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None) -> None:
+        self._workspace_bytes = workspace_bytes("float_workspace_buffer", float_workspace_buffer)
         self._float_workspace_buffer = float_workspace_buffer
         self._int_workspace_buffer = int_workspace_buffer
 

@@ -24,6 +24,27 @@ def _decode(ps=4, lens=(3, 9), hq=4, hk=2, d=16):
     return w, cache, torch.randn(len(lens), hq, d)
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.float32, torch.bfloat16])
+def test_a_workspace_of_any_dtype_is_bytes(dtype):
+    """Upstream treats the workspace as raw bytes: int8 (as many callers allocate it), floats."""
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(1 << 16, dtype=dtype), "NHD")
+    assert w._float_workspace_buffer.dtype == dtype  # the attribute engines read stays theirs
+    w.plan(torch.tensor([0, 2], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
+           torch.tensor([3], dtype=torch.int32), 4, 2, 16, 4, q_data_type=torch.float16,
+           kv_data_type=torch.float16)
+    cache = torch.randn(2, 2, 4, 2, 16, dtype=torch.float16)
+    assert w.run(torch.randn(1, 4, 16, dtype=torch.float16), cache).shape == (1, 4, 16)
+    assert w._plan.workspace.dtype == torch.uint8
+    assert w._plan.workspace.numel() == (1 << 16) * torch.empty((), dtype=dtype).element_size()
+
+
+def test_a_workspace_must_be_one_block_of_bytes():
+    with pytest.raises(ValueError, match="float_workspace_buffer must be contiguous"):
+        flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(64, 64)[:, :8], "NHD")
+    with pytest.raises(TypeError, match="float_workspace_buffer must be a torch.Tensor"):
+        flashinfer.BatchPrefillWithRaggedKVCacheWrapper(bytearray(64), "NHD")
+
+
 def test_index_arrays_must_be_int32():
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws())
     with pytest.raises(ValueError, match="indptr.*int32"):

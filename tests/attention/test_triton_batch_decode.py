@@ -220,7 +220,7 @@ def test_workspace_carved_or_too_small():
     with pytest.raises(ValueError, match="workspace too small.*needs [0-9]+ bytes"):
         bd.make_runner(small, 2)
     wrong = make_case([5, 17], workspace=torch.empty(need, dtype=torch.float32, device=DEV))[0]
-    with pytest.raises(ValueError, match="workspace must be a contiguous uint8"):
+    with pytest.raises(ValueError, match="workspace must be a contiguous byte buffer"):
         bd.make_runner(wrong, 2)
 
 

@@ -112,8 +112,9 @@ def _scratch(plan: BatchPlan, num_splits: int) -> tuple[torch.Tensor, torch.Tens
         buf = torch.empty(need, dtype=torch.uint8, device=plan.device)
     else:
         if ws.device != plan.device or ws.dtype != torch.uint8 or not ws.is_contiguous():
-            raise ValueError(f"workspace must be a contiguous uint8 tensor on {plan.device}, got "
-                             f"{ws.dtype} on {ws.device} (contiguous={ws.is_contiguous()})")
+            raise ValueError(f"workspace must be a contiguous byte buffer (uint8) on "
+                             f"{plan.device}, got {ws.dtype} on {ws.device} "
+                             f"(contiguous={ws.is_contiguous()})")
         ws = ws.reshape(-1)
         shift = -ws.data_ptr() % ALIGN  # start the scratch on an ALIGN-byte boundary
         if ws.numel() < shift + need:
