@@ -7,7 +7,13 @@ reference). See :mod:`flashinfer.dispatch` for how, and ``flashinfer explain`` f
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+#: Version policy. ``__version__`` is the upstream FlashInfer release whose public API this
+#: package matches (names, signatures, defaults: ../shared/api-spec.md studies 0.6.18), because
+#: engines compare ``flashinfer.__version__`` against upstream releases to choose code paths.
+#: This package's own release (pyproject.toml, what pip shows) is ``__package_version__``;
+#: ``flashinfer --version`` and ``show-config`` print both.
+__version__ = "0.6.18"
+__package_version__ = "0.1.0"
 
 from . import activation, decode, norm, prefill, rope  # noqa: F401
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul  # noqa: F401

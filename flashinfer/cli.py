@@ -33,7 +33,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from . import __version__, bench_command, device, dispatch, envs, kernel_pack, overrides
+from . import (__package_version__, __version__, bench_command, device, dispatch, envs,
+               kernel_pack, overrides)
 from .backends.cutlass import runtime as cutlass_runtime
 from .backend_names import BACKEND_NAMES
 from .capability_db import DTYPE_NAMES, Record, database
@@ -186,6 +187,7 @@ def config_data() -> dict[str, Any]:
     cudnn_version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return {
         "flashinfer": __version__,
+        "package_version": __package_version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
         "torch": {"version": torch.__version__, "cuda": torch.version.cuda,
@@ -253,7 +255,7 @@ def _package_text(pkg: dict[str, Any], pip_hint: bool = True) -> str:
 def _print_config(data: dict[str, Any]) -> None:
     t = data["torch"]
     print("=== Versions ===")
-    print(f"flashinfer: {data['flashinfer']}")
+    print(f"flashinfer: {data['flashinfer']} (upstream API; package {data['package_version']})")
     print(f"python:     {data['python']} ({data['platform']})")
     print(f"torch:      {t['version']} (CUDA {t['cuda'] or 'none'}, cuDNN {t['cudnn'] or 'none'}, "
           f"CUDA available: {'yes' if t['cuda_available'] else 'no'})")
@@ -665,7 +667,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flashinfer", description="FlashInfer-compatible kernels behind a backend dispatcher: "
         "inspect what is installed and why a backend is chosen.")
-    parser.add_argument("--version", action="version", version=f"flashinfer {__version__}")
+    parser.add_argument("--version", action="version",
+                        version=f"flashinfer {__version__} (upstream API; package "
+                                f"{__package_version__})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("show-config", help="versions, device, environment and the op x backend table")

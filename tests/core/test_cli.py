@@ -68,7 +68,22 @@ def call(capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_version_and_help():
     res = run_cli("--version")
-    assert res.returncode == 0 and res.stdout.strip() == f"flashinfer {flashinfer.__version__}"
+    assert res.returncode == 0 and res.stdout.strip() == (
+        f"flashinfer {flashinfer.__version__} (upstream API; package "
+        f"{flashinfer.__package_version__})")
+
+
+def test_version_policy():
+    """__version__: the upstream release whose API this package matches (engines compare it
+    against upstream's); __package_version__: this package's own release, pyproject's."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert flashinfer.__package_version__ == project["version"]
+    spec = (REPO.parent / "shared" / "api-spec.md")
+    if spec.is_file():  # the studied release, when the spec is beside the checkout
+        assert f"**{flashinfer.__version__}**" in spec.read_text()
+    assert tuple(map(int, flashinfer.__version__.split("."))) >= (0, 6)
     res = run_cli()
     assert res.returncode == 0
     for command in ("show-config", "list-backends", "explain", "clear-cache"):
