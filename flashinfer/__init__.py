@@ -67,5 +67,5 @@ from .gemm import mm_fp4  # noqa: F401,E402
 from .quantization import (  # noqa: F401,E402
     SfLayout, block_scale_interleave, e2m1_and_ufp8sf_scale_to_float, fp4_quantize,
     mxfp4_dequantize, mxfp4_dequantize_host, mxfp4_quantize, nvfp4_block_scale_interleave,
-    nvfp4_quantize,
+    nvfp4_quantize, packbits, segment_packbits,
 )

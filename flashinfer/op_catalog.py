@@ -332,5 +332,6 @@ NOT_DISPATCHED: dict[str, str] = {
                      "quantize_fp8_per_token", "quantize_fp8_blockwise", "fp4_quantize",
                      "mxfp4_quantize", "mxfp4_dequantize", "mxfp4_dequantize_host",
                      "nvfp4_quantize", "block_scale_interleave", "nvfp4_block_scale_interleave",
-                     "e2m1_and_ufp8sf_scale_to_float"), "flashinfer.quantization"),
+                     "e2m1_and_ufp8sf_scale_to_float", "packbits", "segment_packbits"),
+                    "flashinfer.quantization"),
 }
