@@ -15,7 +15,7 @@ from __future__ import annotations
 __version__ = "0.6.18"
 __package_version__ = "0.1.0"
 
-from . import activation, decode, norm, prefill, rope  # noqa: F401
+from . import activation, decode, norm, prefill, rope, utils  # noqa: F401
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul  # noqa: F401
 from .attention.params import get_alibi_slopes  # noqa: F401
 from .decode import single_decode_with_kv_cache  # noqa: F401
