@@ -152,18 +152,15 @@ class _PrefillBase(BatchWrapperBase):
                 self._mask_indptr_buf[:mask_h.shape[0]].copy_(mask_h, non_blocking=non_blocking)
         return mask, mask_h
 
-    def forward(self, q, *kv, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
-                k_scale=None, v_scale=None, window_left=-1, logits_soft_cap=None, sm_scale=None,
-                rope_scale=None, rope_theta=None, return_lse=False):
-        """Deprecated: ``run()`` after re-planning when a planned value changed."""
+    def _prefill_forward(self, q, kv: tuple, causal, pos_encoding_mode, window_left,
+                         logits_soft_cap, sm_scale, run_kwargs: dict):
+        """The deprecated ``forward()``: ``run()`` after re-planning when a planned value
+        changed (the subclasses give upstream's two signatures)."""
         changes = {"pos_encoding_mode": pos_encoding_mode, "causal": bool(causal),
                    "window_left": window_left,
                    "logits_soft_cap": 0.0 if logits_soft_cap is None else float(logits_soft_cap)}
         return self._forward(self.run, q, *kv, changes=changes, sm_scale=sm_scale,
-                             run_kwargs=dict(k_scale=k_scale, v_scale=v_scale, return_lse=return_lse))
-
-    def forward_return_lse(self, q, *kv, **kwargs):
-        return self.forward(q, *kv, **kwargs, return_lse=True)
+                             run_kwargs=run_kwargs)
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
@@ -228,6 +225,19 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                                           "paged_kv_indices")
         return self._execute(plan, q, KVInput(k_cache, v_cache), q_scale, k_scale, v_scale, out,
                              lse, return_lse, sinks)
+
+    def forward(self, q, paged_kv_cache, causal=False, pos_encoding_mode="NONE",
+                use_fp16_qk_reduction=False, k_scale=None, v_scale=None, window_left=-1,
+                logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None,
+                return_lse=False):
+        """Deprecated (upstream's signature): ``run()`` after re-planning when a planned value
+        changed."""
+        return self._prefill_forward(q, (paged_kv_cache,), causal, pos_encoding_mode,
+                                     window_left, logits_soft_cap, sm_scale,
+                                     dict(k_scale=k_scale, v_scale=v_scale, return_lse=return_lse))
+
+    def forward_return_lse(self, q, paged_kv_cache, *args, **kwargs):
+        return self.forward(q, paged_kv_cache, *args, **kwargs, return_lse=True)
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
@@ -295,3 +305,14 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                              f"{plan.head_dim_qk} / {plan.head_dim_vo}] as planned")
         return self._execute(plan, q, KVInput(k, v), q_scale, k_scale, v_scale, out, lse,
                              return_lse, sinks)
+
+    def forward(self, q, k, v, causal=False, pos_encoding_mode="NONE",
+                use_fp16_qk_reduction=False, window_left=-1, logits_soft_cap=None, sm_scale=None,
+                rope_scale=None, rope_theta=None, return_lse=False):
+        """Deprecated (upstream's signature): ``run()`` after re-planning when a planned value
+        changed."""
+        return self._prefill_forward(q, (k, v), causal, pos_encoding_mode, window_left,
+                                     logits_soft_cap, sm_scale, dict(return_lse=return_lse))
+
+    def forward_return_lse(self, q, k, v, *args, **kwargs):
+        return self.forward(q, k, v, *args, **kwargs, return_lse=True)

@@ -204,6 +204,34 @@ def test_aliases_and_forward():
     assert w.begin_forward is not None and w.end_forward() is None
 
 
+def test_prefill_forward_takes_upstreams_positional_and_keyword_forms():
+    """forward(q, paged_kv_cache, causal, ...) / forward(q, k, v, causal, ...) as upstream
+    spells them: keywords for the caches, causal positionally (it re-plans when it changes)."""
+    torch.manual_seed(3)
+    cache, indptr, indices, last, _, _ = make_paged([5, 9], 4, 2, 16, "NHD")
+    qo = torch.tensor([0, 3, 7], dtype=I32)
+    q = torch.randn(7, 4, 16)
+    paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws())
+    paged.plan(qo, indptr, indices, last, 4, 2, 16, 4, causal=True, q_data_type=torch.float32,
+               kv_data_type=torch.float32)
+    want = paged.run(q, cache)
+    kv = torch.randn(14, 2, 16), torch.randn(14, 2, 16)
+    ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws())
+    ragged.plan(qo, torch.tensor([0, 5, 14], dtype=I32), 4, 2, 16, causal=True,
+                q_data_type=torch.float32, kv_data_type=torch.float32)
+    want_ragged = ragged.run(q, *kv)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert torch.equal(paged.forward(q, paged_kv_cache=cache, causal=True), want)
+        assert torch.equal(paged.forward(q, cache, True), want)
+        out, lse = paged.forward_return_lse(q, paged_kv_cache=cache, causal=True)
+        assert torch.equal(out, want) and lse.shape == (7, 4)
+        assert torch.equal(ragged.forward(q, k=kv[0], v=kv[1], causal=True), want_ragged)
+        assert torch.equal(ragged.forward(q, kv[0], kv[1], True), want_ragged)
+        assert not torch.allclose(ragged.forward(q, *kv, False), want_ragged)  # re-planned
+    assert ragged._causal is False
+
+
 def test_cuda_graph_wrappers_require_buffers():
     with pytest.raises(ValueError, match="paged_kv_last_page_len_buffer"):
         flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws(), use_cuda_graph=True)
