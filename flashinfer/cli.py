@@ -33,8 +33,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from . import (__package_version__, __version__, bench_command, device, dispatch, envs,
-               kernel_pack, overrides)
+from . import (__package_version__, __version__, bench_command, cli_upstream, device, dispatch,
+               envs, kernel_pack, overrides)
 from .backends.cutlass import runtime as cutlass_runtime
 from .backend_names import BACKEND_NAMES
 from .capability_db import DTYPE_NAMES, Record, database
@@ -745,6 +745,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "the checkout)")
     bench_command.add_arguments(p)
     p.set_defaults(run=bench_command.main)
+    cli_upstream.add_commands(sub)
     return parser
 
 

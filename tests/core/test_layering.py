@@ -19,7 +19,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "flashinfer"
 #: top to bottom; the first pattern a module matches gives its layer
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("entry points", ("flashinfer.cli", "flashinfer.__main__", "flashinfer.warmup",
-                      "flashinfer.problems", "flashinfer.bench_command")),
+                      "flashinfer.problems", "flashinfer.bench_command",
+                      "flashinfer.cli_upstream")),
     ("public API", ("flashinfer", "flashinfer.decode", "flashinfer.prefill", "flashinfer.page",
                     "flashinfer.grouped_mm", "flashinfer.fp4_quantization", "flashinfer.gemm",
                     "flashinfer.sampling", "flashinfer.quantization", "flashinfer.fused_moe",
