@@ -106,6 +106,10 @@ _VARS: list[EnvVar] = [
     EnvVar("FLASHINFER_KERNEL_PACK_DIR", "path", None,
            "directory of compiled-kernel packs seeded into Triton's cache on first use (default: "
            "the packs shipped in flashinfer/kernel_packs); 'off' disables seeding", _parse_str),
+    EnvVar("FLASHINFER_TRITON_FAST_LAUNCH", "bool", True,
+           "launch our Triton kernels through the compiled kernel remembered per specialization "
+           "(backends/triton/launch.py), skipping Triton's per-call bookkeeping; 0 launches every "
+           "call through Triton's JITFunction (read at the first launch)", _parse_bool),
     EnvVar("TRITON_INTERPRET", "bool", False,
            "Triton's own switch: run Triton kernels in its interpreter (lets our kernels run on CPU)",
            _parse_bool),
@@ -123,6 +127,7 @@ LOGDEST = REGISTRY["FLASHINFER_LOGDEST"]
 CACHE_DIR = REGISTRY["FLASHINFER_CACHE_DIR"]
 KERNEL_PACK_DIR = REGISTRY["FLASHINFER_KERNEL_PACK_DIR"]
 TRITON_INTERPRET = REGISTRY["TRITON_INTERPRET"]
+TRITON_FAST_LAUNCH = REGISTRY["FLASHINFER_TRITON_FAST_LAUNCH"]
 
 
 _FAMILY_VARS = {fam: REGISTRY[f"FLASHINFER_{fam.upper()}_BACKEND"] for fam in FAMILIES}

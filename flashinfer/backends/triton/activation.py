@@ -14,7 +14,7 @@ from __future__ import annotations
 
 
 import torch
-from .launch import device_of, pow2
+from .launch import device_of, fast, pow2
 
 
 #: widest column block one program handles.
@@ -53,7 +53,7 @@ def act_and_mul(input: torch.Tensor, out: torch.Tensor, activation: str) -> None
     n_rows, d = y.shape
     block, warps = launch_config(d)
     with device_of(x):
-        _activation_kernels.act_and_mul_kernel[(n_rows, -(-d // block))](
+        fast(_activation_kernels.act_and_mul_kernel)[(n_rows, -(-d // block))](
             x, y, d, x.stride(0), y.stride(0),
             ACT=_ACT_CODES[activation], BLOCK=block, num_warps=warps,
         )

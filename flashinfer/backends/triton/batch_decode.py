@@ -29,7 +29,7 @@ import torch
 
 from ...attention.batch_params import BatchPlan, KVInput, RunScales
 from ...reasons import Reason
-from .launch import cdiv, device_of, pow2
+from .launch import cdiv, device_of, fast, pow2
 
 #: programs per SM the split count aims for.
 PROGRAMS_PER_SM = 2
@@ -172,7 +172,7 @@ class PagedDecodeRunner:
         cap = plan.logits_soft_cap
         window = plan.window_left
         with device_of(q):
-            K.decode_split_kernel[(plan.batch_size, plan.num_kv_heads * cfg.row_tiles,
+            fast(K.decode_split_kernel)[(plan.batch_size, plan.num_kv_heads * cfg.row_tiles,
                                    cfg.num_splits)](
                 q, k, v, self.part_o, self.part_lse,
                 plan.qo_indptr, plan.kv_indptr, self.kv_indices, plan.kv_lens,
@@ -192,7 +192,7 @@ class PagedDecodeRunner:
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )
             sinks = scales.sinks
-            K.decode_merge_kernel[(plan.total_qo, plan.num_qo_heads)](
+            fast(K.decode_merge_kernel)[(plan.total_qo, plan.num_qo_heads)](
                 self.part_o, self.part_lse, out, self.part_lse if lse is None else lse,
                 self.part_lse if sinks is None else sinks,
                 out.stride(0), out.stride(1), scales.v_scale,

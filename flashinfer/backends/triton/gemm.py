@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from ...reasons import Reason
-from .launch import cdiv, device_of
+from .launch import cdiv, device_of, fast
 
 #: K step (and the scale-block width along K this kernel walks).
 BLOCK_K = 128
@@ -72,7 +72,7 @@ def gemm_fp8_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
     block_m, warps, stages = launch_config(m, a.device, largest=64)
     grid = (cdiv(m, block_m) * cdiv(n, BLOCK_N),)
     with device_of(a):
-        _gemm_kernels.gemm_fp8_groupwise_kernel[grid](
+        fast(_gemm_kernels.gemm_fp8_groupwise_kernel)[grid](
             a, b, a_scale, b_scale, out, m, n, k,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
@@ -97,7 +97,7 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
     block_m, block_n, block_k, warps, stages = bmm_fp8_launch(m, n, k, A.device)
     grid = (cdiv(m, block_m) * cdiv(n, block_n), batch)
     with device_of(A):
-        _gemm_kernels.bmm_fp8_kernel[grid](
+        fast(_gemm_kernels.bmm_fp8_kernel)[grid](
             A, B, A_scale, B_scale, out, m, n, k,
             A.stride(0), A.stride(1), A.stride(2), B.stride(0), B.stride(1), B.stride(2),
             out.stride(0), out.stride(1),

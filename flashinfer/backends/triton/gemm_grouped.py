@@ -29,7 +29,7 @@ import torch
 from ...index_checks import record
 from ...reasons import Reason
 from .gemm import BLOCK_K as FP8_BLOCK_K, BLOCK_N, _same_fp8, launch_config
-from .launch import cdiv, device_of
+from .launch import cdiv, device_of, fast
 
 #: K step of the 16-bit segment GEMM
 BLOCK_K_16 = 64
@@ -62,7 +62,7 @@ def segment_gemm(x: torch.Tensor, weights: torch.Tensor, seg_indptr: torch.Tenso
     s_wk, s_wn = (s_b, s_a) if weight_column_major else (s_a, s_b)
     block_m, warps, stages = launch_config(cdiv(m, max(segments, 1)), x.device)
     with device_of(x):
-        _gemm_grouped_kernels.segment_gemm_kernel[_grid(m, n, segments, block_m)](
+        fast(_gemm_grouped_kernels.segment_gemm_kernel)[_grid(m, n, segments, block_m)](
             x, weights, seg_indptr,
             seg_indptr if weight_indices is None else weight_indices,
             seg_indptr if alpha is None else alpha, out, record(x.device),
@@ -89,7 +89,7 @@ def group_gemm_fp8_groupwise(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Te
                          f"a multiple of {FP8_BLOCK_K} or at least K = {k}")
     block_m, warps, stages = launch_config(cdiv(m, max(groups, 1)), a.device, largest=64)
     with device_of(a):
-        _gemm_grouped_kernels.group_gemm_fp8_kernel[_grid(m, n, groups, block_m)](
+        fast(_gemm_grouped_kernels.group_gemm_fp8_kernel)[_grid(m, n, groups, block_m)](
             a, b, a_scale, b_scale, m_indptr, out, record(a.device), m, n, k, groups,
             faults.offsets.code,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2),

@@ -59,7 +59,7 @@ import torch
 
 from ...index_checks import record
 from ...reasons import Reason
-from .launch import device_of, pow2
+from .launch import device_of, fast, pow2
 
 _QUANT = {"none": 0, "fp8_block_scale": 1, "fp8_per_tensor": 2}
 #: pairs ranked at a time by ``align_kernel`` (a [ALIGN_CHUNK, experts] one-hot per step)
@@ -177,21 +177,21 @@ def prepare(ids: torch.Tensor, expert_offset: int, num_experts: int, block_m: in
     if num_pairs == 0:  # no M-block in use: nothing reads the other outputs
         num_blocks.zero_()
     elif num_pairs <= ONE_PROGRAM_PAIRS:
-        _moe_kernels.align_kernel[(1 + q_tiles,)](
+        fast(_moe_kernels.align_kernel)[(1 + q_tiles,)](
             flat, sorted_pairs, block_expert, num_blocks, num_pairs, expert_offset, rows,
             *q_args, *check_args, NUM_EXPERTS=num_experts, EP=ep, BLOCK_M=block_m,
             CHUNK=ALIGN_CHUNK, **quant_kw, num_warps=8)
     else:
         n_chunks = -(-num_pairs // ALIGN_CHUNK)
         base = torch.empty((n_chunks, ep), dtype=torch.int32, device=dev)
-        _moe_kernels.align_count_kernel[(n_chunks + q_tiles,)](
+        fast(_moe_kernels.align_count_kernel)[(n_chunks + q_tiles,)](
             flat, base, num_pairs, expert_offset, *q_args, *check_args, NUM_EXPERTS=num_experts,
             EP=ep, CHUNK=ALIGN_CHUNK, **quant_kw, num_warps=4)
-        _moe_kernels.align_offsets_kernel[(1,)](
+        fast(_moe_kernels.align_offsets_kernel)[(1,)](
             base, block_expert, num_blocks, sorted_pairs, n_chunks, rows, num_pairs,
             NUM_EXPERTS=num_experts, EP=ep, BLOCK_M=block_m, CHUNK=ALIGN_CHUNK, GROUP=16,
             FILL=1024, num_warps=8)
-        _moe_kernels.align_scatter_kernel[(n_chunks,)](
+        fast(_moe_kernels.align_scatter_kernel)[(n_chunks,)](
             flat, base, sorted_pairs, num_pairs, expert_offset, NUM_EXPERTS=num_experts, EP=ep,
             CHUNK=ALIGN_CHUNK, num_warps=4)
     return Prepared(sorted_pairs, block_expert, num_blocks, x_q, x_scale)
@@ -262,7 +262,7 @@ def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -
         s1, s1e, s1n, s1k = _scale_args(w1_scale, quant, flat_w)
         w1_desc, w2_desc = _weight_descriptors(w1, w2, cfg) if cfg.weights_tma else (None, None)
         grid_n1 = -(-inter // cfg.block_n1)
-        _moe_kernels.gemm1_kernel[(grid_m * grid_n1,)](
+        fast(_moe_kernels.gemm1_kernel)[(grid_m * grid_n1,)](
             a, xs, w1, w1_desc, s1, mid, mid_s, sorted_pairs, block_expert, num_blocks, flat_w,
             num_pairs, hidden, inter, grid_m,
             a.stride(0), xs_t, xs_k, w1.stride(0), w1.stride(1), s1e, s1n, s1k, mid.stride(0),
@@ -277,7 +277,7 @@ def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -
         result = torch.empty((num_pairs, hidden), dtype=_partial_dtype(out), device=x.device)
         s2, s2e, s2n, s2k = _scale_args(w2_scale, quant, flat_w)
         grid_n2 = -(-hidden // cfg.block_n2)
-        _moe_kernels.gemm2_kernel[(grid_m * grid_n2,)](
+        fast(_moe_kernels.gemm2_kernel)[(grid_m * grid_n2,)](
             mid, mid_s, w2, w2_desc, s2, result, sorted_pairs, block_expert, num_blocks, flat_w,
             num_pairs, hidden, inter, grid_m,
             mid.stride(0), mid_s.stride(0), w2.stride(0), w2.stride(1), s2e, s2n, s2k,
@@ -289,7 +289,7 @@ def fused_moe(x, x_scale, w1, w1_scale, w2, w2_scale, ids, weights, spec, out) -
         )
         if num_tokens:
             block_h = 1024 if on_gpu else 128
-            _moe_kernels.finalize_kernel[(num_tokens, -(-hidden // block_h))](
+            fast(_moe_kernels.finalize_kernel)[(num_tokens, -(-hidden // block_h))](
                 result, ids, out, num_tokens, hidden, spec.expert_offset, result.stride(0),
                 out.stride(0), NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=block_h,
                 num_warps=4)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 
 import torch
-from .launch import cdiv, device_of, pow2
+from .launch import cdiv, device_of, fast, pow2
 
 
 #: widest row (elements) handled by the single-pass kernel; wider rows loop over chunks.
@@ -73,7 +73,7 @@ def rmsnorm(input: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     res = x if r is None else r  # a placeholder pointer when there is no residual
     inner = 1 if x.dim() == 3 else None  # a 2-D [B, H] call: one row per batch entry
     with device_of(x):
-        _norm_kernels.rmsnorm_kernel[(cdiv(n_rows, rows),)](
+        fast(_norm_kernels.rmsnorm_kernel)[(cdiv(n_rows, rows),)](
             x, weight.contiguous(), y, res,
             n_rows, n_inner, hidden,
             x.stride(0), _stride(x, inner), y.stride(0), _stride(y, inner), res.stride(0),
@@ -97,7 +97,7 @@ def layernorm(input: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, out:
     n_rows, hidden = x.shape
     rows, block, single, warps = launch_config(hidden, n_rows)
     with device_of(x):
-        _norm_kernels.layernorm_kernel[(cdiv(n_rows, rows),)](
+        fast(_norm_kernels.layernorm_kernel)[(cdiv(n_rows, rows),)](
             x, gamma.contiguous(), beta.contiguous(), y,
             n_rows, hidden, x.stride(0), y.stride(0), float(eps),
             ROWS=rows, BLOCK=block, SINGLE_PASS=single, num_warps=warps,

@@ -19,7 +19,7 @@ import torch
 
 from ...attention import page_rules
 from ...index_checks import record
-from .launch import pow2
+from .launch import fast, pow2
 
 #: elements of K (and as many of V) each program copies, at most (one head may exceed it).
 TILE = 2048
@@ -54,7 +54,7 @@ def append_paged_kv(append_key: torch.Tensor, append_value: torch.Tensor,
     kc, vc = _as_bits(k_cache), _as_bits(v_cache)
     device = torch.cuda.device(kc.device) if kc.is_cuda else contextlib.nullcontext()
     with device:
-        _page_kernels.append_paged_kv_kernel[(nnz, -(-heads // block_h))](
+        fast(_page_kernels.append_paged_kv_kernel)[(nnz, -(-heads // block_h))](
             k, v, batch_indices, positions, kc, vc, kv_indices, kv_indptr, record(kc.device),
             heads, head_dim, page_size, kv_indptr.shape[0] - 1, kv_indices.shape[0],
             k_cache.shape[0],

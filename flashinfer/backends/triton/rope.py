@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from ...index_checks import record
-from .launch import cdiv, pow2
+from .launch import cdiv, fast, pow2
 
 _MAX_TILE_PAIRS = 1024
 _MIN_PROGRAMS = 256  # about two programs per SM on an H100/H200
@@ -47,7 +47,7 @@ def rope(q, k, q_out, k_out, pos_ids, params, cos_sin_cache) -> None:
     max_pos = cos_sin_cache.shape[0] if cos_sin_cache is not None else 0
     fault = params.positions_fault if cos_sin_cache is not None else None
     rec = record(q.device) if cos_sin_cache is not None else pos_ids  # unused without a cache
-    rope_kernel[(nnz, head_blocks)](
+    fast(rope_kernel)[(nnz, head_blocks)](
         q, k, q_out, k_out, pos_ids, cache, rec, fault.code if fault is not None else 0,
         num_q_heads, num_k_heads, head_dim, half,
         *q.stride(), *k.stride(), *q_out.stride(), *k_out.stride(),

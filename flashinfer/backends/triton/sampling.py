@@ -30,7 +30,7 @@ import torch
 
 from ...kernel_pack import seed_for_device
 from ...reasons import Reason
-from .launch import device_of, pow2
+from .launch import device_of, fast, pow2
 from .softmax import softmax_args, softmax_streaming
 
 #: (lanes per chunk quarter, warps): a chunk is 4 * Q elements (Q shrinks for small
@@ -131,7 +131,7 @@ def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, 
     idx = indices if indices is not None else out
     q, warps = _launch_shape(vocab, n_out)
     with device_of(probs):
-        K.sample_probs_kernel[(n_out,)](
+        fast(K.sample_probs_kernel)[(n_out,)](
             probs, out, valid, idx, k_ptr, p_ptr, mp_ptr, k_val, p_val, mp_val,
             s_ptr, o_ptr, s_val, o_val, s_stride, o_stride,
             n_rows, vocab, probs.stride(0), out if passes is None else passes,
@@ -204,7 +204,7 @@ def _launch_two_pass(src, out, valid, indices, mode: int, top_k, top_p, min_p, j
     groups, cap = two_pass_groups(k, 4 * q, vocab) if mode == 2 else (16, 16)
     scratch = torch.empty(n_out if mode == 2 else 1, cap, dtype=torch.float32, device=src.device)
     with device_of(src):
-        K2.two_pass_sample_kernel[(n_out,)](
+        fast(K2.two_pass_sample_kernel)[(n_out,)](
             src, out, valid, indices if indices is not None else out, p_ptr, mp_ptr, k, p_val,
             mp_val, s_ptr, o_ptr, s_val, o_val, s_stride, o_stride, src.shape[0], vocab,
             src.stride(0), scratch, MODE=mode, HAS_IDX=indices is not None, HAS_P=has_p,
@@ -279,7 +279,7 @@ def sampling_from_probs_nucleus(probs, out, valid, indices, top_k, top_p, min_p,
     s_ptr, s_val, s_stride, s_t = _rng(seed, out)
     o_ptr, o_val, o_stride, o_t = _rng(offset, out)
     with device_of(probs):
-        KN.nucleus_sample_kernel[(n_out,)](
+        fast(KN.nucleus_sample_kernel)[(n_out,)](
             probs, out, valid, indices if indices is not None else out, p_ptr, p_val, s_ptr,
             o_ptr, s_val, o_val, s_stride, o_stride, probs.shape[0], vocab, probs.stride(0),
             HAS_IDX=indices is not None, P_T=p_t, SEED_T=s_t, OFF_T=o_t, BLOCK=4 * q,
@@ -340,7 +340,7 @@ def sampling_from_logits(logits, out, indices, deterministic, seed, offset) -> N
     idx = indices if indices is not None else out
     q, warps = _launch_shape(vocab, n_out)
     with device_of(logits):
-        K.logits_sample_kernel[(n_out,)](
+        fast(K.logits_sample_kernel)[(n_out,)](
             logits, out, idx, s_ptr, o_ptr, s_val, o_val, s_stride, o_stride,
             n_rows, vocab, logits.stride(0),
             HAS_IDX=indices is not None, SEED_T=s_t, OFF_T=o_t, Q=q,
@@ -362,7 +362,7 @@ def sampling_from_logits_one_pass(logits, out, indices, deterministic, seed, off
     o_ptr, o_val, o_stride, o_t = _rng(offset, out)
     q, warps = _launch_shape(vocab, n_out)
     with device_of(logits):
-        KL.logits_draw_kernel[(n_out,)](
+        fast(KL.logits_draw_kernel)[(n_out,)](
             logits, out, indices if indices is not None else out, s_ptr, o_ptr, s_val, o_val,
             s_stride, o_stride, n_rows, vocab, logits.stride(0), HAS_IDX=indices is not None,
             SEED_T=s_t, OFF_T=o_t, BLOCK=4 * q, COL=TWO_PASS_COLUMN,
@@ -381,7 +381,7 @@ def _threshold_launch(src, out, top_k, top_p, is_logits: bool) -> None:
     p_ptr, p_val, _, p_t = _threshold(top_p, src, float)
     q, warps = _launch_shape(vocab, n_rows)
     with device_of(src):
-        K.threshold_kernel[(n_rows,)](
+        fast(K.threshold_kernel)[(n_rows,)](
             src, dst, k_ptr, p_ptr, k_val, p_val, vocab, src.stride(0), dst.stride(0),
             IS_LOGITS=is_logits, NEG=float("-inf") if is_logits else 0.0, HAS_K=has_k,
             K_T=k_t, P_T=p_t, NP=NP, CH=min(RANK_CHUNK, q), Q=q, MAX_ROUNDS=MAX_ROUNDS,
@@ -451,7 +451,7 @@ def renorm_probs_bracket(probs, out, top_k, top_p) -> None:
     cap = min(TOP_P_BRACKET_SLOTS, pow2(vocab))
     scratch = torch.empty(n_rows, cap, dtype=torch.float32, device=probs.device)
     with device_of(probs):
-        KB.top_p_renorm_kernel[(n_rows,)](
+        fast(KB.top_p_renorm_kernel)[(n_rows,)](
             probs, dst, scratch, p_ptr, p_val, vocab, probs.stride(0), dst.stride(0), P_T=p_t,
             BLOCK=4 * q, CAP=cap, MAX_PIVOT_PASSES=TOP_P_MAX_PIVOT_PASSES, num_warps=warps)
     if dst is not out:
@@ -484,7 +484,7 @@ def softmax(logits, out, temperature) -> None:
     # warps read 256 x 128k at 0.46 TB/s on the H200); two fp32 accumulators per element
     block = max(16, min(SOFTMAX_BLOCK, pow2(vocab)))
     with device_of(logits):
-        K.softmax_kernel[(n_rows,)](
+        fast(K.softmax_kernel)[(n_rows,)](
             logits, dst, t_ptr, t_val, vocab, logits.stride(0), dst.stride(0),
             T_T=t_t, BLOCK=block, num_warps=8 if block >= 2048 else 4,
         )
@@ -506,7 +506,7 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, outpu
     o_ptr, o_val, o_stride, o_t = _rng(offset, output)
     q, warps = _launch_shape(vocab, batch)
     with device_of(target_probs):
-        KC.chain_one_pass_kernel[(batch,)](
+        fast(KC.chain_one_pass_kernel)[(batch,)](
             draft_probs.contiguous(), draft_token_ids.contiguous(), target_probs.contiguous(),
             output, accepted, emitted, s_ptr, o_ptr, s_val, o_val, s_stride, o_stride,
             n_draft, vocab, SEED_T=s_t, OFF_T=o_t, NPAD=pow2(n_draft + 1), BLOCK=4 * q,

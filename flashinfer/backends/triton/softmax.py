@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .batch_decode import sm_count
-from .launch import device_of, pow2
+from .launch import device_of, fast, pow2
 
 #: elements per loop step and warps of a program, one program per row
 ROW_BLOCK, ROW_WARPS = 4096, 8
@@ -56,7 +56,7 @@ def softmax_streaming(logits, out, temperature, chunks: int | None = None) -> No
     with device_of(logits):
         if chunks <= 1:
             block = max(16, min(ROW_BLOCK, pow2(vocab)))
-            K.softmax_rows_kernel[(n_rows,)](
+            fast(K.softmax_rows_kernel)[(n_rows,)](
                 logits, dst, t_ptr, t_val, vocab, logits.stride(0), dst.stride(0), T_T=t_t,
                 BLOCK=block, num_warps=ROW_WARPS if block >= 2048 else 4)
         else:
@@ -65,10 +65,10 @@ def softmax_streaming(logits, out, temperature, chunks: int | None = None) -> No
             n_chunks = -(-vocab // chunk)
             part = torch.empty(n_rows, n_chunks, 2, dtype=torch.float32, device=logits.device)
             grid = (n_rows, n_chunks)
-            K.softmax_chunk_stats_kernel[grid](
+            fast(K.softmax_chunk_stats_kernel)[grid](
                 logits, part, t_ptr, t_val, vocab, logits.stride(0), chunk, n_chunks, T_T=t_t,
                 BLOCK=block, num_warps=CHUNK_WARPS)
-            K.softmax_chunk_write_kernel[grid](
+            fast(K.softmax_chunk_write_kernel)[grid](
                 logits, dst, part, t_ptr, t_val, vocab, logits.stride(0), dst.stride(0), chunk,
                 n_chunks, T_T=t_t, S=MAX_CHUNKS, BLOCK=block, num_warps=CHUNK_WARPS)
     if dst is not out:
