@@ -120,7 +120,8 @@ def internal_overlap(t: torch.Tensor) -> bool:
     """Whether two elements of ``t`` share an address through a stride-0 dim of size > 1 (the
     case ``expand`` and broadcasting views make; other self-overlapping strides are not looked
     for)."""
-    return any(s == 0 and n > 1 for n, s in zip(t.shape, t.stride()))
+    strides = t.stride()
+    return 0 in strides and any(s == 0 and n > 1 for n, s in zip(t.shape, strides))
 
 
 def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:

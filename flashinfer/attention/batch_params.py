@@ -110,9 +110,9 @@ class RunScales:
     sinks: torch.Tensor | None = None  # [num_qo_heads] float32 on the plan's device
 
 
-@dataclass(frozen=True, eq=False)
-class KVInput:
-    """Paged ops: ``k_cache``/``v_cache`` page views; ragged op: ``k``/``v`` row tensors."""
+class KVInput(NamedTuple):
+    """Paged ops: ``k_cache``/``v_cache`` page views; ragged op: ``k``/``v`` row tensors (a
+    named tuple: made on every run())."""
 
     k: torch.Tensor
     v: torch.Tensor

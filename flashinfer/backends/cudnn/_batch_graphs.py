@@ -201,21 +201,24 @@ class BatchRunner:
         self.device = plan.device
         self.layout = plan.kv_layout
         self.clear_dead = dead or plan.cuda_graph
-        self._last: tuple | None = None  # (kv geometry, scale) -> Entry
+        self._last: list | None = None  # [(kv geometry, scale), Entry, operand uids or ()]
 
-    def _entry(self, geometry: tuple, scale: float, handle) -> Entry:
-        if self._last is not None and self._last[0] == (geometry, scale):
-            return self._last[1]
+    def _entry(self, geometry: tuple, scale: float, handle) -> tuple[Entry, tuple | None]:
+        """The graph of this run's K/V geometry and scale, and the uids of its operands in the
+        order :meth:`_run` lists them (``None`` until that run has listed them once)."""
+        last = self._last
+        if last is not None and last[0] == (geometry, scale):
+            return last[1], last[2]
         spec = self.spec if scale == self.spec.sm_scale else dataclasses.replace(self.spec, sm_scale=scale)
         entry = BATCH_GRAPHS.get((spec, geometry), lambda: _build(spec, geometry, handle))
-        self._last = ((geometry, scale), entry)
-        return entry
+        self._last = [(geometry, scale), entry, None]
+        return entry, None
 
     def __call__(self, q, kv, out, lse, scales) -> None:
         if scales.sinks is not None:
             raise ValueError("cudnn batch attention serves no sinks; the dispatcher should not "
                              "have chosen it")
-        if q.device.index == torch.cuda.current_device():
+        if q.get_device() == torch.cuda.current_device():
             self._run(q, kv, out, lse, scales)
         else:
             with torch.cuda.device(q.device):
@@ -232,7 +235,7 @@ class BatchRunner:
             geometry = ()
         scale = spec.sm_scale if scales.q_scale == scales.k_scale == 1.0 else (
             self.plan.sm_scale * scales.q_scale * scales.k_scale)
-        entry = self._entry(geometry, scale, bound.handle)
+        entry, uids = self._entry(geometry, scale, bound.handle)
         q_in = q.contiguous()
         o_run = out if out.is_contiguous() else torch.empty_like(out)
         rows = q.shape[0]
@@ -251,7 +254,9 @@ class BatchRunner:
         if "stats" in h:
             pack[h["stats"]] = buf.stats
         workspace = _workspace(bound, q.device, entry.workspace_size)
-        entry.graph.execute(pack, workspace, handle=bound.handle)
+        if uids is None:
+            uids = self._last[2] = operand_uids(pack)
+        execute(entry.graph, pack, uids, workspace, bound.handle)
         if buf.o_pad is not None:
             out.copy_(buf.o_pad[:rows])
         elif o_run is not out:
@@ -270,6 +275,33 @@ class BatchRunner:
             out.masked_fill_(dead[:, None, None], 0)
             if lse is not None:
                 lse.masked_fill_(dead[:, None], -math.inf)
+
+
+def operand_uids(pack: dict) -> tuple:
+    """The uids of a variant pack's graph tensors, in the pack's order; ``()`` when the
+    frontend's tensors do not say (then :func:`execute` passes the dict)."""
+    try:
+        return tuple(int(handle.uid) for handle in pack)
+    except (AttributeError, TypeError, ValueError):
+        return ()
+
+
+def execute(graph, pack: dict, uids: tuple, workspace: torch.Tensor, handle) -> None:
+    """``graph.execute`` with the variant pack as buffers in ``uids`` order (the frontend's
+    ``tensor_uids=`` form, which keeps what it learnt of the operands between calls instead of
+    re-reading a dict); a frontend without that form, or that refuses it, gets the dict form
+    from then on."""
+    if uids and _ORDERED[0]:
+        try:
+            graph.execute(tuple(pack.values()), workspace, handle=handle, tensor_uids=uids)
+            return
+        except (TypeError, ValueError, AttributeError, NotImplementedError):
+            _ORDERED[0] = False
+    graph.execute(pack, workspace, handle=handle)
+
+
+#: whether :func:`execute` passes the ordered form (``benchmarks/overhead.py`` times both)
+_ORDERED = [True]
 
 
 def _capacity_pages(plan) -> int:

@@ -17,6 +17,8 @@ is accepted. Launch shape, chosen from the hidden size:
 
 from __future__ import annotations
 
+import functools
+
 
 import torch
 from .launch import cdiv, device_of, fast, pow2
@@ -33,6 +35,7 @@ ELEMS_PER_THREAD = 8
 
 
 
+@functools.lru_cache(maxsize=1024)
 def launch_config(hidden: int, n_rows: int) -> tuple[int, int, bool, int]:
     """``(rows_per_program, block, single_pass, num_warps)`` for rows of ``hidden`` elements."""
     block = pow2(hidden)
