@@ -23,6 +23,7 @@ num_kv_heads``; ``soft_cap`` when the cap is ``> 0``; ``alibi`` / ``rope_llama``
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Optional
 
@@ -41,59 +42,80 @@ __all__ = ["single_decode_with_kv_cache", "single_prefill_with_kv_cache",
 # the op body shared by single_prefill and single_decode
 
 
-def run_single(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               custom_mask: Optional[torch.Tensor], causal: bool, kv_layout: str,
-               pos_encoding_mode: str, sm_scale: float, window_left: int, logits_soft_cap: float,
-               rope_scale: float, rope_theta: float, return_lse: bool, o_dtype: torch.dtype,
-               v_scale: float, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch and run one validated call; ``q`` is ``[qo_len, H_qo, D]``, k/v as given.
-
-    Returns ``(out, lse)``; ``lse`` is an empty float32 tensor when ``return_lse`` is False.
-    """
-    if kv_layout == "HND":
-        k, v = k.transpose(0, 1), v.transpose(0, 1)
-    qo_len, num_qo_heads, head_dim_qk = q.shape
-    kv_len, num_kv_heads, head_dim_vo = v.shape
-    if custom_mask is not None or qo_len == 1:
+def prepare_single(op: str, device: torch.device, q_dtype: torch.dtype, kv_dtype: torch.dtype,
+                   qo_len: int, kv_len: int, num_qo_heads: int, num_kv_heads: int,
+                   head_dim_qk: int, head_dim_vo: int, has_mask: bool, causal: bool,
+                   kv_layout: str, pos_encoding_mode: str, sm_scale: float, window_left: int,
+                   logits_soft_cap: float, rope_scale: float, rope_theta: float,
+                   return_lse: bool, o_dtype: torch.dtype) -> tuple:
+    """What a validated call of these facts dispatches on and passes its kernel, built from
+    metadata and scalars only (so a caller may keep it for calls of the same facts):
+    ``(key, make_problem, params)`` for :func:`~flashinfer.dispatch.decide_keyed` and the
+    kernel. ``params.custom_mask`` is ``None``: a call with a mask sets it."""
+    if has_mask or qo_len == 1:
         causal = False
     if window_left >= kv_len - 1:
         window_left = -1
     qo_bucket, kv_bucket = dispatch.length_bucket(qo_len), dispatch.length_bucket(kv_len)
-    has_mask, large_scale = custom_mask is not None, sm_scale > LARGE_SOFTMAX_SCALE
+    large_scale = sm_scale > LARGE_SOFTMAX_SCALE
 
-    def problem() -> dispatch.Problem:
+    def make_problem() -> dispatch.Problem:
         features = {
             "causal": causal, "gqa": num_qo_heads != num_kv_heads, "window": window_left >= 0,
             "soft_cap": logits_soft_cap > 0, "alibi": pos_encoding_mode == "ALIBI",
             "rope_llama": pos_encoding_mode == "ROPE_LLAMA", "custom_mask": has_mask,
             "lse": return_lse, "head_dim_differs": head_dim_qk != head_dim_vo,
-            "kv_dtype_differs": k.dtype != q.dtype, "o_dtype_differs": o_dtype != q.dtype,
+            "kv_dtype_differs": kv_dtype != q_dtype, "o_dtype_differs": o_dtype != q_dtype,
             "large_sm_scale": large_scale,
         }
         return dispatch.Problem.make(
-            op, q.device,
-            dtypes={"q": q.dtype, "kv": k.dtype, "o": o_dtype},
+            op, device,
+            dtypes={"q": q_dtype, "kv": kv_dtype, "o": o_dtype},
             shape={"head_dim_qk": head_dim_qk, "head_dim_vo": head_dim_vo,
                    "num_qo_heads": num_qo_heads, "num_kv_heads": num_kv_heads,
                    "qo_len": qo_bucket, "kv_len": kv_bucket},
             features=[name for name, used in features.items() if used],
             layout=kv_layout)
 
-    key = (op, q.device, q.dtype, k.dtype, o_dtype, head_dim_qk, head_dim_vo, num_qo_heads,
+    key = (op, device, q_dtype, kv_dtype, o_dtype, head_dim_qk, head_dim_vo, num_qo_heads,
            num_kv_heads, qo_bucket, kv_bucket, causal, window_left >= 0, logits_soft_cap > 0,
            pos_encoding_mode, has_mask, return_lse, large_scale, kv_layout)
-    decision = dispatch.decide_keyed(key, problem, backend)
     params = AttentionParams(
         sm_scale=sm_scale, causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap,
         pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta,
-        custom_mask=custom_mask, return_lse=return_lse, o_dtype=o_dtype,
-        alibi_slopes=(cached_alibi_slopes(num_qo_heads, q.device)
+        return_lse=return_lse, o_dtype=o_dtype,
+        alibi_slopes=(cached_alibi_slopes(num_qo_heads, device)
                       if pos_encoding_mode == "ALIBI" else None))
-    out, lse = decision.kernel(q, k, v, params)
+    return key, make_problem, params
+
+
+def run_single(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               custom_mask: Optional[torch.Tensor], causal: bool, kv_layout: str,
+               pos_encoding_mode: str, sm_scale: float, window_left: int, logits_soft_cap: float,
+               rope_scale: float, rope_theta: float, return_lse: bool, o_dtype: torch.dtype,
+               v_scale: float, backend: str, prepared: tuple | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Dispatch and run one validated call; ``q`` is ``[qo_len, H_qo, D]``, k/v as given.
+    ``prepared``: this call's :func:`prepare_single`, when the caller kept it.
+
+    Returns ``(out, lse)``; ``lse`` is ``None`` when ``return_lse`` is False.
+    """
+    if kv_layout == "HND":
+        k, v = k.transpose(0, 1), v.transpose(0, 1)
+    if prepared is None:
+        qo_len, num_qo_heads, head_dim_qk = q.shape
+        kv_len, num_kv_heads, head_dim_vo = v.shape
+        prepared = prepare_single(
+            op, q.device, q.dtype, k.dtype, qo_len, kv_len, num_qo_heads, num_kv_heads,
+            head_dim_qk, head_dim_vo, custom_mask is not None, causal, kv_layout,
+            pos_encoding_mode, sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta,
+            return_lse, o_dtype)
+    key, make_problem, params = prepared
+    if custom_mask is not None:
+        params = dataclasses.replace(params, custom_mask=custom_mask)
+    out, lse = dispatch.decide_keyed(key, make_problem, backend).kernel(q, k, v, params)
     if v_scale != 1.0:
         out = (out.to(torch.float32) * v_scale).to(o_dtype)
-    if lse is None:
-        lse = q.new_empty((0,), dtype=torch.float32)
     return out, lse
 
 
@@ -112,9 +134,10 @@ def _single_prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        logits_soft_cap: float, rope_scale: float, rope_theta: float,
                        return_lse: bool, o_dtype: torch.dtype, v_scale: float, backend: str
                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    return run_single("single_prefill", q, k, v, custom_mask, causal, kv_layout, pos_encoding_mode,
-                      sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, return_lse,
-                      o_dtype, v_scale, backend)
+    out, lse = run_single("single_prefill", q, k, v, custom_mask, causal, kv_layout,
+                          pos_encoding_mode, sm_scale, window_left, logits_soft_cap, rope_scale,
+                          rope_theta, return_lse, o_dtype, v_scale, backend)
+    return out, (q.new_empty((0,), dtype=torch.float32) if lse is None else lse)
 
 
 # ------------------------------------------------------------------------------------------
@@ -229,7 +252,8 @@ def _single_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layo
     out, lse = run_single("single_decode", q.unsqueeze(0), k, v, None, False, kv_layout,
                           pos_encoding_mode, sm_scale, window_left, logits_soft_cap, rope_scale,
                           rope_theta, return_lse, q.dtype, v_scale, backend)
-    return out.squeeze(0), (lse.squeeze(0) if return_lse else lse)
+    return out.squeeze(0), (q.new_empty((0,), dtype=torch.float32) if lse is None
+                            else lse.squeeze(0))
 
 
 @flashinfer_api
@@ -285,7 +309,13 @@ def single_decode_with_kv_cache(
         signature = _decode_signature(q, k, v, kv_layout, pos_encoding_mode, q_scale, k_scale,
                                       v_scale, window_left, logits_soft_cap, sm_scale,
                                       rope_scale, rope_theta, return_lse, backend)
-        checked = _CHECKED_DECODES.get(signature) if signature is not None else None
+        hit = _CHECKED_DECODES.get(signature) if signature is not None else None
+        if hit is not None:  # the steady state: checked, dispatch facts and params kept
+            checked, prepared = hit
+            out, lse = run_single("single_decode", q.unsqueeze(0), k, v, None, False,
+                                  checked[0], *checked[1:-2], q.dtype, checked[-2], backend,
+                                  prepared)
+            return (out.squeeze(0), lse.squeeze(0)) if return_lse else out.squeeze(0)
     if checked is None:
         layout = check_kv_layout(kv_layout)
         _, _, _, _, head_dim, _ = check_qkv(q, k, v, layout, 2, same_head_dim=True)
@@ -300,15 +330,22 @@ def single_decode_with_kv_cache(
         if signature is not None:
             if len(_CHECKED_DECODES) >= _CHECKED_LIMIT:
                 _CHECKED_DECODES.clear()
-            _CHECKED_DECODES[signature] = checked
+            kv = (k.shape[1], k.shape[0]) if layout == "HND" else k.shape[:2]  # kv_len, heads
+            prepared = prepare_single(
+                "single_decode", q.device, q.dtype, k.dtype, 1, kv[0], q.shape[0], kv[1],
+                q.shape[1], v.shape[-1], False, False, layout, mode, scale, window_left, cap,
+                rope_scale, rope_theta, bool(return_lse), q.dtype)
+            _CHECKED_DECODES[signature] = (checked, prepared)
     out, lse = _single_decode_op(q, k, v, *checked)
     return (out, lse) if return_lse else out
 
 
 #: eager calls whose arguments passed every check above: their signature (the tensors'
-#: metadata and every other argument, with its type) -> the checked values. The checks read
-#: metadata and scalars only, so a call with the same signature passes them again; a hit skips
-#: them (the hot path of a decode step). Bounded; failing calls are never stored.
+#: metadata and every other argument, with its type) -> (the checked values, the call's
+#: prepare_single). The checks and the preparation read metadata and scalars only, so a call
+#: with the same signature passes them again and dispatches on the same facts; a hit skips
+#: them (the hot path of a decode step: the Decision is still looked up per call, so
+#: overrides apply). Bounded; failing calls are never stored.
 _CHECKED_DECODES: dict[tuple, tuple] = {}
 _CHECKED_LIMIT = 4096
 

@@ -11,6 +11,7 @@ from flashinfer.decode import single_decode_with_kv_cache
 from flashinfer.device import simulated
 from flashinfer.dispatch import (BackendUnavailableError, Problem, StrictModeError,
                                  record_decisions, select)
+from flashinfer.overrides import use_backend
 from flashinfer.prefill import single_prefill_with_kv_cache
 
 SMS = ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0", "cpu"]
@@ -116,6 +117,28 @@ def test_a_checked_decode_signature_follows_the_tensors():
         single_decode_with_kv_cache(q, k, v.half())
     with pytest.raises(ValueError, match="head_dim of k"):
         single_decode_with_kv_cache(q, k[..., :8], v[..., :8])
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("extra", [{}, {"return_lse": True, "v_scale": 0.5, "window_left": 3},
+                                   {"pos_encoding_mode": "ALIBI", "logits_soft_cap": 2.0}])
+def test_a_remembered_decode_computes_and_dispatches_as_the_first_call(layout, extra):
+    """A hit reuses the checked values and the dispatch facts: same result as the checked
+    call, the same Problem, and an override made after the first call still applies."""
+    torch.manual_seed(3)
+    q, k, v = torch.randn(4, 16), torch.randn(9, 2, 16), torch.randn(9, 2, 16)
+    if layout == "HND":
+        k, v = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
+    with record_decisions() as log:
+        first = single_decode_with_kv_cache(q, k, v, kv_layout=layout, **extra)
+        second = single_decode_with_kv_cache(q, k, v, kv_layout=layout, **extra)
+    assert log[0].problem == log[1].problem
+    for a, b in zip(first if isinstance(first, tuple) else (first,),
+                    second if isinstance(second, tuple) else (second,)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with use_backend("reference"), record_decisions() as log:
+        single_decode_with_kv_cache(q, k, v, kv_layout=layout, **extra)
+    assert log[0].backend == "reference" and log[0].source == "context"
 
 
 # --- the Problem each call builds ----------------------------------------------------------
