@@ -41,6 +41,8 @@ BATCH_ATTENTION_FEATURES = (
     "gqa",             # num_qo_heads > num_kv_heads
     "window",          # window_left >= 0
     "soft_cap",        # logits_soft_cap > 0
+    "rope_llama",      # pos_encoding_mode="ROPE_LLAMA": RoPE on q (row r at kv_len - qo_len + r), k (j)
+    "alibi",           # pos_encoding_mode="ALIBI": bias slope_h * (j - r)
     "sinks",           # per-head attention-sink logits (run(sinks=...))
     "custom_mask",     # flattened per-request boolean masks (prefill)
     "lse",             # return_lse=True (base-2 log-sum-exp)

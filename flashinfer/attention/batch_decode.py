@@ -21,7 +21,7 @@ from .batch_checks import (
     index_array, page_indices, paged_kv_lens, paged_kv_pages, planned_device_fields, positive_int,
 )
 from .batch_params import BatchPlan, KVInput
-from .batch_wrapper import BatchWrapperBase, set_plan_attributes
+from .batch_wrapper import BatchWrapperBase, batch_pos_encoding, set_plan_attributes
 from .params import check_rope_scalars
 
 __all__ = ["BatchDecodeWithPagedKVCacheWrapper", "CUDAGraphBatchDecodeWithPagedKVCacheWrapper"]
@@ -101,7 +101,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
                      rope_theta, non_blocking, block_tables, seq_lens, fixed_split_size,
                      disable_split_kv, q_len_per_req, replay) -> None:
         index_checks.poll(self.device)  # index faults the kernels recorded since the last plan()
-        self._check_unsupported(pos_encoding_mode, window_right=window_right)
+        self._check_unsupported(window_right=window_right)
         num_qo_heads = positive_int("num_qo_heads", num_qo_heads)
         num_kv_heads = positive_int("num_kv_heads", num_kv_heads)
         head_dim = positive_int("head_dim", head_dim)
@@ -117,7 +117,8 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         kv_dtype = canonical_dtype("kv_data_type", kv_data_type, q_dtype, KV_DTYPES)
         o_dtype = canonical_dtype("o_data_type", o_data_type, q_dtype, Q_DTYPES)
         window_left, cap, scale = self._common_scalars(window_left, logits_soft_cap, sm_scale, head_dim)
-        check_rope_scalars(rope_scale, rope_theta)
+        rope_scale, rope_theta = check_rope_scalars(rope_scale, rope_theta)
+        pos_encoding_mode = batch_pos_encoding(pos_encoding_mode, head_dim)
 
         indptr_h, last_h = host_index_arrays(("indptr", indptr), ("last_page_len", last_page_len))
         batch = last_h.shape[0]
@@ -159,12 +160,10 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
             kv_last_page_len_host=last_h, **planned_device_fields(arrays, fixed),
             total_qo=batch * q_len_per_req, max_qo_len=q_len_per_req,
             max_kv_len=int(kv_lens_np.max()), kv_indices_host=indices_d if on_host else None,
-            cuda_graph=graph, workspace=self._workspace_bytes, reusable=self._reusable)
+            cuda_graph=graph, workspace=self._workspace_bytes, reusable=self._reusable,
+            pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta)
         self._finish_plan(plan, max_page, arrays, fixed, non_blocking)
         set_plan_attributes(self, plan, window_left, replay)
-        self._pos_encoding_mode = "NONE"
-        self._rope_scale = 1.0 if rope_scale is None else rope_scale
-        self._rope_theta = 1e4 if rope_theta is None else rope_theta
         self._plan_info = (batch, n_pages)
 
     @flashinfer_api

@@ -100,6 +100,11 @@ class BatchPlan:
     # here and rewrite them in the next plan() instead of allocating (runs of an older plan of
     # the same wrapper are never issued after a new plan()). None: nothing is kept.
     reusable: dict | None = None
+    # positional encoding applied inside the attention: "NONE" | "ROPE_LLAMA" | "ALIBI"
+    # (query row r of a request at position kv_len - qo_len + r, key j at j)
+    pos_encoding_mode: str = "NONE"
+    rope_scale: float = 1.0
+    rope_theta: float = 1e4
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from .batch_checks import (
     unpack_segments,
 )
 from .batch_params import BatchPlan, KVInput
-from .batch_wrapper import BatchWrapperBase, set_plan_attributes
+from .batch_wrapper import BatchWrapperBase, batch_pos_encoding, set_plan_attributes
 from .params import check_rope_scalars
 
 __all__ = ["BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper"]
@@ -43,9 +43,10 @@ class _PrefillBase(BatchWrapperBase):
                       num_kv_heads, head_dim_qk, page_size, head_dim_vo, custom_mask,
                       packed_custom_mask, causal, pos_encoding_mode, sm_scale, window_left,
                       logits_soft_cap, q_data_type, kv_data_type, o_data_type, non_blocking,
-                      unsupported: dict, replay) -> None:
+                      rope_scale, rope_theta, unsupported: dict, replay) -> None:
         index_checks.poll(self.device)  # index faults the kernels recorded since the last plan()
-        self._check_unsupported(pos_encoding_mode, **unsupported)
+        self._check_unsupported(**unsupported)
+        rope_scale, rope_theta = check_rope_scalars(rope_scale, rope_theta)
         num_qo_heads = positive_int("num_qo_heads", num_qo_heads)
         num_kv_heads = positive_int("num_kv_heads", num_kv_heads)
         head_dim_qk = positive_int("head_dim_qk", head_dim_qk)
@@ -56,6 +57,7 @@ class _PrefillBase(BatchWrapperBase):
         kv_dtype = canonical_dtype("kv_data_type", kv_data_type, q_dtype, KV_DTYPES)
         o_dtype = canonical_dtype("o_data_type", o_data_type, q_dtype, Q_DTYPES)
         window_left, cap, scale = self._common_scalars(window_left, logits_soft_cap, sm_scale, head_dim_qk)
+        pos_encoding_mode = batch_pos_encoding(pos_encoding_mode, head_dim_qk)
 
         paged = self._op == "batch_prefill_paged"
         kv_name = "paged_kv_indptr" if paged else "kv_indptr"
@@ -115,7 +117,8 @@ class _PrefillBase(BatchWrapperBase):
             total_qo=total_qo, max_qo_len=int(qo_lens_h.numpy().max()), max_kv_len=int(kv_lens_h.numpy().max()),
             kv_indices_host=indices_h if paged and indices_h.device.type == "cpu" else None,
             custom_mask=mask, mask_indptr_host=mask_h, cuda_graph=graph,
-            workspace=self._workspace_bytes, reusable=self._reusable)
+            workspace=self._workspace_bytes, reusable=self._reusable,
+            pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta)
         self._finish_plan(plan, max_page, arrays, fixed, non_blocking)
         set_plan_attributes(self, plan, window_left, replay)
         self._causal = bool(causal)
@@ -198,7 +201,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
              fixed_split_size=None, disable_split_kv=False) -> None:
         """Plan for ``len(qo_indptr) - 1`` requests (host work; once per step)."""
         kwargs = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        check_rope_scalars(rope_scale, rope_theta)
         self._plan_prefill(
             qo_indptr=qo_indptr, kv_indptr=paged_kv_indptr, indices=paged_kv_indices,
             last_page_len=paged_kv_last_page_len, num_qo_heads=num_qo_heads,
@@ -207,6 +209,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             causal=causal, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
             window_left=window_left, logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
             kv_data_type=kv_data_type, o_data_type=o_data_type, non_blocking=non_blocking,
+            rope_scale=rope_scale, rope_theta=rope_theta,
             unsupported=dict(prefix_len_ptr=prefix_len_ptr, token_pos_in_items_ptr=token_pos_in_items_ptr,
                              max_item_len_ptr=max_item_len_ptr),
             replay=((), kwargs))
@@ -269,7 +272,6 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
              o_indptr=None) -> None:
         """Plan for ``len(qo_indptr) - 1`` requests (host work; once per step)."""
         kwargs = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        check_rope_scalars(rope_scale, rope_theta)
         self._plan_prefill(
             qo_indptr=qo_indptr, kv_indptr=kv_indptr, indices=None, last_page_len=None,
             num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim_qk,
@@ -277,7 +279,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             packed_custom_mask=packed_custom_mask, causal=causal,
             pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
             logits_soft_cap=logits_soft_cap, q_data_type=q_data_type, kv_data_type=kv_data_type,
-            o_data_type=o_data_type, non_blocking=non_blocking,
+            o_data_type=o_data_type, non_blocking=non_blocking, rope_scale=rope_scale,
+            rope_theta=rope_theta,
             unsupported=dict(prefix_len_ptr=prefix_len_ptr, token_pos_in_items_ptr=token_pos_in_items_ptr,
                              max_item_len_ptr=max_item_len_ptr),
             replay=((), kwargs))

@@ -28,8 +28,8 @@ import torch
 from .. import dispatch
 from .batch_checks import FP8_DTYPES, DeviceIdsCheck, scale_arg, workspace_bytes
 from .batch_params import BatchPlan, KVInput, RunScales, Tail, bind_device_arrays
-from .checks import check_kv_layout
-from .params import check_softmax_scale
+from .checks import check_kv_layout, check_pos_encoding_mode
+from .params import POS_ENCODING_MODES, check_softmax_scale
 from .upload import PlanUpload
 
 RUN_FEATURES = ("lse", "sinks")
@@ -93,10 +93,7 @@ class BatchWrapperBase:
     # ---- plan ----------------------------------------------------------------------------
 
     @staticmethod
-    def _check_unsupported(pos_encoding_mode, **extras) -> None:
-        if pos_encoding_mode not in (None, "NONE", 0):
-            raise ValueError(f"pos_encoding_mode={pos_encoding_mode!r} is not supported by the batch "
-                             "wrappers (apply RoPE before the call); allowed: 'NONE'")
+    def _check_unsupported(**extras) -> None:
         for name, value in extras.items():
             if value not in (None, 0, False):
                 raise NotImplementedError(f"{name} is not supported by this wrapper yet")
@@ -125,6 +122,8 @@ class BatchWrapperBase:
         """The Problem of every run-time feature combination of ``plan``: (the combinations,
         their Problems, an empty decide_each() memo)."""
         flags = {"causal": plan.causal, "gqa": plan.num_qo_heads != plan.num_kv_heads,
+                 "rope_llama": plan.pos_encoding_mode == "ROPE_LLAMA",
+                 "alibi": plan.pos_encoding_mode == "ALIBI",
                  "window": plan.window_left >= 0, "soft_cap": plan.logits_soft_cap > 0,
                  "custom_mask": plan.custom_mask is not None, "fp8_kv": plan.kv_dtype in FP8_DTYPES,
                  "multi_query": plan.q_len_per_req > 1,
@@ -314,7 +313,7 @@ class BatchWrapperBase:
     def _forward(self, run, q, *kv, changes: dict, sm_scale, run_kwargs: dict):
         if self._plan is None:
             raise RuntimeError(f"{type(self).__name__}.forward() called before plan()")
-        self._check_unsupported(changes.pop("pos_encoding_mode", "NONE"))
+        changes["pos_encoding_mode"] = batch_pos_encoding(changes.get("pos_encoding_mode", "NONE"))
         changed = {k: v for k, v in changes.items() if getattr(self, "_" + k) != v}
         if changed:
             if self._capturing():
@@ -336,9 +335,25 @@ class BatchWrapperBase:
         return self.run(*args, **kwargs, return_lse=True)
 
 
+def batch_pos_encoding(mode, head_dim_qk: int | None = None) -> str:
+    """plan()'s ``pos_encoding_mode``: ``"NONE"``, ``"ROPE_LLAMA"`` or ``"ALIBI"`` (also as
+    upstream's ``PosEncodingMode`` values 0 / 1 / 2; None is ``"NONE"``). ROPE_LLAMA needs an
+    even ``head_dim_qk``."""
+    if mode is None:
+        mode = "NONE"
+    elif isinstance(mode, int) and not isinstance(mode, bool) and 0 <= mode < len(POS_ENCODING_MODES):
+        mode = POS_ENCODING_MODES[mode]
+    mode = check_pos_encoding_mode(mode)
+    if mode == "ROPE_LLAMA" and head_dim_qk is not None and head_dim_qk % 2:
+        raise ValueError(f"pos_encoding_mode='ROPE_LLAMA' needs an even head_dim_qk, got {head_dim_qk}")
+    return mode
+
+
 def set_plan_attributes(wrapper: BatchWrapperBase, plan: BatchPlan, window_left: int,
                         replay_args) -> None:
     """The upstream private attributes engines read after plan()."""
+    wrapper._pos_encoding_mode = plan.pos_encoding_mode
+    wrapper._rope_scale, wrapper._rope_theta = plan.rope_scale, plan.rope_theta
     wrapper._causal = plan.causal
     wrapper._window_left = window_left
     wrapper._planned_window_left = window_left
@@ -347,4 +362,4 @@ def set_plan_attributes(wrapper: BatchWrapperBase, plan: BatchPlan, window_left:
     wrapper._replay_args = replay_args
 
 
-__all__ = ["BatchWrapperBase", "set_plan_attributes"]
+__all__ = ["BatchWrapperBase", "batch_pos_encoding", "set_plan_attributes"]

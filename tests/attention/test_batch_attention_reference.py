@@ -10,18 +10,45 @@ from conftest import poison, rel_error
 import flashinfer
 
 
+def rope64(x, positions, scale=1.0, theta=1e4):
+    """float64 non-interleaved (rotate-half) RoPE of ``x [n, h, d]`` at ``positions [n]``."""
+    d = x.shape[-1]
+    freq = theta ** (-torch.arange(0, d // 2, dtype=torch.float64) * 2 / d)
+    angle = positions.double()[:, None, None] / scale * freq
+    x1, x2 = x[..., :d // 2], x[..., d // 2:]
+    return torch.cat([x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()], -1)
+
+
+def alibi_slopes64(n):
+    """ALiBi head slopes: a geometric series from 2**(-8/m) for the m = 2**floor(log2 n) first
+    heads, the odd terms of the 2m series for the rest."""
+    m = 2 ** math.floor(math.log2(n))
+    slopes = [2 ** (-8 * (i + 1) / m) for i in range(m)]
+    slopes += [2 ** (-4 * (2 * i + 1) / m) for i in range(n - m)]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
 def naive(q, ks, vs, qo_lens, hq, hk, scale, causal=False, window=-1, cap=0.0, sinks=None,
-          masks=None, k_scale=1.0, v_scale=1.0):
-    """float64 per request: returns out [total_qo, hq, dv] and lse base 2 [total_qo, hq]."""
+          masks=None, k_scale=1.0, v_scale=1.0, pos="NONE", rope_scale=1.0, rope_theta=1e4):
+    """float64 per request: returns out [total_qo, hq, dv] and lse base 2 [total_qo, hq].
+    ``pos``: ROPE_LLAMA rotates query row r at kv_len - n + r and key j at j; ALIBI adds
+    slope_h * (j - r)."""
     outs, lses, row = [], [], 0
     g = hq // hk
     for b, (k, v) in enumerate(zip(ks, vs)):
         n, kv_len = qo_lens[b], k.shape[0]
         qb = q[row:row + n].double()
         row += n
-        kk = (k.double() * k_scale).repeat_interleave(g, 1)
+        kk = k.double().repeat_interleave(g, 1)
         vv = (v.double() * v_scale).repeat_interleave(g, 1)
+        if pos == "ROPE_LLAMA":
+            qb = rope64(qb, torch.arange(kv_len - n, kv_len), rope_scale, rope_theta)
+            kk = rope64(kk, torch.arange(kv_len), rope_scale, rope_theta)
+        kk = kk * k_scale
         s = torch.einsum("qhd,khd->hqk", qb, kk) * scale
+        if pos == "ALIBI":
+            s = s + alibi_slopes64(hq)[:, None, None] * (
+                torch.arange(kv_len)[None, :] - torch.arange(n)[:, None]).double()
         if cap > 0:
             s = cap * torch.tanh(s / cap)
         i = torch.arange(n)[:, None] + kv_len - n
@@ -167,3 +194,69 @@ def test_packed_custom_mask_matches_bool_mask():
         w.plan(qo_indptr, kv_indptr, 2, 2, 16, q_data_type=torch.float32, **kw)
         outs.append(w.run(q, k, v))
     assert torch.equal(outs[0], outs[1])
+
+
+POSITIONS = {
+    "rope": dict(pos="ROPE_LLAMA"),
+    "rope_scaled": dict(pos="ROPE_LLAMA", rope_scale=2.0, rope_theta=5e5),
+    "alibi": dict(pos="ALIBI"),
+}
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("case", list(POSITIONS))
+def test_batch_positional_encodings_match_naive(case, layout):
+    """pos_encoding_mode in the three wrappers (the reference applies it: no other backend
+    declares it yet), against float64 math; hq = 6 gives ALiBi's non-power-of-two slopes."""
+    cfg = POSITIONS[case]
+    torch.manual_seed(4)
+    d, hq, hk, ps = 32, 6, 2, 16
+    rope = dict(rope_scale=cfg.get("rope_scale"), rope_theta=cfg.get("rope_theta"))
+    naive_pos = dict(pos=cfg["pos"], rope_scale=cfg.get("rope_scale", 1.0),
+                     rope_theta=cfg.get("rope_theta", 1e4))
+    kv_lens, qo_lens = [5, 33, 17], [2, 7, 1]
+    cache, indptr, indices, last, ks, vs = make_paged(kv_lens, ps, hk, d, layout)
+    # decode
+    q = torch.randn(len(kv_lens), hq, d)
+    dec = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws(), layout)
+    dec.plan(indptr, indices, last, hq, hk, d, ps, pos_encoding_mode=cfg["pos"],
+             q_data_type=torch.float32, **rope)
+    assert "rope_llama" in dec.decision.problem.features or cfg["pos"] == "ALIBI"
+    assert dec._pos_encoding_mode == cfg["pos"]
+    o, lse = dec.run(q, cache, return_lse=True)
+    eo, el = naive(q, ks, vs, [1] * 3, hq, hk, d ** -0.5, **naive_pos)
+    assert rel_error(o, eo) < 1e-5 and rel_error(lse, el) < 1e-5
+    # paged and ragged prefill, causal
+    qo_indptr = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=torch.int32)
+    q = torch.randn(int(qo_indptr[-1]), hq, d)
+    eo, el = naive(q, ks, vs, qo_lens, hq, hk, d ** -0.5, causal=True, **naive_pos)
+    paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws(), layout)
+    paged.plan(qo_indptr, indptr, indices, last, hq, hk, d, ps, causal=True,
+               pos_encoding_mode=cfg["pos"], q_data_type=torch.float32, **rope)
+    ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws(), layout)
+    kv_indptr = torch.tensor([0] + torch.tensor(kv_lens).cumsum(0).tolist(), dtype=torch.int32)
+    ragged.plan(qo_indptr, kv_indptr, hq, hk, d, causal=True, pos_encoding_mode=cfg["pos"],
+                q_data_type=torch.float32, **rope)
+    k, v = torch.cat(ks), torch.cat(vs)
+    if layout == "HND":
+        k, v = k.transpose(0, 1), v.transpose(0, 1)
+    for w, args in ((paged, (cache,)), (ragged, (k, v))):
+        assert w.decision.backend == "reference"
+        o, lse = w.run(q, *args, return_lse=True)
+        assert rel_error(o, eo) < 1e-5 and rel_error(lse, el) < 1e-5
+
+
+def test_batch_positional_encoding_accepts_upstreams_enum_values_and_forward_replans():
+    torch.manual_seed(5)
+    cache, indptr, indices, last, ks, vs = make_paged([9, 4], 4, 2, 16, "NHD")
+    q = torch.randn(2, 2, 16)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws())
+    w.plan(indptr, indices, last, 2, 2, 16, 4, pos_encoding_mode=2, q_data_type=torch.float32)
+    assert w._pos_encoding_mode == "ALIBI"
+    alibi = w.run(q, cache)
+    torch.testing.assert_close(alibi, naive(q, ks, vs, [1, 1], 2, 2, 0.25, pos="ALIBI")[0].float())
+    with pytest.warns(DeprecationWarning, match="re-plans"):
+        rotated = w.forward(q, cache, pos_encoding_mode="ROPE_LLAMA")
+    assert w._pos_encoding_mode == "ROPE_LLAMA"
+    torch.testing.assert_close(rotated,
+                               naive(q, ks, vs, [1, 1], 2, 2, 0.25, pos="ROPE_LLAMA")[0].float())

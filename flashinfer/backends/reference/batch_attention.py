@@ -2,7 +2,8 @@
 
 Each request runs through the single-request reference math
 (:func:`~flashinfer.backends.reference.attention.attention`, float32) with its own causal /
-window / soft-cap / custom mask; this module adds what the batch contract has on top: the page
+window / soft-cap / custom mask and positional encoding (ROPE_LLAMA: query row ``r`` at position
+``kv_len - qo_len + r``, key ``j`` at ``j``; ALIBI: upstream's slopes, bias ``slope * (j - i)``); this module adds what the batch contract has on top: the page
 gather, FP8 dequantisation (``k_scale`` into the softmax scale, ``v_scale`` on the output),
 ``q_scale`` and attention sinks (``out *= S / (S + exp(sink))`` with ``S = 2**lse``, i.e. a
 sigmoid of ``lse * ln 2 - sink``; the lse itself excludes the sink).
@@ -19,7 +20,7 @@ import math
 
 import torch
 
-from ...attention.params import AttentionParams
+from ...attention.params import AttentionParams, cached_alibi_slopes
 from ...attention.batch_params import BatchPlan, KVInput, RunScales
 from ...reasons import Reason
 from .attention import attention
@@ -42,6 +43,8 @@ class ReferenceRunner:
         self.kv = plan.kv_indptr_host.tolist()
         self.kv_lens = plan.kv_lens_host.tolist()
         self.mask = plan.mask_indptr_host.tolist() if plan.mask_indptr_host is not None else None
+        self.slopes = (cached_alibi_slopes(plan.num_qo_heads, plan.device)
+                       if plan.pos_encoding_mode == "ALIBI" else None)
 
     def _kv(self, kv: KVInput, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         plan, kv_len = self.plan, self.kv_lens[b]
@@ -72,7 +75,10 @@ class ReferenceRunner:
                 mask = plan.custom_mask[self.mask[b]:self.mask[b + 1]].view(q1 - q0, kv_len)
             params = AttentionParams(sm_scale=scale, causal=plan.causal, window_left=plan.window_left,
                                      logits_soft_cap=plan.logits_soft_cap, custom_mask=mask,
-                                     return_lse=True, o_dtype=torch.float32)
+                                     return_lse=True, o_dtype=torch.float32,
+                                     pos_encoding_mode=plan.pos_encoding_mode,
+                                     rope_scale=plan.rope_scale, rope_theta=plan.rope_theta,
+                                     alibi_slopes=self.slopes)
             o, l2 = attention(q[q0:q1], k.float(), v.float(), params)
             if scales.sinks is not None:
                 o = o * torch.sigmoid(l2 * _LN2 - scales.sinks.float()[None, :])[..., None]
