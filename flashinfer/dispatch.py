@@ -45,6 +45,12 @@ signature (kernels take the 2-D forms their ops receive). A new Decision is logg
 executes the kernel the Decision names. ``benchmarks/overhead.py`` measures what this costs
 against the vendor kernel called directly.
 
+Compositions: where a call can be rewritten into one a faster kernel serves, the family does
+it and asks again, and the kernel that ran is the last Decision recorded for the call
+(:func:`record`). Today: ``pos_encoding_mode="ROPE_LLAMA"`` in single decode / prefill runs
+the plain call's kernel on RoPE-rotated copies of q and k when that kernel is not the reference
+(:mod:`flashinfer.attention.positions`); the reference rotates inside its kernel.
+
 Layout as built
 ---------------
 Layers, imports only downward (``tests/core/test_layering.py`` enforces it, no cycles):
@@ -96,7 +102,7 @@ from .shape_buckets import length_bucket
 
 __all__ = [
     "Problem", "Reason", "Candidate", "Decision", "BackendUnavailableError", "NoBackendError",
-    "StrictModeError", "select", "decide", "decide_keyed", "decide_each", "record_decisions", "dtype_name", "length_bucket",
+    "StrictModeError", "select", "decide", "decide_keyed", "decide_each", "record_decisions", "record", "dtype_name", "length_bucket",
     "kernel_for", "adapter_reasons",
 ]
 
@@ -410,6 +416,15 @@ def record_decisions() -> Iterator[list[Decision]]:
         yield log
     finally:
         _RECORDER.reset(token)
+
+
+def record(decision: Decision) -> None:
+    """Append ``decision`` to the open :func:`record_decisions` block, if any: for a family that
+    consulted several Decisions for one call (:mod:`flashinfer.attention.positions`), so the
+    block's last entry is the kernel that ran."""
+    recorder = _RECORDER.get()
+    if recorder is not None:
+        recorder.append(decision)
 
 
 #: decide()'s memo: (problem, backend, context, raw env values) -> Decision, or the

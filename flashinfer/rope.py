@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
@@ -66,7 +65,8 @@ from .aliasing import check_no_overlap, check_writable
 from .api_logging import flashinfer_api
 from .custom_op import custom_op
 from .dispatch import Problem
-from .index_checks import Check, Fault, fault
+from .index_checks import Check, fault
+from .rope_params import Llama31Factors, RopeParams
 
 __all__ = [
     "Llama31Factors", "RopeParams",
@@ -75,35 +75,6 @@ __all__ = [
     "apply_llama31_rope_pos_ids_inplace", "apply_rope_with_cos_sin_cache",
     "apply_rope_with_cos_sin_cache_inplace",
 ]
-
-
-@dataclass(frozen=True)
-class Llama31Factors:
-    """Llama 3.1 frequency smoothing: ``high_freq_factor > low_freq_factor > 0``."""
-
-    low_freq_factor: float
-    high_freq_factor: float
-    old_context_len: float
-
-    def smooth_coefficients(self) -> tuple[float, float]:
-        """``(a, b)`` with ``smooth = clamp(f_d * a + b, 0, 1)``."""
-        a = self.old_context_len / (2 * math.pi * (self.high_freq_factor - self.low_freq_factor))
-        b = -1.0 / (self.high_freq_factor / self.low_freq_factor - 1.0)
-        return a, b
-
-
-@dataclass(frozen=True)
-class RopeParams:
-    """Everything a kernel needs besides tensors; ``llama31=None`` means standard RoPE."""
-
-    rotary_dim: int
-    interleave: bool
-    rope_scale: float = 1.0
-    rope_theta: float = 1e4
-    llama31: Llama31Factors | None = None
-    #: cache variants: the fault under which a kernel reports a position outside the cache
-    #: (``None``: the positions were checked on the host, nothing to report)
-    positions_fault: Fault | None = None
 
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

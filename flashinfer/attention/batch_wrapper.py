@@ -160,7 +160,7 @@ class BatchWrapperBase:
                plan.head_dim_qk, plan.head_dim_vo, plan.q_dtype, plan.kv_dtype, plan.o_dtype,
                plan.cuda_graph and plan.device.type == "cuda", lb(plan.batch_size),
                lb(plan.max_qo_len), lb(plan.max_kv_len), lb(plan.total_qo), plan.page_size,
-               plan.device, plan.kv_layout)
+               plan.device, plan.kv_layout, plan.pos_encoding_mode)
         if self._problems is None or self._problems[0] != key:
             self._problems = (key, *self._make_problems(plan))
         _, extras, problems, memo = self._problems

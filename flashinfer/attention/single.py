@@ -32,6 +32,7 @@ import torch
 from .. import dispatch
 from ..api_logging import flashinfer_api
 from ..custom_op import custom_op
+from . import positions
 from .checks import check_common, check_kv_layout, check_mask, check_o_dtype, check_qkv, float_arg
 from .params import LARGE_SOFTMAX_SCALE, AttentionParams, cached_alibi_slopes, check_softmax_scale
 
@@ -50,8 +51,10 @@ def prepare_single(op: str, device: torch.device, q_dtype: torch.dtype, kv_dtype
                    return_lse: bool, o_dtype: torch.dtype) -> tuple:
     """What a validated call of these facts dispatches on and passes its kernel, built from
     metadata and scalars only (so a caller may keep it for calls of the same facts):
-    ``(key, make_problem, params)`` for :func:`~flashinfer.dispatch.decide_keyed` and the
-    kernel. ``params.custom_mask`` is ``None``: a call with a mask sets it."""
+    ``(key, make_problem, params, plain)`` — the first three for
+    :func:`~flashinfer.dispatch.decide_keyed` and the kernel (``params.custom_mask`` is
+    ``None``: a call with a mask sets it); ``plain``: for ``ROPE_LLAMA``, the same triple with
+    ``pos_encoding_mode="NONE"`` (the rotation path, :mod:`.positions`), else ``None``."""
     if has_mask or qo_len == 1:
         causal = False
     if window_left >= kv_len - 1:
@@ -86,7 +89,13 @@ def prepare_single(op: str, device: torch.device, q_dtype: torch.dtype, kv_dtype
         return_lse=return_lse, o_dtype=o_dtype,
         alibi_slopes=(cached_alibi_slopes(num_qo_heads, device)
                       if pos_encoding_mode == "ALIBI" else None))
-    return key, make_problem, params
+    plain = None
+    if pos_encoding_mode == "ROPE_LLAMA":
+        plain = prepare_single(op, device, q_dtype, kv_dtype, qo_len, kv_len, num_qo_heads,
+                               num_kv_heads, head_dim_qk, head_dim_vo, has_mask, causal,
+                               kv_layout, "NONE", sm_scale, window_left, logits_soft_cap,
+                               rope_scale, rope_theta, return_lse, o_dtype)[:3]
+    return key, make_problem, params, plain
 
 
 def run_single(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -110,10 +119,22 @@ def run_single(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             head_dim_qk, head_dim_vo, custom_mask is not None, causal, kv_layout,
             pos_encoding_mode, sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta,
             return_lse, o_dtype)
-    key, make_problem, params = prepared
+    key, make_problem, params, plain = prepared
+    if plain is None:
+        decision = dispatch.decide_keyed(key, make_problem, backend)
+    else:  # ROPE_LLAMA: on rotated copies of q and k unless the kernel rotates (.positions)
+        decision, rotate_first = positions.choose((key, make_problem), plain[:2], backend)
+        if rotate_first:
+            qo_len, kv_len = q.shape[0], k.shape[0]
+            q = positions.rotate(q, torch.arange(kv_len - qo_len, kv_len, device=q.device),
+                                 params.rope_scale, params.rope_theta)
+            k = positions.rotate(k, torch.arange(kv_len, device=k.device), params.rope_scale,
+                                 params.rope_theta)
+            params = plain[2]
+        dispatch.record(decision)  # the kernel that runs, after the consulted ones
     if custom_mask is not None:
         params = dataclasses.replace(params, custom_mask=custom_mask)
-    out, lse = dispatch.decide_keyed(key, make_problem, backend).kernel(q, k, v, params)
+    out, lse = decision.kernel(q, k, v, params)
     if v_scale != 1.0:
         out = (out.to(torch.float32) * v_scale).to(o_dtype)
     return out, lse
@@ -186,8 +207,10 @@ def single_prefill_with_kv_cache(
         little-endian (``flashinfer.packbits(mask, bitorder="little")``); wins over custom_mask.
     causal : bottom-right aligned: query ``r`` sees keys ``j <= kv_len - qo_len + r``.
     kv_layout : ``"NHD"`` or ``"HND"``.
-    pos_encoding_mode : ``"NONE"``, ``"ROPE_LLAMA"`` (RoPE applied inside, q at positions
-        ``kv_len - qo_len + r``) or ``"ALIBI"`` (slopes :func:`get_alibi_slopes`).
+    pos_encoding_mode : ``"NONE"``, ``"ROPE_LLAMA"`` (RoPE on q at positions
+        ``kv_len - qo_len + r`` and on k at ``j``: inside the reference, else on rotated copies
+        before the plain kernel, :mod:`flashinfer.attention.positions`) or ``"ALIBI"`` (slopes
+        :func:`get_alibi_slopes`).
     use_fp16_qk_reduction : accepted for compatibility; a precision-lowering hint no backend here
         uses (results are as if False).
     sm_scale : default ``1 / sqrt(head_dim_qk)``; multiplied by ``k_scale`` when given.

@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("kernel contracts", ("flashinfer.attention", "flashinfer.attention.params",
                           "flashinfer.attention.batch_params",
                           "flashinfer.attention.page_rules", "flashinfer.fp4_format",
+                          "flashinfer.rope_params",
                           "flashinfer.kernel_pack")),
     ("foundation", ("flashinfer.reasons", "flashinfer.device", "flashinfer.envs",
                     "flashinfer.index_checks", "flashinfer.aliasing", "flashinfer.backend_names",
