@@ -49,7 +49,9 @@ Compositions: where a call can be rewritten into one a faster kernel serves, the
 it and asks again, and the kernel that ran is the last Decision recorded for the call
 (:func:`record`). Today: ``pos_encoding_mode="ROPE_LLAMA"`` in single decode / prefill runs
 the plain call's kernel on RoPE-rotated copies of q and k when that kernel is not the reference
-(:mod:`flashinfer.attention.positions`); the reference rotates inside its kernel.
+(:mod:`flashinfer.attention.positions`), and the batch wrappers run a ragged plan without it on
+gathered, rotated key rows (:mod:`flashinfer.attention.batch_rope`); the reference rotates
+inside its kernel.
 
 Layout as built
 ---------------

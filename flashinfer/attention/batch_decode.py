@@ -21,6 +21,8 @@ from .batch_checks import (
     index_array, page_indices, paged_kv_lens, paged_kv_pages, planned_device_fields, positive_int,
 )
 from .batch_params import BatchPlan, KVInput
+from .batch_prefill import BatchPrefillWithRaggedKVCacheWrapper
+from .batch_rope import adopt, plan_rotation
 from .batch_wrapper import BatchWrapperBase, batch_pos_encoding, set_plan_attributes
 from .params import check_rope_scalars
 
@@ -162,7 +164,12 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
             max_kv_len=int(kv_lens_np.max()), kv_indices_host=indices_d if on_host else None,
             cuda_graph=graph, workspace=self._workspace_bytes, reusable=self._reusable,
             pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta)
-        self._finish_plan(plan, max_page, arrays, fixed, non_blocking)
+        rotation = (plan_rotation(self, plan, indices_d, BatchPrefillWithRaggedKVCacheWrapper)
+                    if pos_encoding_mode == "ROPE_LLAMA" else None)
+        if rotation is None:
+            self._finish_plan(plan, max_page, arrays, fixed, non_blocking)
+        else:
+            adopt(self, plan, rotation, max_page, indices_d)
         set_plan_attributes(self, plan, window_left, replay)
         self._plan_info = (batch, n_pages)
 

@@ -20,6 +20,7 @@ from .batch_checks import (
     unpack_segments,
 )
 from .batch_params import BatchPlan, KVInput
+from .batch_rope import adopt, plan_rotation
 from .batch_wrapper import BatchWrapperBase, batch_pos_encoding, set_plan_attributes
 from .params import check_rope_scalars
 
@@ -119,7 +120,13 @@ class _PrefillBase(BatchWrapperBase):
             custom_mask=mask, mask_indptr_host=mask_h, cuda_graph=graph,
             workspace=self._workspace_bytes, reusable=self._reusable,
             pos_encoding_mode=pos_encoding_mode, rope_scale=rope_scale, rope_theta=rope_theta)
-        self._finish_plan(plan, max_page, arrays, fixed, non_blocking)
+        rotation = (plan_rotation(self, plan, indices_h if paged else None,
+                                  BatchPrefillWithRaggedKVCacheWrapper)
+                    if pos_encoding_mode == "ROPE_LLAMA" else None)
+        if rotation is None:
+            self._finish_plan(plan, max_page, arrays, fixed, non_blocking)
+        else:
+            adopt(self, plan, rotation, max_page, indices_h)
         set_plan_attributes(self, plan, window_left, replay)
         self._causal = bool(causal)
         self._plan_info = (batch, total_qo)

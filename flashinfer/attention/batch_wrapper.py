@@ -66,6 +66,7 @@ class BatchWrapperBase:
         self._choices: dict = {}
         self._problems = None
         self._runners: dict = {}
+        self._rotation = None  # a ROPE_LLAMA plan run on rotated copies (batch_rope.py)
         self._run_features_seen: set = {frozenset()}
         self._max_page = -1
         self._planned_window_left = -1
@@ -117,6 +118,7 @@ class BatchWrapperBase:
         plan's arrays may be overwritten, so if this plan() fails, run() must raise instead of
         running the old plan on them."""
         self._plan, self._runners, self._choices, self.decision = None, {}, {}, None
+        self._rotation = None
 
     def _make_problems(self, plan: BatchPlan) -> tuple[list, list, dict]:
         """The Problem of every run-time feature combination of ``plan``: (the combinations,
@@ -267,6 +269,9 @@ class BatchWrapperBase:
 
     def _execute(self, plan: BatchPlan, q, kv: KVInput, q_scale, k_scale, v_scale, out, lse,
                  return_lse: bool, sinks):
+        if self._rotation is not None:
+            return self._rotation.run(q, kv, q_scale, k_scale, v_scale, out, lse, return_lse,
+                                      sinks)
         if q_scale is None and k_scale is None and v_scale is None and sinks is None:
             scales = _UNIT_SCALES
         else:

@@ -38,6 +38,12 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, rope_scale: float, rope_the
     return out
 
 
+def runs_rotated(decision: dispatch.Decision) -> bool:
+    """Whether the plain call's kernel ``decision`` is worth rotated copies: every kernel but
+    the reference (which rotates inside, without the copies)."""
+    return decision.backend != "reference"
+
+
 def choose(with_rope: tuple, plain: tuple, backend) -> tuple[dispatch.Decision, bool]:
     """``(decision, rotate_first)`` for a ROPE_LLAMA call. ``with_rope`` / ``plain``: the
     ``(key, make_problem)`` of :func:`~flashinfer.dispatch.decide_keyed` for the call with and
@@ -55,7 +61,7 @@ def choose(with_rope: tuple, plain: tuple, backend) -> tuple[dispatch.Decision, 
         native = None
     try:
         rotated = dispatch.decide_keyed(*plain, backend)
-        if rotated.backend != "reference":
+        if runs_rotated(rotated):
             return rotated, True
     except dispatch.NoBackendError:
         if native is None:
@@ -65,4 +71,4 @@ def choose(with_rope: tuple, plain: tuple, backend) -> tuple[dispatch.Decision, 
     return native, False
 
 
-__all__ = ["choose", "rotate"]
+__all__ = ["choose", "rotate", "runs_rotated"]

@@ -39,6 +39,10 @@ def naive(q, ks, vs, qo_lens, hq, hk, scale, causal=False, window=-1, cap=0.0, s
         n, kv_len = qo_lens[b], k.shape[0]
         qb = q[row:row + n].double()
         row += n
+        if kv_len == 0:  # no key: out 0, lse -inf
+            outs.append(torch.zeros(n, hq, v.shape[-1], dtype=torch.float64))
+            lses.append(torch.full((n, hq), float("-inf"), dtype=torch.float64))
+            continue
         kk = k.double().repeat_interleave(g, 1)
         vv = (v.double() * v_scale).repeat_interleave(g, 1)
         if pos == "ROPE_LLAMA":
@@ -260,3 +264,51 @@ def test_batch_positional_encoding_accepts_upstreams_enum_values_and_forward_rep
     assert w._pos_encoding_mode == "ROPE_LLAMA"
     torch.testing.assert_close(rotated,
                                naive(q, ks, vs, [1, 1], 2, 2, 0.25, pos="ROPE_LLAMA")[0].float())
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float8_e4m3fn])
+def test_rotated_batch_plans_match_naive(monkeypatch, layout, kv_dtype):
+    """The rotation path of ROPE_LLAMA (attention/batch_rope.py: gather the keys into rows,
+    rotate q and k, run a ragged plan without positional encoding), forced here with the
+    reference as the plain kernel (no other batch kernel runs on a CPU)."""
+    from flashinfer.attention import positions
+
+    monkeypatch.setattr(positions, "runs_rotated", lambda decision: True)
+    torch.manual_seed(6)
+    d, hq, hk, ps = 32, 4, 2, 8
+    rope = dict(rope_scale=2.0, rope_theta=5e4)
+    kv_lens, qo_lens = [5, 30, 0, 17], [2, 7, 0, 1]
+    cache, indptr, indices, last, ks, vs = make_paged(kv_lens, ps, hk, d, layout, kv_dtype)
+    ksc, vsc = (0.5, 2.0) if kv_dtype != torch.float32 else (None, None)
+    scales = dict(k_scale=ksc or 1.0, v_scale=vsc or 1.0)
+    q = torch.randn(len(kv_lens), hq, d)
+    dec = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws(), layout)
+    dec.plan(indptr, indices, last, hq, hk, d, ps, pos_encoding_mode="ROPE_LLAMA",
+             q_data_type=torch.float32, kv_data_type=kv_dtype, **rope)
+    assert dec._rotation is not None and "rope_llama" not in dec.decision.problem.features
+    o, lse = dec.run(q, cache, return_lse=True, k_scale=ksc, v_scale=vsc)
+    eo, el = naive(q, ks, vs, [1] * 4, hq, hk, d ** -0.5, pos="ROPE_LLAMA", **rope, **scales)
+    assert rel_error(o, eo) < 1e-5 and bool((o[2] == 0).all())  # request 2 has no key
+    assert torch.equal(lse.isinf(), el.isinf()) and rel_error(lse[[0, 1, 3]], el[[0, 1, 3]]) < 1e-5
+    qo_indptr = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=torch.int32)
+    qp = torch.randn(int(qo_indptr[-1]), hq, d)
+    eo, el = naive(qp, ks, vs, qo_lens, hq, hk, d ** -0.5, causal=True, pos="ROPE_LLAMA", **rope,
+                   **scales)
+    paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws(), layout)
+    paged.plan(qo_indptr, indptr, indices, last, hq, hk, d, ps, causal=True,
+               pos_encoding_mode="ROPE_LLAMA", q_data_type=torch.float32, kv_data_type=kv_dtype,
+               **rope)
+    assert paged._rotation is not None
+    o, lse = paged.run(qp, cache, return_lse=True, k_scale=ksc, v_scale=vsc)
+    assert rel_error(o, eo) < 1e-5
+    if kv_dtype == torch.float32:
+        ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws(), layout)
+        kv_indptr = torch.tensor([0] + torch.tensor(kv_lens).cumsum(0).tolist(), dtype=torch.int32)
+        ragged.plan(qo_indptr, kv_indptr, hq, hk, d, causal=True, pos_encoding_mode="ROPE_LLAMA",
+                    q_data_type=torch.float32, **rope)
+        k, v = torch.cat(ks), torch.cat(vs)
+        if layout == "HND":
+            k, v = k.transpose(0, 1), v.transpose(0, 1)
+        assert ragged._rotation is not None
+        assert rel_error(ragged.run(qp, k, v), eo) < 1e-5
