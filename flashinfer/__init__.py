@@ -47,6 +47,7 @@ from .rope import (  # noqa: F401
 from . import page  # noqa: F401,E402
 from .decode import (  # noqa: F401,E402
     BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+    fast_decode_plan,
 )
 from .page import (  # noqa: F401,E402
     append_paged_kv_cache, get_batch_indices_positions, get_seq_lens,

@@ -3,8 +3,13 @@ machinery is in :mod:`flashinfer.attention`."""
 
 from .attention.batch_decode import (  # noqa: F401
     BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+    fast_decode_plan,
+)
+from .attention.batch_decode import get_range_buf as _get_range_buf  # noqa: F401
+from .attention.batch_decode import (  # noqa: F401
+    grouped_size_compiled_for_decode_kernels as _grouped_size_compiled_for_decode_kernels,
 )
 from .attention.single import single_decode_with_kv_cache  # noqa: F401
 
 __all__ = ["single_decode_with_kv_cache", "BatchDecodeWithPagedKVCacheWrapper",
-           "CUDAGraphBatchDecodeWithPagedKVCacheWrapper"]
+           "CUDAGraphBatchDecodeWithPagedKVCacheWrapper", "fast_decode_plan"]

@@ -235,6 +235,8 @@ PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
                        ("batch_decode",), note=_WRAPPER),
         PublicFunction("CUDAGraphBatchDecodeWithPagedKVCacheWrapper", "flashinfer.decode",
                        ("batch_decode",), ("cuda_graph",), note=_WRAPPER),
+        PublicFunction("fast_decode_plan", "flashinfer.decode", ("batch_decode",),
+                       note="a decode wrapper's plan() (bound onto it); run() then decides nothing"),
         PublicFunction("single_prefill_with_kv_cache", "flashinfer.prefill", ("single_prefill",)),
         PublicFunction("single_prefill_with_kv_cache_return_lse", "flashinfer.prefill",
                        ("single_prefill",), ("lse",)),

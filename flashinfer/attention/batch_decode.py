@@ -9,6 +9,7 @@ See :mod:`flashinfer.attention.batch_checks` for the shared rules.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import numpy as np
@@ -22,6 +23,7 @@ from .batch_checks import (
 )
 from .batch_params import BatchPlan, KVInput
 from .batch_prefill import BatchPrefillWithRaggedKVCacheWrapper
+from ..backends.triton.batch_decode import workspace_bound
 from .batch_rope import adopt, plan_rotation
 from .batch_wrapper import BatchWrapperBase, batch_pos_encoding, set_plan_attributes
 from .params import check_rope_scalars
@@ -191,6 +193,21 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         return self._execute(plan, q, KVInput(k_cache, v_cache), q_scale, k_scale, v_scale, out,
                              lse, return_lse, sinks)
 
+    def workspace_size(self, *args, **kwargs) -> tuple[int, int]:
+        """``(float_bytes, int_bytes)`` of workspace a :meth:`plan` with these arguments takes
+        from the buffers given to the constructor, without planning: the Triton decode's split
+        scratch at its largest (the other kernels allocate what they need themselves; nothing
+        uses the int buffer). A call plan() would refuse for its arity raises TypeError."""
+        bound = inspect.signature(BatchDecodeWithPagedKVCacheWrapper.plan).bind(self, *args,
+                                                                                **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        return workspace_bound(len(a["last_page_len"]), positive_int("q_len_per_req",
+                                                                     a["q_len_per_req"]),
+                               positive_int("num_qo_heads", a["num_qo_heads"]),
+                               positive_int("num_kv_heads", a["num_kv_heads"]),
+                               positive_int("head_dim", a["head_dim"]), self.device), 0
+
     def forward(self, q, paged_kv_cache, pos_encoding_mode="NONE", q_scale=None, k_scale=None,
                 v_scale=None, window_left=-1, logits_soft_cap=None, sm_scale=None,
                 rope_scale=None, rope_theta=None, return_lse=False):
@@ -203,6 +220,61 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
 
     def forward_return_lse(self, q, paged_kv_cache, *args, **kwargs):
         return self.forward(q, paged_kv_cache, *args, **kwargs, return_lse=True)
+
+
+def fast_decode_plan(self, indptr: torch.Tensor, indices: torch.Tensor,
+                     last_page_len: torch.Tensor, num_qo_heads: int, num_kv_heads: int,
+                     head_dim: int, page_size: int, pos_encoding_mode: str = "NONE",
+                     window_left: int = -1, logits_soft_cap: float | None = None,
+                     q_data_type=None, kv_data_type=None, data_type=None,
+                     sm_scale: float | None = None, rope_scale: float | None = None,
+                     rope_theta: float | None = None, non_blocking: bool = True,
+                     fixed_split_size=None, disable_split_kv: bool = False,
+                     q_len_per_req: int = 1, global_override_indptr_cpu=None) -> None:
+    """Upstream's free function bound onto a decode wrapper (SGLang's multi-step draft:
+    ``w.begin_forward = functools.partial(fast_decode_plan, w)``): a :meth:`plan` of ``self``
+    with upstream's dtype defaults here (``data_type`` fills ``q_data_type`` and
+    ``kv_data_type`` where they are None; then q defaults to float16 and kv to q's dtype) and
+    ``global_override_indptr_cpu`` (a host copy of ``indptr``) read instead of ``indptr``, so no
+    device-to-host copy is made. Upstream also skips copying into a CUDA-graph wrapper's fixed
+    buffers; here plan() writes them (the same values), so a captured run() replays the new
+    plan either way."""
+    if data_type is not None:
+        q_data_type = data_type if q_data_type is None else q_data_type
+        kv_data_type = data_type if kv_data_type is None else kv_data_type
+    q_data_type = "float16" if q_data_type is None else q_data_type
+    kv_data_type = q_data_type if kv_data_type is None else kv_data_type
+    host_indptr = indptr if global_override_indptr_cpu is None else global_override_indptr_cpu
+    BatchDecodeWithPagedKVCacheWrapper.plan(
+        self, host_indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
+        page_size, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+        logits_soft_cap=logits_soft_cap, q_data_type=q_data_type, kv_data_type=kv_data_type,
+        sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
+        non_blocking=non_blocking, fixed_split_size=fixed_split_size,
+        disable_split_kv=disable_split_kv, q_len_per_req=q_len_per_req)
+
+
+_RANGES: dict = {}
+
+
+def get_range_buf(n: int, device) -> torch.Tensor:
+    """``arange(n)`` int32 on ``device``, kept per (n, device) (upstream's private
+    ``flashinfer.decode._get_range_buf``, which engines call for a decode plan's qo_indptr).
+    Treat it as read-only: the same tensor is returned to every caller."""
+    device = torch.device(device)
+    key = (int(n), device)
+    buf = _RANGES.get(key)
+    if buf is None:
+        buf = _RANGES[key] = torch.arange(int(n), dtype=torch.int32, device=device)
+    return buf
+
+
+def grouped_size_compiled_for_decode_kernels(num_qo_heads: int, num_kv_heads: int) -> bool:
+    """Upstream's private probe (``flashinfer.decode._grouped_size_compiled_for_decode_kernels``):
+    whether its CUDA-core decode kernels were built for this query-head group size. Every
+    group size that divides evenly is served here (True); engines that see False switch
+    upstream to its tensor-core kernels, which changes nothing here."""
+    return num_kv_heads > 0 and num_qo_heads % num_kv_heads == 0
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):

@@ -10,6 +10,8 @@ replaces ``causal``. See :mod:`flashinfer.attention.batch_checks` for the shared
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from .. import index_checks
@@ -161,6 +163,14 @@ class _PrefillBase(BatchWrapperBase):
             if self._mask_indptr_buf is not None:
                 self._mask_indptr_buf[:mask_h.shape[0]].copy_(mask_h, non_blocking=non_blocking)
         return mask, mask_h
+
+    def workspace_size(self, *args, **kwargs) -> tuple[int, int]:
+        """``(float_bytes, int_bytes)`` of workspace a :meth:`plan` with these arguments takes
+        from the buffers given to the constructor, without planning: ``(0, 0)``, as no prefill
+        kernel here carves the caller's buffers (each allocates what it needs). A call plan()
+        would refuse for its arity raises TypeError."""
+        inspect.signature(type(self).plan).bind(self, *args, **kwargs)
+        return 0, 0
 
     def _prefill_forward(self, q, kv: tuple, causal, pos_encoding_mode, window_left,
                          logits_soft_cap, sm_scale, run_kwargs: dict):

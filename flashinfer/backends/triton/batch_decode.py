@@ -99,6 +99,21 @@ def scratch_bytes(plan: BatchPlan, num_splits: int) -> int:
     return _round_up(parts * plan.head_dim_vo * 4, ALIGN) + _round_up(parts * 4, ALIGN)
 
 
+def workspace_bound(batch_size: int, q_len_per_req: int, num_qo_heads: int, num_kv_heads: int,
+                    head_dim: int, device: torch.device) -> int:
+    """The most bytes of the caller's workspace a plan of these facts takes: the split scratch
+    at the split count :func:`launch_config` picks without the key-length cap (the most it
+    picks), plus the alignment shift."""
+    facts = BatchPlan.__new__(BatchPlan)
+    for name, value in dict(batch_size=batch_size, q_len_per_req=q_len_per_req,
+                            num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                            head_dim_qk=head_dim, head_dim_vo=head_dim, device=device,
+                            cuda_graph=True, max_kv_len=0,
+                            total_qo=batch_size * q_len_per_req).items():
+        object.__setattr__(facts, name, value)
+    return scratch_bytes(facts, launch_config(facts).num_splits) + ALIGN
+
+
 def _round_up(n: int, m: int) -> int:
     return cdiv(n, m) * m
 
