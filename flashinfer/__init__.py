@@ -47,13 +47,14 @@ from .rope import (  # noqa: F401
 from . import page  # noqa: F401,E402
 from .decode import (  # noqa: F401,E402
     BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
-    fast_decode_plan,
+    fast_decode_plan, trtllm_batch_decode_with_kv_cache, xqa_batch_decode_with_kv_cache,
 )
 from .page import (  # noqa: F401,E402
     append_paged_kv_cache, get_batch_indices_positions, get_seq_lens,
 )
 from .prefill import (  # noqa: F401,E402
     BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper,
+    trtllm_batch_context_with_kv_cache,
 )
 from . import gemm, quantization  # noqa: F401,E402
 from .gemm import bmm_fp8, mm_bf16, mm_fp8  # noqa: F401,E402

@@ -9,7 +9,11 @@ from .attention.batch_decode import get_range_buf as _get_range_buf  # noqa: F40
 from .attention.batch_decode import (  # noqa: F401
     grouped_size_compiled_for_decode_kernels as _grouped_size_compiled_for_decode_kernels,
 )
+from .attention.functional import (  # noqa: F401
+    trtllm_batch_decode_with_kv_cache, xqa_batch_decode_with_kv_cache,
+)
 from .attention.single import single_decode_with_kv_cache  # noqa: F401
 
 __all__ = ["single_decode_with_kv_cache", "BatchDecodeWithPagedKVCacheWrapper",
-           "CUDAGraphBatchDecodeWithPagedKVCacheWrapper", "fast_decode_plan"]
+           "CUDAGraphBatchDecodeWithPagedKVCacheWrapper", "fast_decode_plan",
+           "trtllm_batch_decode_with_kv_cache", "xqa_batch_decode_with_kv_cache"]

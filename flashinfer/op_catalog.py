@@ -216,6 +216,7 @@ class PublicFunction:
 
 
 _WRAPPER = "decides in plan(); run() launches the planned kernel"
+_FUNCTIONAL = "a block-table calling convention: plans a batch wrapper and runs it, per call"
 _BF16_EXPERTS = (("hidden", "bfloat16"), ("weight", "bfloat16"), ("out", "bfloat16"))
 _FP8_EXPERTS = (("hidden", "float8_e4m3fn"), ("weight", "float8_e4m3fn"), ("out", "bfloat16"))
 _LOGITS = (("logits", "float32"),)  # router logits, as DeepSeek-V3 passes them
@@ -235,6 +236,12 @@ PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
                        ("batch_decode",), note=_WRAPPER),
         PublicFunction("CUDAGraphBatchDecodeWithPagedKVCacheWrapper", "flashinfer.decode",
                        ("batch_decode",), ("cuda_graph",), note=_WRAPPER),
+        PublicFunction("trtllm_batch_decode_with_kv_cache", "flashinfer.decode",
+                       ("batch_decode",), note=_FUNCTIONAL),
+        PublicFunction("xqa_batch_decode_with_kv_cache", "flashinfer.decode", ("batch_decode",),
+                       note=_FUNCTIONAL),
+        PublicFunction("trtllm_batch_context_with_kv_cache", "flashinfer.prefill",
+                       ("batch_prefill_paged",), ("causal",), note=_FUNCTIONAL),
         PublicFunction("fast_decode_plan", "flashinfer.decode", ("batch_decode",),
                        note="a decode wrapper's plan() (bound onto it); run() then decides nothing"),
         PublicFunction("single_prefill_with_kv_cache", "flashinfer.prefill", ("single_prefill",)),

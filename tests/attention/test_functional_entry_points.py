@@ -1,0 +1,90 @@
+"""Upstream's block-table calling conventions (flashinfer.attention.functional):
+trtllm_batch_decode_with_kv_cache, xqa_batch_decode_with_kv_cache and
+trtllm_batch_context_with_kv_cache, against planned wrappers on the same pages."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attention_helpers import make_paged, ws
+from conftest import rel_error
+import flashinfer
+from flashinfer.attention.functional import page_table
+
+I32 = torch.int32
+
+
+def _block_table(indptr, indices, max_pages, junk=-7):
+    """[batch, max_pages] page ids from a page indptr/indices; padding is junk (never read)."""
+    batch = indptr.shape[0] - 1
+    table = torch.full((batch, max_pages), junk, dtype=I32)
+    for b in range(batch):
+        ids = indices[indptr[b]:indptr[b + 1]]
+        table[b, :ids.shape[0]] = ids
+    return table
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("as_tuple", [False, True])
+def test_trtllm_and_xqa_decode_match_a_planned_wrapper(layout, as_tuple):
+    torch.manual_seed(0)
+    kv_lens, ps, hq, hk, d = [9, 1, 0, 33], 8, 4, 2, 16
+    cache, indptr, indices, last, _, _ = make_paged(kv_lens, ps, hk, d, layout)
+    table = _block_table(indptr, indices, 6)
+    q = torch.randn(4, hq, d)
+    want = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws(), layout)
+    want.plan(indptr, indices, last, hq, hk, d, ps, q_data_type=torch.float32, sm_scale=0.3)
+    expected = want.run(q, cache, v_scale=0.5)
+    kv = tuple(cache.unbind(1)) if as_tuple else cache
+    seq_lens = torch.tensor(kv_lens, dtype=I32)
+    got = flashinfer.decode.trtllm_batch_decode_with_kv_cache(
+        query=q, kv_cache=kv, workspace_buffer=ws(), block_tables=table, seq_lens=seq_lens,
+        max_seq_len=40, bmm1_scale=torch.tensor(0.3), bmm2_scale=0.5, kv_layout=layout)
+    assert rel_error(got, expected) < 1e-6
+    got = flashinfer.decode.xqa_batch_decode_with_kv_cache(
+        q, kv, ws(), table, seq_lens, 40, bmm1_scale=0.3, bmm2_scale=0.5, kv_layout=layout)
+    assert rel_error(got, expected) < 1e-6
+
+
+def test_trtllm_context_matches_a_planned_prefill_wrapper():
+    torch.manual_seed(1)
+    kv_lens, qo_lens, ps, hq, hk, d = [12, 5, 30], [3, 5, 1], 4, 4, 4, 16
+    cache, indptr, indices, last, _, _ = make_paged(kv_lens, ps, hk, d, "HND")
+    qo_indptr = torch.tensor([0, 3, 8, 9], dtype=I32)
+    q = torch.randn(9, hq, d)
+    want = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws(), "HND")
+    want.plan(qo_indptr, indptr, indices, last, hq, hk, d, ps, causal=True, sm_scale=0.25,
+              q_data_type=torch.float32)
+    out = torch.empty(9, hq, d)
+    got = flashinfer.prefill.trtllm_batch_context_with_kv_cache(
+        q, cache, ws(), _block_table(indptr, indices, 8), torch.tensor(kv_lens, dtype=I32),
+        max(qo_lens), max(kv_lens), 0.25, 1.0, 3, qo_indptr, None, out=out)
+    assert got is out and rel_error(got, want.run(q, cache)) < 1e-6
+
+
+def test_page_table_reads_only_the_pages_a_request_needs():
+    table = torch.tensor([[4, 9, -1, 77], [2, -5, -5, -5], [8, 3, 1, 0]], dtype=I32)
+    indptr, indices, last, lens = page_table(table, torch.tensor([5, 0, 16], dtype=I32), 4)
+    assert indptr.tolist() == [0, 2, 2, 6] and indices.tolist() == [4, 9, 8, 3, 1, 0]
+    assert last.tolist() == [1, 0, 4] and lens.tolist() == [5, 0, 16]
+
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    (dict(seq_lens=torch.tensor([9, 40], dtype=I32)), ValueError, "needs 5 pages"),
+    (dict(seq_lens=torch.tensor([9, -1], dtype=I32)), ValueError, ">= 0"),
+    (dict(block_tables=torch.zeros(2, 4, dtype=torch.int64)), TypeError, "int32"),
+    (dict(o_sf_scale=1.0), NotImplementedError, "o_sf_scale"),
+    (dict(return_lse=True), NotImplementedError, "return_lse"),
+    (dict(out_dtype="nvfp4"), NotImplementedError, "out_dtype"),
+    (dict(bmm1_scale="x"), TypeError, "bmm1_scale"),
+    (dict(uses_shared_paged_kv_idx=False), NotImplementedError, "uses_shared_paged_kv_idx"),
+])
+def test_decode_refuses_what_it_does_not_serve(kwargs, exc, words):
+    cache, indptr, indices, last, _, _ = make_paged([9, 3], 8, 2, 16, "HND")
+    args = dict(query=torch.randn(2, 4, 16), kv_cache=cache, workspace_buffer=ws(),
+                block_tables=_block_table(indptr, indices, 4), seq_lens=torch.tensor([9, 3], dtype=I32),
+                max_seq_len=9)
+    args.update(kwargs)
+    with pytest.raises(exc, match=words):
+        flashinfer.trtllm_batch_decode_with_kv_cache(**args)
