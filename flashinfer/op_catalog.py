@@ -242,6 +242,8 @@ PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
                        note=_FUNCTIONAL),
         PublicFunction("trtllm_batch_context_with_kv_cache", "flashinfer.prefill",
                        ("batch_prefill_paged",), ("causal",), note=_FUNCTIONAL),
+        PublicFunction("cudnn_batch_decode_with_kv_cache", "flashinfer.cudnn",
+                       ("batch_decode",), note=_FUNCTIONAL),
         PublicFunction("fast_decode_plan", "flashinfer.decode", ("batch_decode",),
                        note="a decode wrapper's plan() (bound onto it); run() then decides nothing"),
         PublicFunction("single_prefill_with_kv_cache", "flashinfer.prefill", ("single_prefill",)),

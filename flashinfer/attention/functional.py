@@ -1,7 +1,8 @@
 """Upstream's functional (stateless) paged attention entry points, as calling conventions.
 
 ``trtllm_batch_decode_with_kv_cache`` / ``xqa_batch_decode_with_kv_cache``
-(``flashinfer.decode``) and ``trtllm_batch_context_with_kv_cache`` (``flashinfer.prefill``) name
+(``flashinfer.decode``), ``trtllm_batch_context_with_kv_cache`` (``flashinfer.prefill``) and
+``cudnn_batch_decode_with_kv_cache`` (``flashinfer`` / ``flashinfer.cudnn``) name
 upstream's TensorRT-LLM and XQA kernels; here they are ways of calling paged attention: each
 call turns its block table and sequence lengths into a page table, plans a batch wrapper and
 runs it, so the dispatcher picks the kernel (``backend="trtllm-gen"`` / ``"xqa"`` are
@@ -197,5 +198,49 @@ def trtllm_batch_context_with_kv_cache(
                        sinks=sinks)
 
 
-__all__ = ["page_table", "trtllm_batch_context_with_kv_cache", "trtllm_batch_decode_with_kv_cache",
+def cudnn_batch_decode_with_kv_cache(
+        q, k_cache, v_cache, scale, workspace_buffer, *, max_sequence_kv,
+        actual_seq_lens_kv=None, block_tables=None, is_cuda_graph_compatible=False,
+        batch_offsets_q=None, batch_offsets_o=None, batch_offsets_k=None, batch_offsets_v=None,
+        out=None, return_lse=False, lse=None):
+    """Upstream's cuDNN decode convention: ``q [batch, H_qo, D]``, paged ``k_cache`` /
+    ``v_cache [pages, H_kv, page_size, D]`` read through ``block_tables [batch, pages_per_seq]``
+    (int32), ``actual_seq_lens_kv`` keys per request (``[batch]`` or ``[batch, 1, 1, 1]``; None:
+    ``max_sequence_kv`` each), softmax ``scale``. Returns ``out [batch, H_qo, D]`` in q's dtype,
+    and with ``return_lse`` also ``lse [batch, H_qo]`` float32 as upstream documents it here:
+    the *natural-log* log-sum-exp of the scaled scores (the wrappers' lse is base 2). As upstream
+    0.6.18, the ``batch_offsets_*`` are accepted and not used (q, o dense), and
+    ``is_cuda_graph_compatible`` changes nothing (this path reads the lengths on the host, so it
+    cannot be captured). A dense (unpaged) cache, ``block_tables=None``, is not served."""
+    if block_tables is None:
+        raise NotImplementedError("cudnn_batch_decode_with_kv_cache without block_tables (a dense "
+                                  "per-request cache) is not supported here; pass the page table")
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"q must be [batch, num_heads_qo, head_dim], got "
+                         f"{tuple(getattr(q, 'shape', ())) or type(q).__name__}")
+    batch = q.shape[0]
+    if actual_seq_lens_kv is None:
+        seq_lens = torch.full((batch,), int(max_sequence_kv), dtype=torch.int32)
+    else:
+        seq_lens = actual_seq_lens_kv.reshape(-1)
+    if seq_lens.shape[0] != batch:
+        raise ValueError(f"actual_seq_lens_kv holds {seq_lens.shape[0]} lengths for a batch of {batch}")
+    page, heads, head_dim, kv_dtype = _kv_facts((k_cache, v_cache), "HND")
+    indptr, indices, last, _ = page_table(block_tables, seq_lens, page)
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(workspace_buffer, "HND")
+    wrapper.plan(indptr, indices, last, q.shape[1], heads, head_dim, page,
+                 q_data_type=q.dtype, kv_data_type=kv_dtype, sm_scale=_scalar("scale", scale))
+    if not return_lse:
+        return wrapper.run(q, (k_cache, v_cache), out=out)
+    o, lse2 = wrapper.run(q, (k_cache, v_cache), out=out, return_lse=True)
+    if lse is None:
+        return o, lse2.mul_(_LN2)
+    torch.mul(lse2, _LN2, out=lse)
+    return o, lse
+
+
+_LN2 = 0.6931471805599453
+
+
+__all__ = ["cudnn_batch_decode_with_kv_cache", "page_table", "trtllm_batch_context_with_kv_cache", "trtllm_batch_decode_with_kv_cache",
            "xqa_batch_decode_with_kv_cache"]

@@ -88,3 +88,24 @@ def test_decode_refuses_what_it_does_not_serve(kwargs, exc, words):
     args.update(kwargs)
     with pytest.raises(exc, match=words):
         flashinfer.trtllm_batch_decode_with_kv_cache(**args)
+
+
+def test_cudnn_decode_convention_and_its_natural_log_lse():
+    torch.manual_seed(2)
+    kv_lens, ps, hq, hk, d = [9, 16, 1], 8, 4, 2, 16
+    cache, indptr, indices, last, _, _ = make_paged(kv_lens, ps, hk, d, "HND")
+    k_cache, v_cache = cache.unbind(1)
+    q = torch.randn(3, hq, d)
+    want = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws(), "HND")
+    want.plan(indptr, indices, last, hq, hk, d, ps, q_data_type=torch.float32, sm_scale=0.2)
+    o2, lse2 = want.run(q, cache, return_lse=True)
+    lse = torch.empty(3, hq)
+    o, got_lse = flashinfer.cudnn_batch_decode_with_kv_cache(
+        q, k_cache, v_cache, 0.2, ws(), max_sequence_kv=16,
+        actual_seq_lens_kv=torch.tensor(kv_lens, dtype=I32).view(3, 1, 1, 1),
+        block_tables=_block_table(indptr, indices, 2), return_lse=True, lse=lse)
+    assert got_lse is lse and rel_error(o, o2) < 1e-6
+    torch.testing.assert_close(lse, lse2 * 0.6931471805599453)
+    with pytest.raises(NotImplementedError, match="block_tables"):
+        flashinfer.cudnn.cudnn_batch_decode_with_kv_cache(q, k_cache, v_cache, 0.2, ws(),
+                                                          max_sequence_kv=16)
