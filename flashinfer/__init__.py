@@ -24,7 +24,8 @@ from .dispatch import (  # noqa: F401
     record_decisions, select,
 )
 from .norm import (  # noqa: F401
-    fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, layernorm, rmsnorm,
+    fused_add_rmsnorm, fused_add_rmsnorm_quant, gemma_fused_add_rmsnorm, gemma_rmsnorm, layernorm,
+    rmsnorm, rmsnorm_quant,
 )
 from .index_checks import check_errors  # noqa: F401
 from .overrides import use_backend  # noqa: F401

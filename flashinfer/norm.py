@@ -70,7 +70,8 @@ from .api_logging import flashinfer_api
 from .custom_op import custom_op
 from .dispatch import Problem
 
-__all__ = ["rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm", "layernorm"]
+__all__ = ["rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm", "layernorm",
+           "rmsnorm_quant", "fused_add_rmsnorm_quant"]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _DTYPE_TEXT = "float16, bfloat16 or float32"
@@ -295,3 +296,91 @@ def layernorm(input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor, eps:
     out = torch.empty_like(input)
     _layernorm_op(out, input, gemma, beta, eps, backend)
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# RMSNorm into fp8 (upstream's rmsnorm_quant / fused_add_rmsnorm_quant)
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+_FP8_CLAMP = 448.0  # upstream clamps to the e4m3 range before the cast, whatever the fp8 type
+
+
+def _quant_scale_inv(scale, input: torch.Tensor):
+    """``1 / scale`` in float32: a Python float for a float ``scale``, else a one-element float32
+    tensor on ``input``'s device (upstream's ``scale`` is either)."""
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() != 1 or not scale.is_floating_point():
+            raise ValueError(f"scale must be a float or a one-element float tensor, got "
+                             f"{scale.dtype} of shape {tuple(scale.shape)}")
+        if scale.device != input.device:
+            raise ValueError(f"scale is on {scale.device} but input is on {input.device}")
+        return torch.reciprocal(scale.reshape(()).float())
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or a one-element float tensor, got "
+                        f"{type(scale).__name__}")
+    if not 0 < scale < math.inf:
+        raise ValueError(f"scale must be a finite float > 0, got {scale!r}")
+    return float(torch.tensor(1.0, dtype=torch.float32) / torch.tensor(scale, dtype=torch.float32))
+
+
+def _check_fp8_out(out, input: torch.Tensor) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if out.dtype not in _FP8:
+        raise TypeError(f"out dtype {out.dtype} is not supported; allowed: float8_e4m3fn, "
+                        "float8_e5m2 (the dtype the result is quantised to)")
+    if out.shape != input.shape:
+        raise ValueError(f"out must have input's shape {tuple(input.shape)}, got {tuple(out.shape)}")
+    _same_device("out", out, input)
+
+
+def _quantised_rmsnorm(out, x, weight, scale_inv, eps: float, function: str, backend: str) -> None:
+    """``out = clamp(rmsnorm(x) * weight * scale_inv, -448, 448)`` cast to out's fp8 dtype, all
+    in float32 (the RMSNorm op on a float32 copy of ``x``, then the scale, clamp and cast)."""
+    check_writable(function, "out", out)
+    check_no_overlap(function, "out", out, input=x, weight=weight)
+    normed = _rmsnorm(x.float(), weight.float(), eps, None, 0.0, backend)
+    normed.mul_(scale_inv).clamp_(-_FP8_CLAMP, _FP8_CLAMP)
+    out.copy_(normed)
+
+
+@flashinfer_api
+def rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, scale,
+                  eps: float = 1e-6, enable_pdl: Optional[bool] = None, *,
+                  backend: str = "auto") -> None:
+    """RMSNorm quantised to fp8, written into ``out``:
+    ``out = fp8(clamp(input * rsqrt(mean(input^2) + eps) * weight / scale, -448, 448))``.
+
+    ``out``: ``input``'s shape, float8_e4m3fn or float8_e5m2; ``input`` ``[batch, hidden]`` (or
+    ``[batch, heads, head_dim]``) fp16/bf16/fp32; ``weight`` ``[hidden]``; ``scale``: the
+    quantisation scale, a finite float > 0 or a one-element float tensor on input's device
+    (multiplied in as ``1 / scale`` in float32, as upstream). Everything before the cast is
+    float32: the RMSNorm op (dispatched, ``backend``) on a float32 copy, then the scale and the
+    clamp. Returns None.
+    """
+    eps = _check_rmsnorm_args(input, weight, eps, backend)
+    _check_fp8_out(out, input)
+    inv = _quant_scale_inv(scale, input)
+    if input.numel():
+        _quantised_rmsnorm(out, input, weight, inv, eps, "rmsnorm_quant", backend)
+
+
+@flashinfer_api
+def fused_add_rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, residual: torch.Tensor,
+                            weight: torch.Tensor, scale, eps: float = 1e-6,
+                            enable_pdl: Optional[bool] = None, *, backend: str = "auto") -> None:
+    """In place ``residual += input`` (rounded to residual's dtype), then
+    :func:`rmsnorm_quant` of the new residual into ``out``. ``input`` is not written (upstream
+    mutates ``out`` and ``residual`` only). Same shapes and dtype rules as :func:`rmsnorm_quant`;
+    ``residual`` like ``input``, sharing no memory with it, ``weight`` or ``out``. Returns None.
+    """
+    eps = _check_rmsnorm_args(input, weight, eps, backend)
+    _check_like("residual", residual, input)
+    _check_fp8_out(out, input)
+    inv = _quant_scale_inv(scale, input)
+    check_writable("fused_add_rmsnorm_quant", "residual", residual)
+    check_no_overlap("fused_add_rmsnorm_quant", "residual", residual, input=input, weight=weight)
+    check_no_overlap("fused_add_rmsnorm_quant", "out", out, residual=residual)
+    if input.numel():
+        residual.add_(input)
+        _quantised_rmsnorm(out, residual, weight, inv, eps, "fused_add_rmsnorm_quant", backend)
