@@ -343,6 +343,7 @@ NOT_DISPATCHED: dict[str, str] = {
     **dict.fromkeys(("get_batch_indices_positions", "get_seq_lens", "unpack_paged_kv_cache"),
                     "flashinfer.page"),
     "get_alibi_slopes": "flashinfer",
+    "next_positive_power_of_2": "flashinfer.utils",
     "get_seed_and_offset": "flashinfer.sampling",
     "is_gated_activation": "flashinfer.fused_moe",
     **dict.fromkeys(("per_token_group_quant_8bit", "quantize_fp8_per_tensor",

@@ -170,3 +170,80 @@ def rope_oracle(x, pos, rotary_dim, interleave, scale=1.0, theta=1e4, llama=None
     out[:, :, first] = x1 * cos[:, None, :] - x2 * sin[:, None, :]
     out[:, :, second] = x2 * cos[:, None, :] + x1 * sin[:, None, :]
     return out
+
+
+# --- upstream's API surface (tests/upstream_api.toml), for the per-family compatibility tests ---
+
+def upstream_api(family: str) -> list[dict]:
+    """The entries of ``tests/upstream_api.toml`` for ``family``, in file order."""
+    import tomllib
+    from pathlib import Path
+
+    with open(Path(__file__).parent / "upstream_api.toml", "rb") as f:
+        return [e for e in tomllib.load(f)["api"] if e["family"] == family]
+
+
+def _upstream_params(signature: str) -> list[tuple[str, str | None]]:
+    """``[(name, default source or None)]`` of an upstream signature ``(a, b=1, *, c=None)``."""
+    import ast
+
+    args = ast.parse(f"def f{signature}: pass").body[0].args
+    positional = args.posonlyargs + args.args
+    defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    params = [(p.arg, None if d is None else ast.unparse(d)) for p, d in zip(positional, defaults)]
+    params += [(p.arg, None if d is None else ast.unparse(d))
+               for p, d in zip(args.kwonlyargs, args.kw_defaults)]
+    return [(n, d) for n, d in params if n != "self"]
+
+
+def _same_default(source: str, ours) -> bool:
+    import enum
+
+    if isinstance(ours, enum.Enum):  # e.g. SfLayout.layout_128x4
+        return source == f"{type(ours).__name__}.{ours.name}"
+    try:
+        value = eval(source, {"torch": torch})  # literals and torch dtypes
+    except Exception:
+        return False
+    return value == ours and type(value) in (type(ours), int, float) or value is ours
+
+
+def find_upstream_name(entry: dict):
+    """Our object for an entry: in its module, else at the top level; None when absent."""
+    import importlib
+
+    for module in (entry["module"], "flashinfer"):
+        try:
+            found = importlib.import_module(module)
+        except ImportError:
+            continue
+        if hasattr(found, entry["name"]):
+            return getattr(found, entry["name"])
+    return None
+
+
+def check_upstream_api(entry: dict) -> None:
+    """A "provided" entry exists with upstream's parameter names, order and defaults (ours may
+    add trailing parameters; a ``deviation`` frees the backend default); a "missing" one is
+    absent and named in the README's list of what is not provided yet."""
+    import inspect
+    from pathlib import Path
+
+    found = find_upstream_name(entry)
+    if entry["status"] == "missing":
+        assert found is None, f"{entry['name']} exists now: mark it provided in upstream_api.toml"
+        readme = (Path(__file__).parents[1] / "README.md").read_text()
+        assert f"`{entry['name']}`" in readme, f"{entry['name']} missing but not listed in README"
+        return
+    assert found is not None, f"{entry['module']}.{entry['name']} is not provided"
+    fn = found.__init__ if inspect.isclass(found) else found
+    ours = [p for p in inspect.signature(fn).parameters.values() if p.name != "self"]
+    upstream = _upstream_params(entry["signature"])
+    assert [p.name for p in ours[:len(upstream)]] == [n for n, _ in upstream], (
+        f"{entry['name']}: parameters {[p.name for p in ours]} vs upstream {upstream}")
+    for (name, source), p in zip(upstream, ours):
+        if source is None:
+            assert p.default is inspect.Parameter.empty, f"{entry['name']}.{name} has a default"
+        elif not (name == "backend" and "deviation" in entry):
+            assert _same_default(source, p.default), (
+                f"{entry['name']}.{name}: default {p.default!r}, upstream {source}")
