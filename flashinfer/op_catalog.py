@@ -344,6 +344,7 @@ NOT_DISPATCHED: dict[str, str] = {
                     "flashinfer.page"),
     "get_alibi_slopes": "flashinfer",
     "next_positive_power_of_2": "flashinfer.utils",
+    **dict.fromkeys(("top_k", "topk"), "flashinfer.topk"),
     "get_seed_and_offset": "flashinfer.sampling",
     "is_gated_activation": "flashinfer.fused_moe",
     **dict.fromkeys(("per_token_group_quant_8bit", "quantize_fp8_per_tensor",

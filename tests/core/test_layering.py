@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                     "flashinfer.grouped_mm", "flashinfer.fp4_quantization", "flashinfer.gemm",
                     "flashinfer.sampling", "flashinfer.quantization", "flashinfer.fused_moe",
                     "flashinfer.norm", "flashinfer.rope", "flashinfer.activation",
-                    "flashinfer.utils", "flashinfer.cudnn")),
+                    "flashinfer.utils", "flashinfer.cudnn", "flashinfer.topk")),
     ("family machinery", ("flashinfer.attention", "flashinfer.attention.*", "flashinfer.gemm.*",
                           "flashinfer.sampling.*", "flashinfer.quantization.*",
                           "flashinfer.fused_moe.*")),
