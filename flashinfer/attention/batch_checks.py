@@ -201,7 +201,8 @@ def scale_arg(name: str, value) -> float:
     if value is None:
         return 1.0
     if isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} as a tensor is not supported yet; pass a Python float")
+        raise TypeError(f"{name} as a tensor is taken for k_scale / v_scale only "
+                        "(flashinfer.attention.scales); pass a Python float")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TypeError(f"{name} must be a finite float or None, got {value!r}")
     return float(value)

@@ -30,6 +30,7 @@ from .batch_checks import FP8_DTYPES, DeviceIdsCheck, scale_arg, workspace_bytes
 from .batch_params import BatchPlan, KVInput, RunScales, Tail, bind_device_arrays
 from .checks import check_kv_layout, check_pos_encoding_mode
 from .params import POS_ENCODING_MODES, check_softmax_scale
+from .scales import apply_v_scale, fold_k_scale, head_scales
 from .upload import PlanUpload
 
 RUN_FEATURES = ("lse", "sinks")
@@ -269,6 +270,17 @@ class BatchWrapperBase:
 
     def _execute(self, plan: BatchPlan, q, kv: KVInput, q_scale, k_scale, v_scale, out, lse,
                  return_lse: bool, sinks):
+        k_heads = head_scales("k_scale", k_scale, plan.num_kv_heads, plan.device)
+        v_heads = head_scales("v_scale", v_scale, plan.num_kv_heads, plan.device)
+        if k_heads is not None or v_heads is not None:  # tensor scales (.scales)
+            if k_heads is not None:
+                q = fold_k_scale(q, k_heads)
+            result = self._execute(plan, q, kv, q_scale, None if k_heads is not None else k_scale,
+                                   None if v_heads is not None else v_scale, out, lse,
+                                   return_lse, sinks)
+            if v_heads is not None:
+                apply_v_scale(result[0] if return_lse else result, v_heads)
+            return result
         if self._rotation is not None:
             return self._rotation.run(q, kv, q_scale, k_scale, v_scale, out, lse, return_lse,
                                       sinks)

@@ -52,7 +52,7 @@ def float_arg(name: str, value, default: float) -> float:
         return default
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float or None, got {type(value).__name__}"
-                        + (" (per-tensor scale tensors are not supported yet)"
+                        + (" (tensors are taken for k_scale / v_scale only)"
                            if isinstance(value, torch.Tensor) else ""))
     value = float(value)
     if not math.isfinite(value):

@@ -35,6 +35,7 @@ from ..custom_op import custom_op
 from . import positions
 from .checks import check_common, check_kv_layout, check_mask, check_o_dtype, check_qkv, float_arg
 from .params import LARGE_SOFTMAX_SCALE, AttentionParams, cached_alibi_slopes, check_softmax_scale
+from .scales import apply_v_scale, fold_k_scale, head_scales
 
 __all__ = ["single_decode_with_kv_cache", "single_prefill_with_kv_cache",
            "single_prefill_with_kv_cache_return_lse"]
@@ -234,6 +235,15 @@ def single_prefill_with_kv_cache(
                                       f"yet; pass {name}=None with float16/bfloat16/float32 inputs")
     layout = check_kv_layout(kv_layout)
     qo_len, kv_len, _, _, head_dim_qk, _ = check_qkv(q, k, v, layout, 3, same_head_dim=False)
+    if isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor):
+        return _tensor_scaled(single_prefill_with_kv_cache, q, k, v, layout, 3, k_scale, v_scale,
+                              return_lse, dict(
+                                  o_dtype=o_dtype, custom_mask=custom_mask,
+                                  packed_custom_mask=packed_custom_mask, causal=causal,
+                                  kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode,
+                                  sm_scale=sm_scale, window_left=window_left,
+                                  logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
+                                  rope_theta=rope_theta, backend=backend))
     mode, window_left, cap, scale, rope_scale, rope_theta = check_common(
         pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
         head_dim_qk, backend)
@@ -326,6 +336,14 @@ def single_decode_with_kv_cache(
     -------
     ``out [num_qo_heads, head_dim]`` in q's dtype, and ``lse`` when ``return_lse``.
     """
+    if isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor):
+        check_qkv(q, k, v, check_kv_layout(kv_layout), 2, same_head_dim=True)
+        return _tensor_scaled(single_decode_with_kv_cache, q, k, v, kv_layout, 2, k_scale,
+                              v_scale, return_lse, dict(
+                                  kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode,
+                                  q_scale=q_scale, window_left=window_left,
+                                  logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
+                                  rope_scale=rope_scale, rope_theta=rope_theta, backend=backend))
     eager = not torch.compiler.is_compiling()
     signature = checked = None
     if eager:
@@ -361,6 +379,24 @@ def single_decode_with_kv_cache(
             _CHECKED_DECODES[signature] = (checked, prepared)
     out, lse = _single_decode_op(q, k, v, *checked)
     return (out, lse) if return_lse else out
+
+
+def _tensor_scaled(fn, q, k, v, kv_layout: str, q_rank: int, k_scale, v_scale, return_lse: bool,
+                   kwargs: dict):
+    """``fn`` with ``k_scale`` / ``v_scale`` given as tensors (:mod:`.scales`): ``k_scale``
+    folded into q's heads, ``v_scale`` applied to the output heads; a float one passes on."""
+    heads = k.shape[0] if kv_layout == "HND" else k.shape[1]
+    k_heads = head_scales("k_scale", k_scale, heads, q.device)
+    v_heads = head_scales("v_scale", v_scale, heads, q.device)
+    q3 = q if q_rank == 3 else q[None]
+    if k_heads is not None:
+        q3 = fold_k_scale(q3, k_heads)
+    result = fn(q3 if q_rank == 3 else q3[0], k, v, k_scale=None if k_heads is not None else k_scale,
+                v_scale=None if v_heads is not None else v_scale, return_lse=return_lse, **kwargs)
+    if v_heads is not None:
+        out = result[0] if return_lse else result
+        apply_v_scale(out if q_rank == 3 else out[None], v_heads)
+    return result
 
 
 #: eager calls whose arguments passed every check above: their signature (the tensors'

@@ -83,7 +83,8 @@ BAD_CALLS = {
     "scale_v": (lambda: _prefill(scale_v=torch.ones(2)), NotImplementedError, "scale_v"),
     "kv_cache_sf": (lambda: _prefill(kv_cache_sf=(torch.ones(1), torch.ones(1))),
                     NotImplementedError, "kv_cache_sf"),
-    "k_scale_tensor": (lambda: _prefill(k_scale=torch.tensor(1.0)), TypeError, "k_scale"),
+    "k_scale_tensor_shape": (lambda: _prefill(k_scale=torch.ones(3)), ValueError, "k_scale"),
+    "q_scale_tensor": (lambda: _decode(q_scale=torch.tensor(1.0)), TypeError, "q_scale"),
     "q_scale_type": (lambda: _decode(q_scale="1"), TypeError, "q_scale"),
     "v_scale_inf": (lambda: _decode(v_scale=float("inf")), ValueError, "v_scale"),
     "backend_unknown": (lambda: _prefill(backend="fa9"), ValueError, "backend='fa9'"),
@@ -384,3 +385,25 @@ def test_compile_fullgraph_decode():
 
     compiled = torch.compile(f, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(q[0], k, v), f(q[0], k, v))
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("per_head", [False, True])
+def test_tensor_k_and_v_scales_equal_scaled_caches(layout, per_head):
+    """k_scale / v_scale as tensors (one element or one per KV head) give what the same call
+    gives on k and v multiplied by them (flashinfer.attention.scales)."""
+    torch.manual_seed(11)
+    q, k, v = torch.randn(3, 4, 16), torch.randn(10, 2, 16), torch.randn(10, 2, 16)
+    ks, vs = (torch.tensor([0.5, 1.5]), torch.tensor([2.0, 0.25])) if per_head else (
+        torch.tensor([0.5]), torch.tensor(2.0))
+    kk, vv = k * ks.expand(2)[None, :, None], v * vs.reshape(-1).expand(2)[None, :, None]
+    if layout == "HND":
+        k, v, kk, vv = (t.transpose(0, 1).contiguous() for t in (k, v, kk, vv))
+    got = single_prefill_with_kv_cache(q, k, v, causal=True, kv_layout=layout, k_scale=ks,
+                                       v_scale=vs, return_lse=True)
+    want = single_prefill_with_kv_cache(q, kk, vv, causal=True, kv_layout=layout, return_lse=True)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    got = single_decode_with_kv_cache(q[0], k, v, kv_layout=layout, k_scale=ks, v_scale=vs)
+    torch.testing.assert_close(got, single_decode_with_kv_cache(q[0], kk, vv, kv_layout=layout),
+                               rtol=1e-5, atol=1e-5)

@@ -149,8 +149,10 @@ def test_window_left_at_run_must_match_plan_and_out_buffers_checked():
         w.run(q, cache, out=torch.empty(2, 4, 8))
     with pytest.raises(ValueError, match="lse must be"):
         w.run(q, cache, lse=torch.empty(2, 3), return_lse=True)
-    with pytest.raises(TypeError, match="k_scale"):
-        w.run(q, cache, k_scale=torch.tensor(1.0))
+    with pytest.raises(ValueError, match="k_scale"):
+        w.run(q, cache, k_scale=torch.ones(3))  # neither one element nor one per KV head
+    with pytest.raises(TypeError, match="q_scale"):
+        w.run(q, cache, q_scale=torch.tensor(1.0))
     for mode, head_dim in (("ROPE", 16), ("rope_llama", 16), (3, 16), ("ROPE_LLAMA", 15)):
         with pytest.raises(ValueError, match="pos_encoding_mode"):
             w.plan(torch.tensor([0, 1], dtype=I32), torch.tensor([0], dtype=I32),

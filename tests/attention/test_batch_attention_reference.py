@@ -312,3 +312,31 @@ def test_rotated_batch_plans_match_naive(monkeypatch, layout, kv_dtype):
             k, v = k.transpose(0, 1), v.transpose(0, 1)
         assert ragged._rotation is not None
         assert rel_error(ragged.run(qp, k, v), eo) < 1e-5
+
+
+@pytest.mark.parametrize("shape", ["one", "per_head"])
+def test_tensor_scales_per_tensor_and_per_kv_head(shape):
+    """k_scale / v_scale as device tensors (attention/scales.py): k_scale folded into the query
+    heads of each KV head, v_scale on the output heads; against float64 with the scales
+    applied per KV head."""
+    torch.manual_seed(8)
+    d, hq, hk, ps = 16, 4, 2, 4
+    cache, indptr, indices, last, ks, vs = make_paged([6, 13], ps, hk, d, "NHD",
+                                                      torch.float8_e4m3fn)
+    q = torch.randn(2, hq, d)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws())
+    w.plan(indptr, indices, last, hq, hk, d, ps, q_data_type=torch.float32,
+           kv_data_type=torch.float8_e4m3fn)
+    if shape == "one":
+        k_scale, v_scale = torch.tensor([0.5]), torch.tensor(2.0)
+        k_heads, v_heads = torch.tensor([0.5, 0.5]), torch.tensor([2.0, 2.0])
+    else:
+        k_heads, v_heads = torch.tensor([0.5, 1.5]), torch.tensor([2.0, 0.25])
+        k_scale, v_scale = k_heads, v_heads
+    o, lse = w.run(q, cache, k_scale=k_scale, v_scale=v_scale, return_lse=True)
+    ks_scaled = [k.double() * k_heads.double()[None, :, None] for k in ks]
+    vs_scaled = [v.double() * v_heads.double()[None, :, None] for v in vs]
+    eo, el = naive(q, ks_scaled, vs_scaled, [1, 1], hq, hk, d ** -0.5)
+    assert rel_error(o, eo) < 1e-5 and rel_error(lse, el) < 1e-5
+    if shape == "one":  # the same as float scales
+        torch.testing.assert_close(o, w.run(q, cache, k_scale=0.5, v_scale=2.0))
