@@ -80,3 +80,36 @@ def test_private_helpers_engines_call():
     assert decode._grouped_size_compiled_for_decode_kernels(32, 8)
     assert decode._grouped_size_compiled_for_decode_kernels(6, 1)
     assert not decode._grouped_size_compiled_for_decode_kernels(6, 4)
+
+
+@pytest.mark.parametrize("form", ["tensor_core", "cuda_core"])
+def test_cached_module_plan_replans_from_the_fixed_buffers(form):
+    """vLLM's CUDA-graph fast path: after one plan(), it writes the page ids into the wrapper's
+    fixed buffers and calls wrapper._cached_module.plan(...) with upstream's positional list."""
+    torch.manual_seed(3)
+    hq, hk, d, ps = 4, 2, 16, 4
+    cache, indptr, indices, last, _, _ = make_paged([7, 20, 3], ps, hk, d, "NHD", spare=8)
+    bufs = dict(paged_kv_indptr_buffer=torch.zeros(4, dtype=torch.int32),
+                paged_kv_indices_buffer=torch.zeros(32, dtype=torch.int32),
+                paged_kv_last_page_len_buffer=torch.zeros(3, dtype=torch.int32))
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws(), "NHD", use_cuda_graph=True, **bufs)
+    w.plan(indptr, indices, last, hq, hk, d, ps, q_data_type=torch.float32, sm_scale=0.3)
+    assert w._cached_module is not None
+    # the next step: other lengths, other pages; the engine writes the fixed buffers itself
+    _, indptr2, indices2, last2, _, _ = make_paged([5, 9, 16], ps, hk, d, "NHD", spare=8)
+    indices2 = (indices2 + 3) % cache.shape[0]
+    bufs["paged_kv_indices_buffer"][:indices2.shape[0]] = indices2
+    bufs["paged_kv_last_page_len_buffer"][:] = last2
+    kv_lens = torch.tensor([5, 9, 16], dtype=torch.int32)
+    if form == "tensor_core":
+        args = (ws(), None, None, torch.arange(4, dtype=torch.int32), indptr2, kv_lens, 3, 3, hq,
+                hk, ps, True, d, d, False, -1, -1, False)
+    else:
+        args = (ws(), None, None, indptr2, 3, hq, hk, ps, True, -1, 0.0, d, d, None, None)
+    w._cached_module.plan(*args)
+    q = torch.randn(3, hq, d)
+    want = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws())
+    want.plan(indptr2, indices2, last2, hq, hk, d, ps, q_data_type=torch.float32, sm_scale=0.3)
+    torch.testing.assert_close(w.run(q, cache), want.run(q, cache), rtol=0, atol=0)
+    with pytest.raises(TypeError, match="positional forms"):
+        w._cached_module.plan(1, 2, 3)
