@@ -213,11 +213,16 @@ def find_upstream_name(entry: dict):
     import importlib
 
     for module in (entry["module"], "flashinfer"):
-        try:
-            found = importlib.import_module(module)
-        except ImportError:
-            continue
-        if hasattr(found, entry["name"]):
+        parts, found = module.split("."), None
+        for cut in range(len(parts), 0, -1):  # "pkg.mod.Class": the module, then the attributes
+            try:
+                found = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            for attr in parts[cut:]:
+                found = getattr(found, attr, None)
+            break
+        if found is not None and hasattr(found, entry["name"]):
             return getattr(found, entry["name"])
     return None
 

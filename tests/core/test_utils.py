@@ -85,3 +85,29 @@ def test_containers_and_errors():
     t = U.FP4Tensor(torch.zeros(4, 8, dtype=torch.uint8), torch.ones(4, 1), 2, (4, 16))
     assert (t.scale_start_index, t.original_shape) == (2, (4, 16))
     assert issubclass(U.BackendSupportedError, Exception) and flashinfer.utils is U
+
+
+def test_compilation_context_normalises_archs_as_upstream(monkeypatch):
+    from flashinfer.compilation_context import CompilationContext
+
+    norm = CompilationContext._normalize_cuda_arch
+    assert norm(9, 0) == (9, "0a") and norm(10, 3) == (10, "3a") and norm(8, 6) == (8, "6")
+    monkeypatch.setattr(torch.version, "cuda", "12.9")
+    assert norm(12, 0) == (12, "0f") and norm(12, 1) == (12, "1a")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    with pytest.raises(RuntimeError, match="12.9"):
+        norm(12, 0)
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0 12.0f 8.6")
+    assert CompilationContext().TARGET_CUDA_ARCHS == {(9, "0a"), (12, "0f"), (8, "6")}
+
+
+def test_check_cuda_arch(monkeypatch):
+    from flashinfer.jit.core import check_cuda_arch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (9, 0) if i == 0 else (7, 0))
+    with pytest.raises(RuntimeError, match="GPU 1 is SM 7.0"):
+        check_cuda_arch()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (8, 0))
+    assert check_cuda_arch() is None
