@@ -34,6 +34,12 @@ class RotatedBatch:
                  rows: tuple[torch.Tensor, torch.Tensor] | None, total_kv: int):
         self.ragged, self.plan = ragged, plan
         self.q_pos, self.k_pos, self.rows, self.total_kv = q_pos, k_pos, rows, total_kv
+        # the rope kernels, chosen here: run() decides nothing
+        kv_dtype = plan.q_dtype if plan.kv_dtype in FP8_DTYPES else plan.kv_dtype
+        self.rotate_q = positions.rope_kernel(plan.device, plan.q_dtype, plan.total_qo,
+                                              plan.num_qo_heads, plan.head_dim_qk)
+        self.rotate_k = positions.rope_kernel(plan.device, kv_dtype, total_kv,
+                                              plan.num_kv_heads, plan.head_dim_qk)
 
     @property
     def decision(self) -> dispatch.Decision:
@@ -51,8 +57,8 @@ class RotatedBatch:
             k, v = kv.k[page, :, slot], kv.v[page, :, slot]
         if k.dtype in FP8_DTYPES:
             k, v = k.to(plan.q_dtype), v.to(plan.q_dtype)
-        q = positions.rotate(q, self.q_pos, plan.rope_scale, plan.rope_theta)
-        k = positions.rotate(k, self.k_pos, plan.rope_scale, plan.rope_theta)
+        q = positions.rotate(q, self.q_pos, plan.rope_scale, plan.rope_theta, self.rotate_q)
+        k = positions.rotate(k, self.k_pos, plan.rope_scale, plan.rope_theta, self.rotate_k)
         return self.ragged.run(q, k, v, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                                out=out, lse=lse, return_lse=return_lse, sinks=sinks)
 

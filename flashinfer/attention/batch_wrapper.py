@@ -270,9 +270,9 @@ class BatchWrapperBase:
 
     def _execute(self, plan: BatchPlan, q, kv: KVInput, q_scale, k_scale, v_scale, out, lse,
                  return_lse: bool, sinks):
-        k_heads = head_scales("k_scale", k_scale, plan.num_kv_heads, plan.device)
-        v_heads = head_scales("v_scale", v_scale, plan.num_kv_heads, plan.device)
-        if k_heads is not None or v_heads is not None:  # tensor scales (.scales)
+        if isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor):  # .scales
+            k_heads = head_scales("k_scale", k_scale, plan.num_kv_heads, plan.device)
+            v_heads = head_scales("v_scale", v_scale, plan.num_kv_heads, plan.device)
             if k_heads is not None:
                 q = fold_k_scale(q, k_heads)
             result = self._execute(plan, q, kv, q_scale, None if k_heads is not None else k_scale,

@@ -23,18 +23,34 @@ from .. import dispatch
 from ..rope_params import RopeParams
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, rope_scale: float, rope_theta: float
-           ) -> torch.Tensor:
+def rope_kernel(device: torch.device, dtype: torch.dtype, rows: int, heads: int, head_dim: int,
+                pos_dtype: torch.dtype = torch.int64):
+    """The ``rope`` kernel that rotates ``[rows, heads, head_dim]`` rows of ``dtype`` (a
+    keyed Decision lookup: a batch plan asks once and keeps it, so run() decides nothing)."""
+    bucket = dispatch.length_bucket(rows)
+
+    def problem() -> dispatch.Problem:
+        return dispatch.Problem.make(
+            "rope", device, dtypes={"input": dtype, "pos": pos_dtype},
+            shape={"head_dim": head_dim, "rotary_dim": head_dim, "num_q_heads": heads,
+                   "num_k_heads": 0, "num_tokens": bucket})
+
+    key = ("rope", device, dtype, pos_dtype, head_dim, heads, bucket)
+    return dispatch.decide_keyed(key, problem).kernel
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, rope_scale: float, rope_theta: float,
+           kernel=None) -> torch.Tensor:
     """A RoPE-rotated copy of ``x [n, heads, head_dim]`` (rotate-half over the whole head dim,
-    ``head_dim`` even) at ``positions [n]`` (int32/int64 on ``x``'s device), in ``x``'s dtype."""
+    ``head_dim`` even) at ``positions [n]`` (int32/int64 on ``x``'s device), in ``x``'s dtype.
+    ``kernel``: a :func:`rope_kernel` kept by the caller (else looked up here)."""
+    if kernel is None:
+        kernel = rope_kernel(x.device, x.dtype, x.shape[0], x.shape[1], x.shape[2],
+                             positions.dtype)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     params = RopeParams(x.shape[2], False, rope_scale, rope_theta)
-    problem = dispatch.Problem.make(
-        "rope", x.device, dtypes={"input": x.dtype, "pos": positions.dtype},
-        shape={"head_dim": x.shape[2], "rotary_dim": x.shape[2], "num_q_heads": x.shape[1],
-               "num_k_heads": 0, "num_tokens": dispatch.length_bucket(x.shape[0])})
     # the rope kernels rotate a q and a k of one token count: k is an empty head slice here
-    dispatch.decide(problem).kernel(x, x[:, :0], out, out[:, :0], positions, params, None)
+    kernel(x, x[:, :0], out, out[:, :0], positions, params, None)
     return out
 
 
@@ -71,4 +87,4 @@ def choose(with_rope: tuple, plain: tuple, backend) -> tuple[dispatch.Decision, 
     return native, False
 
 
-__all__ = ["choose", "rotate", "runs_rotated"]
+__all__ = ["choose", "rope_kernel", "rotate", "runs_rotated"]

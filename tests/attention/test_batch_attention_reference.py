@@ -6,17 +6,8 @@ import pytest
 import torch
 
 from attention_helpers import make_paged, ws
-from conftest import poison, rel_error
+from conftest import poison, rel_error, rope_oracle
 import flashinfer
-
-
-def rope64(x, positions, scale=1.0, theta=1e4):
-    """float64 non-interleaved (rotate-half) RoPE of ``x [n, h, d]`` at ``positions [n]``."""
-    d = x.shape[-1]
-    freq = theta ** (-torch.arange(0, d // 2, dtype=torch.float64) * 2 / d)
-    angle = positions.double()[:, None, None] / scale * freq
-    x1, x2 = x[..., :d // 2], x[..., d // 2:]
-    return torch.cat([x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()], -1)
 
 
 def alibi_slopes64(n):
@@ -46,8 +37,9 @@ def naive(q, ks, vs, qo_lens, hq, hk, scale, causal=False, window=-1, cap=0.0, s
         kk = k.double().repeat_interleave(g, 1)
         vv = (v.double() * v_scale).repeat_interleave(g, 1)
         if pos == "ROPE_LLAMA":
-            qb = rope64(qb, torch.arange(kv_len - n, kv_len), rope_scale, rope_theta)
-            kk = rope64(kk, torch.arange(kv_len), rope_scale, rope_theta)
+            d = qb.shape[-1]
+            qb = rope_oracle(qb, torch.arange(kv_len - n, kv_len), d, False, rope_scale, rope_theta)
+            kk = rope_oracle(kk, torch.arange(kv_len), d, False, rope_scale, rope_theta)
         kk = kk * k_scale
         s = torch.einsum("qhd,khd->hqk", qb, kk) * scale
         if pos == "ALIBI":

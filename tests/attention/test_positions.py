@@ -10,17 +10,10 @@ import types
 import pytest
 import torch
 
+from conftest import rope_oracle
 import flashinfer
 from flashinfer import dispatch
 from flashinfer.attention import positions
-
-
-def rope64(x, pos, scale=1.0, theta=1e4):
-    d = x.shape[-1]
-    freq = theta ** (-torch.arange(0, d // 2, dtype=torch.float64) * 2 / d)
-    a = pos.double()[:, None, None] / scale * freq
-    x1, x2 = x.double()[..., :d // 2], x.double()[..., d // 2:]
-    return torch.cat([x1 * a.cos() - x2 * a.sin(), x2 * a.cos() + x1 * a.sin()], -1)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 1e-2)])
@@ -31,7 +24,7 @@ def test_rotate_is_rope_over_the_whole_head_dim(dtype, tol):
     pos = torch.tensor([0, 1, 5, 100, 4095, 7, 3])
     out = positions.rotate(x, pos, 2.0, 5e5)
     assert out.dtype == dtype and out.shape == x.shape
-    torch.testing.assert_close(out.double(), rope64(x, pos, 2.0, 5e5), atol=tol, rtol=tol)
+    torch.testing.assert_close(out.double(), rope_oracle(x, pos, 32, False, 2.0, 5e5), atol=tol, rtol=tol)
 
 
 def _decision(backend):
@@ -109,8 +102,8 @@ def test_rotated_single_decode_matches_float64_and_is_remembered(monkeypatch):
     second = flashinfer.single_decode_with_kv_cache(q, k, v, pos_encoding_mode="ROPE_LLAMA")
     torch.testing.assert_close(first, second, atol=0, rtol=0)
     # float64: query at position kv_len - 1, key j at j
-    qr = rope64(q[None], torch.tensor([39]))[0]
-    kr = rope64(k, torch.arange(40)).repeat_interleave(2, 1)
+    qr = rope_oracle(q[None], [39], 32, False)[0]
+    kr = rope_oracle(k, torch.arange(40), 32, False).repeat_interleave(2, 1)
     s = torch.einsum("hd,khd->hk", qr, kr) / math.sqrt(32)
     want = torch.einsum("hk,khd->hd", s.softmax(-1), v.double().repeat_interleave(2, 1))
     torch.testing.assert_close(first.double(), want, atol=1e-5, rtol=1e-5)
