@@ -32,13 +32,7 @@ def get_seed_and_offset(increment: int, generator: Optional[torch.Generator] = N
     """``(seed, offset)`` for a call consuming ``increment`` random numbers; advances the
     generator (CUDA: offset += ceil4(increment); CPU: one draw, offset 0 — module docstring)."""
     if generator is None:
-        device = torch.device(device) if device is not None else (
-            torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
-        if device.type == "cuda":
-            generator = torch.cuda.default_generators[
-                device.index if device.index is not None else torch.cuda.current_device()]
-        else:
-            generator = torch.default_generator
+        generator = _DEFAULT_GENERATORS.get(device) or _default_generator(device)
     if generator.device.type == "cpu":
         seed = int(torch.randint(0, 1 << 62, (1,), generator=generator).item())
         return seed, 0
@@ -46,6 +40,26 @@ def get_seed_and_offset(increment: int, generator: Optional[torch.Generator] = N
     seed, offset = generator.initial_seed(), generator.get_offset()
     generator.set_offset(offset + (int(increment) + 3) // 4 * 4)
     return seed, offset
+
+
+#: torch.device -> its default generator (the same object for the process's life: manual_seed
+#: reseeds it in place)
+_DEFAULT_GENERATORS: dict = {}
+
+
+def _default_generator(device) -> torch.Generator:
+    given = device
+    device = torch.device(device) if device is not None else (
+        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    if device.type == "cuda":
+        if device.index is None:  # the current device's: not kept (it may change)
+            return torch.cuda.default_generators[torch.cuda.current_device()]
+        generator = torch.cuda.default_generators[device.index]
+    else:
+        generator = torch.default_generator
+    if isinstance(given, torch.device):
+        _DEFAULT_GENERATORS[given] = generator
+    return generator
 
 
 # --------------------------------------------------------------------------------------------

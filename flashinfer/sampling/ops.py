@@ -155,13 +155,35 @@ def _present(**named) -> list:
     return [name for name, value in named.items() if value is not None]
 
 
+def _dispatch_facts(op: str, device: torch.device, role: str, dtype: torch.dtype, shape: dict,
+                    features: list) -> tuple:
+    """``(key, make_problem)`` of a call's raw facts for :func:`flashinfer.dispatch.decide_keyed`
+    (the Problem is built on a miss only)."""
+    key = (op, device, dtype, *shape.values(), *features)
+    return key, lambda: Problem.make(op, device, dtypes={role: dtype}, shape=shape,
+                                     features=features)
+
+
 def _decide(op: str, device: torch.device, role: str, dtype: torch.dtype, shape: dict,
             features: list, backend: str) -> dispatch.Decision:
-    """The Decision for ``op``, looked up by the call's raw facts (the Problem is built on a
-    miss only; :func:`flashinfer.dispatch.decide_keyed`)."""
-    key = (op, device, dtype, *shape.values(), *features)
-    return dispatch.decide_keyed(key, lambda: Problem.make(
-        op, device, dtypes={role: dtype}, shape=shape, features=features), backend)
+    """The Decision for ``op``, looked up by the call's raw facts."""
+    return dispatch.decide_keyed(*_dispatch_facts(op, device, role, dtype, shape, features),
+                                 backend)
+
+
+def _draw_dispatch(probs: torch.Tensor, count: int, indices, top_k_arr, top_k, top_p, min_p,
+                   joint: bool, seed_arr) -> tuple:
+    """``(key, make_problem)`` of op ``sampling_from_probs`` for fp32 ``probs`` and ``count``
+    outputs (:func:`flashinfer.dispatch.decide_keyed`'s first two arguments)."""
+    features = _present(top_k=top_k, top_p=top_p, min_p=min_p, indices=indices,
+                        seed_tensor=seed_arr)
+    if joint and top_k is not None and top_p is not None:
+        features.append("joint")
+    vocab = probs.shape[1]
+    shape = _top_k_facts(_shape(count, vocab), features, top_k_arr,
+                         top_k if top_k_arr is None else None, vocab)
+    return _dispatch_facts("sampling_from_probs", probs.device, "probs", torch.float32, shape,
+                           features)
 
 
 def _fake_samples(probs, indices, *args):
@@ -189,14 +211,8 @@ def _sampling_from_probs_op(
     top_k = top_k_arr if top_k_arr is not None else top_k_val
     top_p = top_p_arr if top_p_arr is not None else top_p_val
     min_p = min_p_arr if min_p_arr is not None else min_p_val
-    features = _present(top_k=top_k, top_p=top_p, min_p=min_p, indices=indices,
-                        seed_tensor=seed_arr)
-    if joint and top_k is not None and top_p is not None:
-        features.append("joint")
-    shape = _top_k_facts(_shape(count, probs.shape[1]), features, top_k_arr, top_k_val,
-                         probs.shape[1])
-    decision = _decide("sampling_from_probs", probs.device, "probs", probs.dtype, shape,
-                       features, backend)
+    decision = dispatch.decide_keyed(*_draw_dispatch(probs, count, indices, top_k_arr, top_k,
+                                                     top_p, min_p, joint, seed_arr), backend)
     seed, offset = _seed_args(seed_arr, offset_arr, seed_val, offset_val, use_default, increment,
                               probs.device)
     decision.kernel(probs, out, valid, indices, top_k, top_p, min_p, joint, deterministic, seed,
@@ -346,8 +362,53 @@ _Seed = Optional[Union[int, torch.Tensor]]
 _ORDERS = ("top_k_first", "joint")
 
 
+#: eager sampling_from_probs-family calls with scalar (or no) thresholds, no indices, no
+#: generator and no seed that passed every check: their signature (probs' metadata and every
+#: other argument, with its type) -> what the op computed from them (:func:`_checked_draw`).
+#: The checks read metadata and scalars only, so a call with the same signature passes them
+#: again; a hit skips them and the op's dispatch facts (the Decision is still looked up per
+#: call, so overrides apply). Bounded; failing calls are never stored.
+_CHECKED_DRAWS: dict[tuple, tuple] = {}
+_CHECKED_LIMIT = 4096
+_SCALARS = (type(None), int, float)
+
+
+def _draw_signature(probs, indices, top_k, top_p, min_p, generator, check_nan, seed, offset,
+                    rest: tuple) -> tuple | None:
+    """The memo key of a call :data:`_CHECKED_DRAWS` can serve, else None."""
+    if (indices is not None or generator is not None or seed is not None or offset is not None
+            or check_nan or type(top_k) not in _SCALARS or type(top_p) not in _SCALARS
+            or type(min_p) not in _SCALARS or not isinstance(probs, torch.Tensor)
+            or torch.compiler.is_compiling()):
+        return None
+    return (probs.shape, probs.dtype, probs.device, probs.is_contiguous(), type(top_k), top_k,
+            type(top_p), top_p, type(min_p), min_p, rest, tuple(map(type, rest)))
+
+
+def _checked_draw(probs: torch.Tensor, entry: tuple, backend: str):
+    """A memoised call's draw: outputs, the Decision of its stored key, the default generator's
+    seed and offset, the kernel."""
+    key, make_problem, rows, top_k, top_p, min_p, joint, deterministic, increment = entry
+    if probs.dtype != torch.float32 or not probs.is_contiguous():
+        probs = probs.float().contiguous()
+    out = probs.new_empty((rows,), dtype=torch.int32)
+    valid = probs.new_empty((rows,), dtype=torch.bool)
+    decision = dispatch.decide_keyed(key, make_problem, backend)
+    seed, offset = get_seed_and_offset(increment, None, probs.device)
+    decision.kernel(probs, out, valid, None, top_k, top_p, min_p, joint, deterministic, seed,
+                    offset)
+    return out, valid
+
+
 def _sample_probs(probs, indices, top_k, top_p, min_p, joint, deterministic, generator,
                   check_nan, seed, offset, return_valid, per_row_draws: int, backend):
+    rest = (bool(joint), bool(deterministic), per_row_draws, backend)
+    signature = _draw_signature(probs, indices, top_k, top_p, min_p, generator, check_nan, seed,
+                                offset, rest)
+    entry = _CHECKED_DRAWS.get(signature) if signature is not None else None
+    if entry is not None:  # the steady state of a decode step
+        out, valid = _checked_draw(probs, entry, backend)
+        return (out, valid) if return_valid else out
     distribution("probs", probs)
     check_backend(backend)
     rows, device = probs.shape[0], probs.device
@@ -362,6 +423,13 @@ def _sample_probs(probs, indices, top_k, top_p, min_p, joint, deterministic, gen
     out, valid = _sampling_from_probs_op(probs, indices, k_arr, k_val, p_arr, p_val, m_arr, m_val,
                                          bool(joint), bool(deterministic), *seeds,
                                          count * per_row_draws, backend)
+    if signature is not None and count:
+        if len(_CHECKED_DRAWS) >= _CHECKED_LIMIT:
+            _CHECKED_DRAWS.clear()
+        key, make_problem = _draw_dispatch(probs, count, None, None, k_val, p_val, m_val,
+                                           bool(joint), None)
+        _CHECKED_DRAWS[signature] = (key, make_problem, count, k_val, p_val, m_val, bool(joint),
+                                     bool(deterministic), count * per_row_draws)
     return (out, valid) if return_valid else out
 
 

@@ -392,3 +392,29 @@ def test_torch_compile_default_generator_and_chain():
     assert torch.equal(got[0], want[0])
     for g_, w_ in zip(got[1], want[1]):
         assert torch.equal(g_, w_)
+
+
+def test_repeated_scalar_calls_skip_the_checks_but_not_the_overrides_nor_the_generator():
+    """The steady-state memo of sampling_from_probs-family calls (ops._CHECKED_DRAWS): a repeat
+    draws from the advanced generator, follows a use_backend override, and a call that differs
+    only in an argument's type (True for 1) is checked again."""
+    torch.manual_seed(0)
+    probs = torch.softmax(torch.randn(3, 50), -1)
+    from flashinfer.sampling import ops
+
+    ops._CHECKED_DRAWS.clear()
+    call = lambda: flashinfer.top_k_top_p_sampling_from_probs(probs, 1, 0.9)  # noqa: E731
+    first = call()
+    assert len(ops._CHECKED_DRAWS) == 1
+    with flashinfer.record_decisions() as log:
+        assert torch.equal(call(), first)  # top_k = 1: the arg-max, whatever the draw
+    assert log[-1].problem.op == "sampling_from_probs" and log[-1].backend == "reference"
+    torch.manual_seed(5)
+    a = flashinfer.sampling_from_probs(probs)
+    torch.manual_seed(5)
+    assert torch.equal(flashinfer.sampling_from_probs(probs), a)  # the generator is read per call
+    with flashinfer.use_backend(sampling="torch"), flashinfer.record_decisions() as log:
+        call()
+    assert log[-1].backend == "torch"
+    with pytest.raises(TypeError, match="top_k"):
+        flashinfer.top_k_top_p_sampling_from_probs(probs, True, 0.9)

@@ -92,6 +92,8 @@ def aligned(t: torch.Tensor) -> torch.Tensor:
     """``t`` if its last dim is contiguous and every other stride and the base address are
     16-byte aligned (what the vectorised loads of both kernels need), else a fresh contiguous
     copy (a fresh allocation is aligned; ``contiguous()`` would keep a misaligned base)."""
+    if t.data_ptr() % 16 == 0 and t.is_contiguous() and t.shape[-1] * t.element_size() % 16 == 0:
+        return t  # the steady state: every stride of a contiguous tensor is a multiple of the row
     elems = max(1, 16 // t.element_size())
     ok = (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
           and all(s % elems == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1))
@@ -150,7 +152,8 @@ def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Atte
     out = result[0]  # [qo_len, H, Dv] like q
     if out.dim() != 3:
         out = out.reshape(qo_len, num_qo_heads, -1)
-    out = out.to(params.o_dtype)
+    if out.dtype != params.o_dtype:
+        out = out.to(params.o_dtype)
     if not params.return_lse:
         return out, None
     return out, finish_lse(result[1].reshape(num_qo_heads, qo_len))
