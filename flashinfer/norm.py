@@ -150,6 +150,12 @@ def _check_rmsnorm_args(input, weight, eps, backend) -> float:
 
 def _rmsnorm_decision(input: torch.Tensor, weight: torch.Tensor, weight_bias: float,
                       fused_add: bool, backend: str) -> dispatch.Decision:
+    return dispatch.decide_keyed(*_rmsnorm_facts(input, weight, weight_bias, fused_add), backend)
+
+
+def _rmsnorm_facts(input: torch.Tensor, weight: torch.Tensor, weight_bias: float,
+                   fused_add: bool) -> tuple:
+    """``(key, make_problem)`` of op ``rmsnorm`` (:func:`flashinfer.dispatch.decide_keyed`)."""
     hidden = input.shape[-1]
     rows = dispatch.length_bucket(input.numel() // hidden)
     per_head, gemma = input.dim() == 3, weight_bias != 0.0
@@ -163,7 +169,19 @@ def _rmsnorm_decision(input: torch.Tensor, weight: torch.Tensor, weight_bias: fl
 
     key = ("rmsnorm", input.device, input.dtype, weight.dtype, hidden, rows, fused_add, gemma,
            per_head)
-    return dispatch.decide_keyed(key, problem, backend)
+    return key, problem
+
+
+def _check_out_aliasing(function: str, out: torch.Tensor, input: torch.Tensor,
+                        weight: torch.Tensor) -> None:
+    """``out`` may be ``input`` itself, nothing else sharing memory with ``input`` or
+    ``weight``, and no stride-0 dim (module docstring)."""
+    check_writable(function, "out", out)
+    base = out.untyped_storage().data_ptr()
+    if (base == input.untyped_storage().data_ptr()
+            or base == weight.untyped_storage().data_ptr()):  # else: separate allocations
+        check_no_overlap(function, "out", out, True, input=input)
+        check_no_overlap(function, "out", out, weight=weight)
 
 
 def _no_output(*args, **kwargs) -> None:
@@ -176,10 +194,7 @@ def _rmsnorm_op(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, ep
                 weight_bias: float, backend: str) -> None:
     if input.numel() == 0:
         return
-    function = "gemma_rmsnorm" if weight_bias else "rmsnorm"
-    check_writable(function, "out", out)
-    check_no_overlap(function, "out", out, True, input=input)
-    check_no_overlap(function, "out", out, weight=weight)
+    _check_out_aliasing("gemma_rmsnorm" if weight_bias else "rmsnorm", out, input, weight)
     decision = _rmsnorm_decision(input, weight, weight_bias, False, backend)
     decision.kernel(input, weight, out, None, eps, weight_bias)
 
@@ -214,13 +229,52 @@ def _layernorm_op(out: torch.Tensor, input: torch.Tensor, gemma: torch.Tensor, b
 # public API
 
 
+#: eager rmsnorm / gemma_rmsnorm calls that passed every check: their signature (the
+#: tensors' metadata and the other arguments, with their types) -> (eps as a float, the
+#: Decision's key and Problem maker). The checks read metadata and scalars only, so a call
+#: with the same signature passes them again; a hit skips them (the aliasing of ``out`` with
+#: the inputs, which depends on addresses, is still checked; the Decision is still looked up,
+#: so overrides apply). Bounded; failing calls are never stored.
+_CHECKED_NORMS: dict[tuple, tuple] = {}
+_CHECKED_LIMIT = 4096
+
+
+def _norm_signature(input, weight, eps, out, weight_bias, backend) -> tuple | None:
+    if (not isinstance(input, torch.Tensor) or not isinstance(weight, torch.Tensor)
+            or torch.compiler.is_compiling()):
+        return None
+    if out is None:
+        out_facts = None
+    elif isinstance(out, torch.Tensor):
+        out_facts = (out.shape, out.dtype, out.device)
+    else:
+        return None
+    return (input.shape, input.dtype, input.device, weight.shape, weight.dtype, weight.device,
+            out_facts, type(eps), eps, weight_bias, type(backend), backend)
+
+
 def _rmsnorm(input, weight, eps, out, weight_bias: float, backend: str) -> torch.Tensor:
+    signature = _norm_signature(input, weight, eps, out, weight_bias, backend)
+    hit = _CHECKED_NORMS.get(signature) if signature is not None else None
+    if hit is not None:  # the steady state: checked, dispatch facts kept
+        eps, key, make_problem = hit
+        if out is None:  # (a stored signature has a non-empty input)
+            out = torch.empty_like(input)
+        else:
+            _check_out_aliasing("gemma_rmsnorm" if weight_bias else "rmsnorm", out, input, weight)
+        dispatch.decide_keyed(key, make_problem, backend).kernel(input, weight, out, None, eps,
+                                                                 weight_bias)
+        return out
     eps = _check_rmsnorm_args(input, weight, eps, backend)
     if out is None:
         out = torch.empty_like(input)
     else:
         _check_like("out", out, input)
     _rmsnorm_op(out, input, weight, eps, weight_bias, backend)
+    if signature is not None and input.numel():
+        if len(_CHECKED_NORMS) >= _CHECKED_LIMIT:
+            _CHECKED_NORMS.clear()
+        _CHECKED_NORMS[signature] = (eps, *_rmsnorm_facts(input, weight, weight_bias, False))
     return out
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .. import envs
-from .batch_params import BatchPlan
+from .batch_params import BatchPlan, KVInput
 from .page import unpack_paged_kv_cache
 
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -242,7 +242,49 @@ def paged_kv_pages(paged_kv_cache, plan: BatchPlan, max_page: int, check_kv, ind
     return k_cache, v_cache
 
 
-__all__ = ["canonical_dtype", "positive_int", "index_array", "host_index_arrays", "check_indptr",
+class PagedCacheViews:
+    """A wrapper's run() page views (:func:`paged_kv_pages`) of the caches it has been given,
+    remembered by cache identity and layout. The steady state of a serving step (each layer's
+    cache tensor, the same object every step) then reads the cache's address, shape and strides
+    and compares its facts with the plan's in one tuple, instead of unpacking and re-checking it;
+    anything else (a new cache, a changed one, a mismatch) takes :func:`paged_kv_pages`, which
+    raises what it raises. Holds references to at most :attr:`LIMIT` caches (the wrapper's
+    life)."""
+
+    LIMIT = 512
+
+    def __init__(self):
+        self._seen: dict[tuple, tuple] = {}
+
+    def kv(self, paged_kv_cache, plan: BatchPlan, max_page: int, check_kv,
+           indices_name: str) -> KVInput:
+        tensors = ((paged_kv_cache,) if isinstance(paged_kv_cache, torch.Tensor) else
+                   tuple(paged_kv_cache) if isinstance(paged_kv_cache, (tuple, list)) else ())
+        key = (*map(id, tensors), plan.kv_layout)
+        entry = self._seen.get(key)
+        if entry is not None:
+            held, fingerprint, facts, kv = entry
+            if (all(a is b for a, b in zip(held, tensors))
+                    and fingerprint == tuple((t.data_ptr(), t.shape, t.stride()) for t in tensors)
+                    and facts[:-1] == _plan_facts(plan) and max_page < facts[-1]):
+                return kv
+        k_cache, v_cache = paged_kv_pages(paged_kv_cache, plan, max_page, check_kv, indices_name)
+        kv = KVInput(k_cache, v_cache, {})
+        if tensors and all(isinstance(t, torch.Tensor) for t in tensors):
+            if len(self._seen) >= self.LIMIT:
+                self._seen.clear()
+            self._seen[key] = (tensors, tuple((t.data_ptr(), t.shape, t.stride()) for t in tensors),
+                               (*_plan_facts(plan), k_cache.shape[0]), kv)
+        return kv
+
+
+def _plan_facts(plan: BatchPlan) -> tuple:
+    """What :func:`paged_kv_pages` checks a cache against, as the cache must match it."""
+    return (plan.kv_dtype, plan.device, plan.page_size, plan.num_kv_heads, plan.head_dim_qk,
+            plan.head_dim_vo)
+
+
+__all__ = ["PagedCacheViews", "canonical_dtype", "positive_int", "index_array", "host_index_arrays", "check_indptr",
            "paged_kv_lens", "page_indices", "largest_page_id", "DeviceIdsCheck",
            "check_fixed_buffer", "planned_device_fields", "require_workspace", "workspace_bytes", "scale_arg",
            "unpack_segments", "paged_kv_pages", "Q_DTYPES", "FP8_DTYPES", "KV_DTYPES"]

@@ -19,9 +19,9 @@ from .. import index_checks
 from ..api_logging import flashinfer_api
 from .batch_checks import (
     KV_DTYPES, Q_DTYPES, canonical_dtype, check_fixed_buffer, check_indptr, host_index_arrays,
-    index_array, page_indices, paged_kv_lens, paged_kv_pages, planned_device_fields, positive_int,
+    PagedCacheViews, index_array, page_indices, paged_kv_lens, planned_device_fields, positive_int,
 )
-from .batch_params import BatchPlan, KVInput
+from .batch_params import BatchPlan
 from .batch_prefill import BatchPrefillWithRaggedKVCacheWrapper
 from ..backends.triton.batch_decode import workspace_bound
 from .batch_rope import adopt, plan_rotation
@@ -190,10 +190,8 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         plan = self._check_run(q, window_left)
         if q_len_per_req is not None and q_len_per_req != plan.q_len_per_req:
             raise ValueError(f"q_len_per_req={q_len_per_req} differs from the planned {plan.q_len_per_req}")
-        k_cache, v_cache = paged_kv_pages(paged_kv_cache, plan, self._max_page, self._check_kv,
-                                          "indices")
-        return self._execute(plan, q, KVInput(k_cache, v_cache), q_scale, k_scale, v_scale, out,
-                             lse, return_lse, sinks)
+        kv = self._cache_views.kv(paged_kv_cache, plan, self._max_page, self._check_kv, "indices")
+        return self._execute(plan, q, kv, q_scale, k_scale, v_scale, out, lse, return_lse, sinks)
 
     def workspace_size(self, *args, **kwargs) -> tuple[int, int]:
         """``(float_bytes, int_bytes)`` of workspace a :meth:`plan` with these arguments takes

@@ -117,10 +117,14 @@ class RunScales:
 
 class KVInput(NamedTuple):
     """Paged ops: ``k_cache``/``v_cache`` page views; ragged op: ``k``/``v`` row tensors (a
-    named tuple: made on every run())."""
+    named tuple: made on every run()). ``derived``: paged ops, a dict that stays with this
+    cache (the same object on every run() given the same cache tensors in the same layout,
+    :class:`~flashinfer.attention.batch_checks.PagedCacheViews`), where a runner may keep what
+    it derives from ``k`` and ``v`` alone; None otherwise."""
 
     k: torch.Tensor
     v: torch.Tensor
+    derived: dict | None = None
 
 
 def bind_device_arrays(plan: BatchPlan, views: dict[str, torch.Tensor]) -> None:

@@ -18,7 +18,7 @@ from .. import index_checks
 from ..api_logging import flashinfer_api
 from .batch_checks import (
     KV_DTYPES, Q_DTYPES, canonical_dtype, check_fixed_buffer, check_indptr, host_index_arrays,
-    index_array, page_indices, paged_kv_lens, paged_kv_pages, planned_device_fields, positive_int,
+    PagedCacheViews, index_array, page_indices, paged_kv_lens, planned_device_fields, positive_int,
     unpack_segments,
 )
 from .batch_params import BatchPlan, KVInput
@@ -131,6 +131,7 @@ class _PrefillBase(BatchWrapperBase):
             adopt(self, plan, rotation, max_page, indices_h)
         set_plan_attributes(self, plan, window_left, replay)
         self._causal = bool(causal)
+        self._kv_rows = int(kv_h[-1])  # ragged: the K/V rows run() needs (paged: pages)
         self._plan_info = (batch, total_qo)
 
     def _mask(self, custom_mask, packed_custom_mask, qo_lens, kv_lens, dev, non_blocking):
@@ -241,10 +242,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             raise NotImplementedError("extra run() tensors, kv_cache_sf (NVFP4) and skip-softmax "
                                       "are not supported")
         plan = self._check_run(q, window_left)
-        k_cache, v_cache = paged_kv_pages(paged_kv_cache, plan, self._max_page, self._check_kv,
-                                          "paged_kv_indices")
-        return self._execute(plan, q, KVInput(k_cache, v_cache), q_scale, k_scale, v_scale, out,
-                             lse, return_lse, sinks)
+        kv = self._cache_views.kv(paged_kv_cache, plan, self._max_page, self._check_kv, "paged_kv_indices")
+        return self._execute(plan, q, kv, q_scale, k_scale, v_scale, out, lse, return_lse, sinks)
 
     def forward(self, q, paged_kv_cache, causal=False, pos_encoding_mode="NONE",
                 use_fp16_qk_reduction=False, k_scale=None, v_scale=None, window_left=-1,
@@ -316,7 +315,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             raise ValueError(f"k and v must be 3-D, got {tuple(k.shape)} and {tuple(v.shape)}")
         if plan.kv_layout == "HND":
             k, v = k.transpose(0, 1), v.transpose(0, 1)
-        total_kv = int(plan.kv_indptr_host[-1])
+        total_kv = self._kv_rows
         if (k.shape[0] < total_kv or v.shape[0] != k.shape[0] or k.shape[1] != plan.num_kv_heads
                 or v.shape[1] != plan.num_kv_heads or k.shape[2] != plan.head_dim_qk
                 or v.shape[2] != plan.head_dim_vo):

@@ -26,7 +26,7 @@ import warnings
 import torch
 
 from .. import dispatch
-from .batch_checks import FP8_DTYPES, DeviceIdsCheck, scale_arg, workspace_bytes
+from .batch_checks import FP8_DTYPES, DeviceIdsCheck, PagedCacheViews, scale_arg, workspace_bytes
 from .batch_params import BatchPlan, KVInput, RunScales, Tail, bind_device_arrays
 from .checks import check_kv_layout, check_pos_encoding_mode
 from .params import POS_ENCODING_MODES, check_softmax_scale
@@ -70,6 +70,7 @@ class BatchWrapperBase:
         self._rotation = None  # a ROPE_LLAMA plan run on rotated copies (batch_rope.py)
         self._run_features_seen: set = {frozenset()}
         self._max_page = -1
+        self._cache_views = PagedCacheViews()  # paged run(): the caches' checked page views
         self._planned_window_left = -1
         self._replay_args = None
         self._pos_encoding_mode = "NONE"

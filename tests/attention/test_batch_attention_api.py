@@ -364,3 +364,34 @@ def test_two_phase_planner_prepares_before_the_upload_and_finishes_with_its_view
     assert torch.equal(seen["kv_indptr_after"], w._plan.kv_indptr_host)
     out = w.run(q, cache)
     assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+def test_run_remembers_a_checked_cache_but_rechecks_it_against_each_plan():
+    """PagedCacheViews: the same cache object reuses its checked views (one KVInput, whose
+    ``derived`` dict runners may fill); a replan whose page ids or dtype the cache cannot
+    serve still raises, and a cache changed in place is unpacked again."""
+    from flashinfer.attention.batch_checks import PagedCacheViews
+
+    torch.manual_seed(0)
+    cache, indptr, indices, last, _, _ = make_paged([9, 20], 4, 2, 16, "NHD", spare=0)
+    views = PagedCacheViews()
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws())
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type=torch.float32)
+    q = torch.randn(2, 4, 16)
+    first = views.kv(cache, w._plan, w._max_page, w._check_kv, "indices")
+    assert views.kv(cache, w._plan, w._max_page, w._check_kv, "indices") is first
+    assert views.kv((first.k, first.v), w._plan, w._max_page, w._check_kv, "indices").k is first.k
+    want = w.run(q, cache)
+    torch.testing.assert_close(w.run(q, cache), want, rtol=0, atol=0)
+    n_pages = cache.shape[0]
+    w.plan(torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor([0, n_pages], dtype=torch.int32),
+           torch.tensor([4, 4], dtype=torch.int32), 4, 2, 16, 4, q_data_type=torch.float32)
+    with pytest.raises(ValueError, match="beyond the"):
+        w.run(q, cache)
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type=torch.float32,
+           kv_data_type=torch.float16)
+    with pytest.raises(ValueError, match="kv_data_type"):
+        w.run(q, cache)
+    cache.resize_(cache.shape[0] + 1, *cache.shape[1:])  # same object, other geometry
+    changed = views.kv(cache, w._plan, w._max_page, lambda *a: None, "indices")
+    assert changed is not first and changed.k.shape[0] == n_pages + 1

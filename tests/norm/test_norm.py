@@ -420,3 +420,23 @@ def test_gpu_auto_picks_triton():
     problem = Problem.make("rmsnorm", torch.device("cuda"), dtypes={"input": torch.bfloat16},
                            shape={"hidden_size": 4096, "num_rows": 8})
     assert dispatch.decide(problem).backend == "triton"
+
+
+def test_a_repeated_call_still_checks_out_aliasing_and_follows_overrides():
+    """norm._CHECKED_NORMS: a second call with the same signature skips the metadata checks,
+    but an ``out`` that is a shifted view of ``input`` (same shape, dtype, device) still
+    raises, and a use_backend override still applies."""
+    torch.manual_seed(0)
+    x, w = torch.randn(9, 64), torch.randn(64)
+    fnorm._CHECKED_NORMS.clear()
+    first = fnorm.rmsnorm(x[:8], w, out=torch.empty(8, 64))
+    assert len(fnorm._CHECKED_NORMS) == 1
+    with pytest.raises(ValueError, match="shares memory with input"):
+        fnorm.rmsnorm(x[:8], w, out=x[1:9])
+    with dispatch.record_decisions() as log:
+        again = fnorm.rmsnorm(x[:8], w, out=torch.empty(8, 64))
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    assert log[-1].backend == "reference"
+    with use_backend(norm="triton"), dispatch.record_decisions() as log:
+        fnorm.rmsnorm(x[:8], w, out=torch.empty(8, 64))  # (the interpreter on a CPU)
+    assert log[-1].backend == "triton"

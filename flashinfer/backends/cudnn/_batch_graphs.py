@@ -228,8 +228,13 @@ class BatchRunner:
         spec, buf, t = self.spec, self.buffers, self.buffers.tensors
         bound = _binding(q.device.index)
         if spec.page_size:
-            k, v = container(kv.k, self.layout), container(kv.v, self.layout)
-            geometry = kv_key(k, v)
+            known = kv.derived.get("cudnn") if kv.derived is not None else None
+            if known is None:  # cuDNN's page containers of this cache and their geometry
+                k, v = container(kv.k, self.layout), container(kv.v, self.layout)
+                known = (k, v, kv_key(k, v))
+                if kv.derived is not None:
+                    kv.derived["cudnn"] = known
+            k, v, geometry = known
         else:
             k, v = kv.k.contiguous(), kv.v.contiguous()
             geometry = ()
