@@ -67,6 +67,7 @@ import torch
 from . import dispatch
 from .aliasing import check_no_overlap, check_writable
 from .api_logging import flashinfer_api
+from .checked_calls import CheckedCalls, tensor_facts
 from .custom_op import custom_op
 from .dispatch import Problem
 
@@ -229,33 +230,21 @@ def _layernorm_op(out: torch.Tensor, input: torch.Tensor, gemma: torch.Tensor, b
 # public API
 
 
-#: eager rmsnorm / gemma_rmsnorm calls that passed every check: their signature (the
-#: tensors' metadata and the other arguments, with their types) -> (eps as a float, the
-#: Decision's key and Problem maker). The checks read metadata and scalars only, so a call
-#: with the same signature passes them again; a hit skips them (the aliasing of ``out`` with
-#: the inputs, which depends on addresses, is still checked; the Decision is still looked up,
-#: so overrides apply). Bounded; failing calls are never stored.
-_CHECKED_NORMS: dict[tuple, tuple] = {}
-_CHECKED_LIMIT = 4096
+#: eager rmsnorm / gemma_rmsnorm calls that passed every check -> (eps as a float, the
+#: Decision's key and Problem maker); ``out``'s aliasing with the inputs is checked per call
+_CHECKED_NORMS = CheckedCalls()
 
 
 def _norm_signature(input, weight, eps, out, weight_bias, backend) -> tuple | None:
-    if (not isinstance(input, torch.Tensor) or not isinstance(weight, torch.Tensor)
-            or torch.compiler.is_compiling()):
+    facts = tensor_facts(input, weight, out)
+    if facts is None or facts[0] is None or facts[1] is None:
         return None
-    if out is None:
-        out_facts = None
-    elif isinstance(out, torch.Tensor):
-        out_facts = (out.shape, out.dtype, out.device)
-    else:
-        return None
-    return (input.shape, input.dtype, input.device, weight.shape, weight.dtype, weight.device,
-            out_facts, type(eps), eps, weight_bias, type(backend), backend)
+    return facts, type(eps), eps, weight_bias, type(backend), backend
 
 
 def _rmsnorm(input, weight, eps, out, weight_bias: float, backend: str) -> torch.Tensor:
     signature = _norm_signature(input, weight, eps, out, weight_bias, backend)
-    hit = _CHECKED_NORMS.get(signature) if signature is not None else None
+    hit = _CHECKED_NORMS.get(signature)
     if hit is not None:  # the steady state: checked, dispatch facts kept
         eps, key, make_problem = hit
         if out is None:  # (a stored signature has a non-empty input)
@@ -271,10 +260,8 @@ def _rmsnorm(input, weight, eps, out, weight_bias: float, backend: str) -> torch
     else:
         _check_like("out", out, input)
     _rmsnorm_op(out, input, weight, eps, weight_bias, backend)
-    if signature is not None and input.numel():
-        if len(_CHECKED_NORMS) >= _CHECKED_LIMIT:
-            _CHECKED_NORMS.clear()
-        _CHECKED_NORMS[signature] = (eps, *_rmsnorm_facts(input, weight, weight_bias, False))
+    if input.numel():
+        _CHECKED_NORMS.put(signature, (eps, *_rmsnorm_facts(input, weight, weight_bias, False)))
     return out
 
 

@@ -31,6 +31,7 @@ import torch
 
 from .. import dispatch
 from ..api_logging import flashinfer_api
+from ..checked_calls import CheckedCalls
 from ..custom_op import custom_op
 from . import positions
 from .checks import check_common, check_kv_layout, check_mask, check_o_dtype, check_qkv, float_arg
@@ -350,7 +351,7 @@ def single_decode_with_kv_cache(
         signature = _decode_signature(q, k, v, kv_layout, pos_encoding_mode, q_scale, k_scale,
                                       v_scale, window_left, logits_soft_cap, sm_scale,
                                       rope_scale, rope_theta, return_lse, backend)
-        hit = _CHECKED_DECODES.get(signature) if signature is not None else None
+        hit = _CHECKED_DECODES.get(signature)
         if hit is not None:  # the steady state: checked, dispatch facts and params kept
             checked, prepared = hit
             out, lse = run_single("single_decode", q.unsqueeze(0), k, v, None, False,
@@ -369,14 +370,12 @@ def single_decode_with_kv_cache(
         checked = (layout, mode, scale, window_left, cap, rope_scale, rope_theta,
                    bool(return_lse), out_scale, backend)
         if signature is not None:
-            if len(_CHECKED_DECODES) >= _CHECKED_LIMIT:
-                _CHECKED_DECODES.clear()
             kv = (k.shape[1], k.shape[0]) if layout == "HND" else k.shape[:2]  # kv_len, heads
             prepared = prepare_single(
                 "single_decode", q.device, q.dtype, k.dtype, 1, kv[0], q.shape[0], kv[1],
                 q.shape[1], v.shape[-1], False, False, layout, mode, scale, window_left, cap,
                 rope_scale, rope_theta, bool(return_lse), q.dtype)
-            _CHECKED_DECODES[signature] = (checked, prepared)
+            _CHECKED_DECODES.put(signature, (checked, prepared))
     out, lse = _single_decode_op(q, k, v, *checked)
     return (out, lse) if return_lse else out
 
@@ -399,14 +398,9 @@ def _tensor_scaled(fn, q, k, v, kv_layout: str, q_rank: int, k_scale, v_scale, r
     return result
 
 
-#: eager calls whose arguments passed every check above: their signature (the tensors'
-#: metadata and every other argument, with its type) -> (the checked values, the call's
-#: prepare_single). The checks and the preparation read metadata and scalars only, so a call
-#: with the same signature passes them again and dispatches on the same facts; a hit skips
-#: them (the hot path of a decode step: the Decision is still looked up per call, so
-#: overrides apply). Bounded; failing calls are never stored.
-_CHECKED_DECODES: dict[tuple, tuple] = {}
-_CHECKED_LIMIT = 4096
+#: eager calls whose arguments passed every check above -> (the checked values, the call's
+#: prepare_single) (:mod:`flashinfer.checked_calls`)
+_CHECKED_DECODES = CheckedCalls()
 
 
 def _decode_signature(q, k, v, *args) -> tuple | None:

@@ -82,6 +82,7 @@ import torch
 from .. import dispatch
 from ..aliasing import check_no_overlap
 from ..api_logging import flashinfer_api
+from ..checked_calls import CheckedCalls, tensor_facts
 from ..custom_op import custom_op
 from ..dispatch import Problem
 from .checks import (
@@ -122,6 +123,11 @@ def _bmm_fp8_decision(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor,
                       backend: str) -> dispatch.Decision:
     """The Decision of op ``bmm_fp8`` for ``A [b, m, k]``, ``B [b, k, n]``, or the 2-D form
     (``A [m, k]``, ``B [k, n]``: batch 1) that mm_fp8 passes."""
+    return dispatch.decide_keyed(*_bmm_fp8_facts(A, B, out), backend)
+
+
+def _bmm_fp8_facts(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> tuple:
+    """``(key, make_problem)`` of op ``bmm_fp8`` (:func:`flashinfer.dispatch.decide_keyed`)."""
     if A.dim() == 2:
         (m, k), n, batch = A.shape, B.shape[1], 1
     else:
@@ -134,7 +140,33 @@ def _bmm_fp8_decision(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor,
                             shape={"batch": batch, "m": m, "n": n, "k": k})
 
     key = ("bmm_fp8", A.device, A.dtype, B.dtype, out.dtype, batch, m, n, k)
-    return dispatch.decide_keyed(key, problem, backend)
+    return key, problem
+
+
+#: eager bmm_fp8 / mm_fp8 calls that passed every check (:mod:`flashinfer.checked_calls`) ->
+#: (the backend spelling, out's shape and dtype, the Decision's key and Problem maker)
+_CHECKED_FP8 = CheckedCalls()
+
+
+def _fp8_signature(a, b, scale_a, scale_b, dtype, out, backend) -> tuple | None:
+    facts = tensor_facts(a, b, scale_a, scale_b, out)
+    if facts is None or facts[0] is None or facts[1] is None:
+        return None
+    return (facts, out is None or out.is_contiguous(), dtype, type(backend), backend)
+
+
+def _checked_fp8(function: str, hit: tuple, a, b_kn, scale_a, scale_b, out, backend):
+    """A memoised bmm_fp8 / mm_fp8 call (``b_kn``: the kernels' ``[.., k, n]`` operand): its
+    output, out's aliasing, the Decision of the stored key, the kernel."""
+    spelled, shape, dtype, key, make_problem = hit
+    if out is None:
+        out = torch.empty(shape, dtype=dtype, device=a.device)
+    else:
+        check_no_overlap(function, "out", out, a=a, b=b_kn, scale_a=scale_a, scale_b=scale_b)
+    one = None if scale_a is not None and scale_b is not None else _one(a.device)
+    dispatch.decide_keyed(key, make_problem, spelled).kernel(
+        a, b_kn, one if scale_a is None else scale_a, one if scale_b is None else scale_b, out)
+    return out
 
 
 #: a one-element fp32 1.0 per device: the second scale of mm_fp8 (one fill, not one per call)
@@ -254,6 +286,10 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
     ``A_scale``, ``B_scale``: fp32 one-element tensors (dequantisation scales); ``dtype``: output
     dtype, bf16 or fp16. Returns ``out [b, m, n]``. ``backend``: see the module docstring.
     """
+    signature = _fp8_signature(A, B, A_scale, B_scale, dtype, out, backend)
+    hit = _CHECKED_FP8.get(signature)
+    if hit is not None:  # the steady state: checked, dispatch facts kept
+        return _checked_fp8("bmm_fp8", hit, A, B, A_scale, B_scale, out, backend)
     tensor_arg("A", A, 3, FP8)
     tensor_arg("B", B, 3, FP8, A.device)
     if B.shape[0] != A.shape[0] or B.shape[1] != A.shape[2]:
@@ -266,6 +302,9 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
                   A.device)
     if out.numel():
         _bmm_fp8_op(out, A, B, A_scale, B_scale, backend)
+        if A.shape[2]:
+            _CHECKED_FP8.put(signature, (backend, out.shape, out.dtype,
+                                         *_bmm_fp8_facts(A, B, out)))
     return out
 
 
@@ -280,6 +319,10 @@ def mm_fp8(a: torch.Tensor, b: torch.Tensor, alpha: Optional[torch.Tensor] = Non
     Upstream's pre-shuffled ``[k // 128, n, 128]`` weights (``prepare_low_latency_gemm_weights``)
     need its trtllm low-latency kernel, which this library does not have: they are rejected.
     """
+    signature = _fp8_signature(a, b, alpha, None, out_dtype, out, backend)
+    hit = _CHECKED_FP8.get(signature)
+    if hit is not None:
+        return _checked_fp8("mm_fp8", hit, a, b.t(), alpha, None, out, backend)
     tensor_arg("a", a, 2, FP8)
     if isinstance(b, torch.Tensor) and b.dim() == 3:
         raise ValueError(f"b of shape {tuple(b.shape)} looks like a prepared [k // 128, n, 128] "
@@ -297,6 +340,9 @@ def mm_fp8(a: torch.Tensor, b: torch.Tensor, alpha: Optional[torch.Tensor] = Non
                   out_dtype_arg("out_dtype", out_dtype, (torch.bfloat16,)), a.device)
     if out.numel():
         _mm_fp8_op(out, a, b, alpha, backend)
+        if a.shape[1]:
+            _CHECKED_FP8.put(signature, (backend, out.shape, out.dtype,
+                                         *_bmm_fp8_facts(a, b.t(), out)))
     return out
 
 

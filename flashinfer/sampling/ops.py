@@ -99,6 +99,7 @@ import torch
 
 from .. import dispatch
 from ..api_logging import flashinfer_api
+from ..checked_calls import CheckedCalls, tensor_facts
 from ..custom_op import custom_op
 from ..dispatch import Problem
 from .args import (
@@ -362,14 +363,10 @@ _Seed = Optional[Union[int, torch.Tensor]]
 _ORDERS = ("top_k_first", "joint")
 
 
-#: eager sampling_from_probs-family calls with scalar (or no) thresholds, no indices, no
-#: generator and no seed that passed every check: their signature (probs' metadata and every
-#: other argument, with its type) -> what the op computed from them (:func:`_checked_draw`).
-#: The checks read metadata and scalars only, so a call with the same signature passes them
-#: again; a hit skips them and the op's dispatch facts (the Decision is still looked up per
-#: call, so overrides apply). Bounded; failing calls are never stored.
-_CHECKED_DRAWS: dict[tuple, tuple] = {}
-_CHECKED_LIMIT = 4096
+#: eager sampling_from_probs-family calls with scalar (or no) thresholds and no indices,
+#: generator or seed that passed every check -> what the op computed from them
+#: (:func:`_checked_draw`); the Decision and the default generator are read per call
+_CHECKED_DRAWS = CheckedCalls()
 _SCALARS = (type(None), int, float)
 
 
@@ -378,11 +375,13 @@ def _draw_signature(probs, indices, top_k, top_p, min_p, generator, check_nan, s
     """The memo key of a call :data:`_CHECKED_DRAWS` can serve, else None."""
     if (indices is not None or generator is not None or seed is not None or offset is not None
             or check_nan or type(top_k) not in _SCALARS or type(top_p) not in _SCALARS
-            or type(min_p) not in _SCALARS or not isinstance(probs, torch.Tensor)
-            or torch.compiler.is_compiling()):
+            or type(min_p) not in _SCALARS):
         return None
-    return (probs.shape, probs.dtype, probs.device, probs.is_contiguous(), type(top_k), top_k,
-            type(top_p), top_p, type(min_p), min_p, rest, tuple(map(type, rest)))
+    facts = tensor_facts(probs)
+    if facts is None or facts[0] is None:
+        return None
+    return (facts, probs.is_contiguous(), type(top_k), top_k, type(top_p), top_p, type(min_p),
+            min_p, rest, tuple(map(type, rest)))
 
 
 def _checked_draw(probs: torch.Tensor, entry: tuple, backend: str):
@@ -405,7 +404,7 @@ def _sample_probs(probs, indices, top_k, top_p, min_p, joint, deterministic, gen
     rest = (bool(joint), bool(deterministic), per_row_draws, backend)
     signature = _draw_signature(probs, indices, top_k, top_p, min_p, generator, check_nan, seed,
                                 offset, rest)
-    entry = _CHECKED_DRAWS.get(signature) if signature is not None else None
+    entry = _CHECKED_DRAWS.get(signature)
     if entry is not None:  # the steady state of a decode step
         out, valid = _checked_draw(probs, entry, backend)
         return (out, valid) if return_valid else out
@@ -424,12 +423,10 @@ def _sample_probs(probs, indices, top_k, top_p, min_p, joint, deterministic, gen
                                          bool(joint), bool(deterministic), *seeds,
                                          count * per_row_draws, backend)
     if signature is not None and count:
-        if len(_CHECKED_DRAWS) >= _CHECKED_LIMIT:
-            _CHECKED_DRAWS.clear()
         key, make_problem = _draw_dispatch(probs, count, None, None, k_val, p_val, m_val,
                                            bool(joint), None)
-        _CHECKED_DRAWS[signature] = (key, make_problem, count, k_val, p_val, m_val, bool(joint),
-                                     bool(deterministic), count * per_row_draws)
+        _CHECKED_DRAWS.put(signature, (key, make_problem, count, k_val, p_val, m_val,
+                                       bool(joint), bool(deterministic), count * per_row_draws))
     return (out, valid) if return_valid else out
 
 

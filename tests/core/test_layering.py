@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("flashinfer.reasons", "flashinfer.device", "flashinfer.envs",
                     "flashinfer.index_checks", "flashinfer.aliasing", "flashinfer.backend_names",
                     "flashinfer.optional_packages", "flashinfer.shape_buckets",
+                    "flashinfer.checked_calls",
                     "flashinfer.op_catalog")),
 ]
 CONTRACTS = dict(LAYERS)["kernel contracts"]

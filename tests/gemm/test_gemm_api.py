@@ -242,3 +242,34 @@ def test_groupwise_compiles_fullgraph():
                              fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(xq, wq, xs, ws),
                                gemm_fp8_nt_groupwise(xq, wq, xs, ws, scale_major_mode="K"))
+
+
+def test_repeated_fp8_calls_allocate_fresh_outputs_and_check_aliasing():
+    """dense._CHECKED_FP8: a repeat of a checked bmm_fp8 / mm_fp8 call skips the checks, but
+    returns a new output when none is given, still refuses an out sharing memory with an
+    operand, and reads the overrides."""
+    from flashinfer.gemm import dense
+
+    torch.manual_seed(0)
+    fp8 = torch.float8_e4m3fn
+    a = (torch.randn(4, 32) * 0.5).to(fp8)
+    w = (torch.randn(16, 32) * 0.5).to(fp8)
+    scale = torch.tensor([0.5])
+    dense._CHECKED_FP8.clear()
+    first = flashinfer.mm_fp8(a, w, scale)
+    second = flashinfer.mm_fp8(a, w, scale)
+    assert len(dense._CHECKED_FP8) == 1 and second is not first
+    torch.testing.assert_close(second, first, rtol=0, atol=0)
+    A, B = a[None], w.t()[None]
+    out = torch.empty(1, 4, 16, dtype=torch.bfloat16)
+    flashinfer.bmm_fp8(A, B, scale, scale, torch.bfloat16, out)
+    with flashinfer.record_decisions() as log:
+        again = flashinfer.bmm_fp8(A, B, scale, scale, torch.bfloat16, out)
+    assert again is out and log[-1].backend == "reference"
+    inside_out = out.view(torch.float32).view(-1)[:1]  # a scale's facts, out's memory
+    inside_out.fill_(0.5)
+    with pytest.raises(ValueError, match="shares memory"):
+        flashinfer.bmm_fp8(A, B, scale, inside_out, torch.bfloat16, out)
+    with flashinfer.use_backend(gemm="triton"), flashinfer.record_decisions() as log:
+        flashinfer.bmm_fp8(A, B, scale, scale, torch.bfloat16, out)
+    assert log[-1].backend == "triton"

@@ -1,0 +1,60 @@
+"""The steady-state memo of the public functions: eager calls that passed their checks.
+
+A public function checks its arguments' metadata and scalars (shapes, dtypes, devices,
+strides, values of the non-tensor arguments) and derives its dispatch facts from them. A call
+whose *signature* — exactly what those checks read, with the types of the scalars (``True ==
+1 == 1.0`` as dict keys) — equals a call that passed them passes them again and dispatches on
+the same facts, so the function keeps what it derived under the signature and a hit skips the
+checks. What depends on more than metadata is still done per call: the Decision is looked up
+(overrides apply), aliasing between outputs and inputs is checked (it depends on addresses),
+generators are read. Failing calls are never stored; each memo is bounded (cleared when full);
+under ``torch.compile`` nothing is looked up (the signature is None).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["CheckedCalls", "tensor_facts"]
+
+
+class CheckedCalls:
+    """One public function's memo: ``signature -> what its checks and dispatch facts gave``."""
+
+    __slots__ = ("_stored", "limit")
+
+    def __init__(self, limit: int = 4096):
+        self._stored: dict[tuple, tuple] = {}
+        self.limit = limit
+
+    def get(self, signature: tuple | None) -> tuple | None:
+        return None if signature is None else self._stored.get(signature)
+
+    def put(self, signature: tuple | None, value: tuple) -> None:
+        if signature is None:
+            return
+        if len(self._stored) >= self.limit:
+            self._stored.clear()
+        self._stored[signature] = value
+
+    def clear(self) -> None:
+        self._stored.clear()
+
+    def __len__(self) -> int:
+        return len(self._stored)
+
+
+def tensor_facts(*tensors) -> tuple | None:
+    """``(shape, dtype, device)`` of each tensor (``None`` for a ``None``), or None when an
+    argument is neither (the checks then run and name it) or while compiling."""
+    if torch.compiler.is_compiling():
+        return None
+    facts = []
+    for t in tensors:
+        if t is None:
+            facts.append(None)
+        elif isinstance(t, torch.Tensor):
+            facts.append((t.shape, t.dtype, t.device))
+        else:
+            return None
+    return tuple(facts)
