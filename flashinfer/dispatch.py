@@ -40,7 +40,11 @@ the hot path an op asks :func:`decide_keyed` with a tuple of the call's raw fact
 dtypes, bucketed ints, flags) and a function that builds the Problem: a steady-state call is the
 argument checks, one dict lookup (plus the raw override state: the ``use_backend`` context and
 the env strings) and the kernel; no Problem is rebuilt, no view is made to fit a kernel
-signature (kernels take the 2-D forms their ops receive). A new Decision is logged once (at
+signature (kernels take the 2-D forms their ops receive). The public functions on the decode
+path (single decode, RMSNorm, the fp8 GEMMs, the probability samplers) also skip their argument
+checks for a call whose signature (metadata and scalars, :mod:`flashinfer.checked_calls`)
+passed them before, keeping the dispatch facts with it; a paged ``run()`` keeps each cache's
+checked page views by identity (``PagedCacheViews``). A new Decision is logged once (at
 ``FLASHINFER_LOGLEVEL>=1``) when it is first made. Wrappers decide in ``plan()``; ``run()`` only
 executes the kernel the Decision names. ``benchmarks/overhead.py`` measures what this costs
 against the vendor kernel called directly.

@@ -249,9 +249,14 @@ def test_decision_per_sm(sm, op):
         assert d.name == "torch:sdpa_efficient"
         return
     assert candidate(d, "torch:flash_varlen").usable and candidate(d, "cudnn").usable
-    # measured on the H200: FA2 first (no per-shape build), cuDNN second (see the rules' basis)
-    assert d.name == "torch:flash_varlen" and "foundation_h200" in d.basis
-    assert d.order[:2] == ("torch:flash_varlen", "cudnn")
+    # measured on the H200: FA2 before cuDNN (no per-shape build); single prefill on SM 9.0: FA3
+    # first (no build either, 2.4x FA2 at causal 4096); see the rules' basis
+    if op == "single_prefill" and sm == "9.0":
+        assert d.name == "flash_attn:fa3" and "bench_runners_quick_h200" in d.basis
+        assert d.order[0] == "flash_attn:fa3" and d.order.index("torch:flash_varlen") < d.order.index("cudnn")
+    else:
+        assert d.name == "torch:flash_varlen"
+        assert d.order[:2] == ("torch:flash_varlen", "cudnn")
     assert d.order.index("torch:sdpa_efficient") < d.order.index("reference")
 
 

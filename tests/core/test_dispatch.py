@@ -313,7 +313,7 @@ def test_shipped_tuned_rules_example_flips_attention_to_cudnn():
         "single_prefill", simulated("9.0"), dtypes={"q": "bfloat16", "kv": "bfloat16", "o": "bfloat16"},
         shape={"head_dim_qk": 128, "head_dim_vo": 128, "num_qo_heads": 32, "num_kv_heads": 8,
                "qo_len": 4096, "kv_len": 4096}, features=["causal", "gqa"], layout="NHD")
-    assert select(problem, assume_installed=True).name == "torch:flash_varlen"
+    assert select(problem, assume_installed=True).name == "flash_attn:fa3"
     tuned = select(problem, tuned_path=str(path), assume_installed=True)
     assert (tuned.name, tuned.source, tuned.rule) == ("cudnn", "tuned", "repeated_shapes_prefer_cudnn")
 
