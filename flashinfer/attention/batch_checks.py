@@ -255,33 +255,56 @@ class PagedCacheViews:
 
     def __init__(self):
         self._seen: dict[tuple, tuple] = {}
+        self._plan_facts: tuple = (None, None)  # (plan, what a cache must match for it)
 
     def kv(self, paged_kv_cache, plan: BatchPlan, max_page: int, check_kv,
            indices_name: str) -> KVInput:
-        tensors = ((paged_kv_cache,) if isinstance(paged_kv_cache, torch.Tensor) else
-                   tuple(paged_kv_cache) if isinstance(paged_kv_cache, (tuple, list)) else ())
-        key = (*map(id, tensors), plan.kv_layout)
-        entry = self._seen.get(key)
+        if isinstance(paged_kv_cache, torch.Tensor):
+            tensors = (paged_kv_cache,)
+            key = (id(paged_kv_cache), plan.kv_layout)
+        elif isinstance(paged_kv_cache, (tuple, list)) and len(paged_kv_cache) == 2:
+            tensors = tuple(paged_kv_cache)
+            key = (id(tensors[0]), id(tensors[1]), plan.kv_layout)
+        else:
+            tensors = key = None
+        entry = self._seen.get(key) if key is not None else None
         if entry is not None:
-            held, fingerprint, facts, kv = entry
-            if (all(a is b for a, b in zip(held, tensors))
-                    and fingerprint == tuple((t.data_ptr(), t.shape, t.stride()) for t in tensors)
-                    and facts[:-1] == _plan_facts(plan) and max_page < facts[-1]):
+            held, fingerprint, facts, pages, kv = entry
+            if (_same(held, tensors) and fingerprint == _fingerprint(tensors)
+                    and facts == self._facts(plan) and max_page < pages):
                 return kv
         k_cache, v_cache = paged_kv_pages(paged_kv_cache, plan, max_page, check_kv, indices_name)
         kv = KVInput(k_cache, v_cache, {})
-        if tensors and all(isinstance(t, torch.Tensor) for t in tensors):
+        if key is not None and all(isinstance(t, torch.Tensor) for t in tensors):
             if len(self._seen) >= self.LIMIT:
                 self._seen.clear()
-            self._seen[key] = (tensors, tuple((t.data_ptr(), t.shape, t.stride()) for t in tensors),
-                               (*_plan_facts(plan), k_cache.shape[0]), kv)
+            self._seen[key] = (tensors, _fingerprint(tensors), self._facts(plan), k_cache.shape[0],
+                               kv)
         return kv
 
+    def _facts(self, plan: BatchPlan) -> tuple:
+        """What :func:`paged_kv_pages` checks a cache against, as the cache must match it
+        (kept for the last plan: one per serving step, many run() calls)."""
+        known, facts = self._plan_facts
+        if known is not plan:
+            facts = (plan.kv_dtype, plan.device, plan.page_size, plan.num_kv_heads,
+                     plan.head_dim_qk, plan.head_dim_vo)
+            self._plan_facts = (plan, facts)
+        return facts
 
-def _plan_facts(plan: BatchPlan) -> tuple:
-    """What :func:`paged_kv_pages` checks a cache against, as the cache must match it."""
-    return (plan.kv_dtype, plan.device, plan.page_size, plan.num_kv_heads, plan.head_dim_qk,
-            plan.head_dim_vo)
+
+def _same(held: tuple, tensors: tuple) -> bool:
+    return held[0] is tensors[0] and (len(held) == 1 or held[1] is tensors[1])
+
+
+def _fingerprint(tensors: tuple) -> tuple:
+    """The cache's address, shape and strides (what an in-place resize or re-stride changes)."""
+    t = tensors[0]
+    first = (t.data_ptr(), t.shape, t.stride())
+    if len(tensors) == 1:
+        return first
+    t = tensors[1]
+    return first + (t.data_ptr(), t.shape, t.stride())
 
 
 __all__ = ["PagedCacheViews", "canonical_dtype", "positive_int", "index_array", "host_index_arrays", "check_indptr",

@@ -31,7 +31,7 @@ import torch
 
 from .. import dispatch
 from ..api_logging import flashinfer_api
-from ..checked_calls import CheckedCalls
+from ..checked_calls import CheckedCalls, tensor_facts
 from ..custom_op import custom_op
 from . import positions
 from .checks import check_common, check_kv_layout, check_mask, check_o_dtype, check_qkv, float_arg
@@ -121,6 +121,14 @@ def run_single(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             head_dim_qk, head_dim_vo, custom_mask is not None, causal, kv_layout,
             pos_encoding_mode, sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta,
             return_lse, o_dtype)
+    return run_prepared(q, k, v, custom_mask, v_scale, o_dtype, backend, prepared)
+
+
+def run_prepared(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 custom_mask: Optional[torch.Tensor], v_scale: float, o_dtype: torch.dtype,
+                 backend: str, prepared: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`run_single` once the call is prepared: ``k`` / ``v`` are ``[kv_len, H_kv, D]``
+    (NHD) views."""
     key, make_problem, params, plain = prepared
     if plain is None:
         decision = dispatch.decide_keyed(key, make_problem, backend)
@@ -345,37 +353,33 @@ def single_decode_with_kv_cache(
                                   q_scale=q_scale, window_left=window_left,
                                   logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
                                   rope_scale=rope_scale, rope_theta=rope_theta, backend=backend))
-    eager = not torch.compiler.is_compiling()
-    signature = checked = None
-    if eager:
-        signature = _decode_signature(q, k, v, kv_layout, pos_encoding_mode, q_scale, k_scale,
-                                      v_scale, window_left, logits_soft_cap, sm_scale,
-                                      rope_scale, rope_theta, return_lse, backend)
-        hit = _CHECKED_DECODES.get(signature)
-        if hit is not None:  # the steady state: checked, dispatch facts and params kept
-            checked, prepared = hit
-            out, lse = run_single("single_decode", q.unsqueeze(0), k, v, None, False,
-                                  checked[0], *checked[1:-2], q.dtype, checked[-2], backend,
-                                  prepared)
-            return (out.squeeze(0), lse.squeeze(0)) if return_lse else out.squeeze(0)
-    if checked is None:
-        layout = check_kv_layout(kv_layout)
-        _, _, _, _, head_dim, _ = check_qkv(q, k, v, layout, 2, same_head_dim=True)
-        mode, window_left, cap, scale, rope_scale, rope_theta = check_common(
-            pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
-            head_dim, backend)
-        scale *= float_arg("q_scale", q_scale, 1.0) * float_arg("k_scale", k_scale, 1.0)
-        check_softmax_scale(scale, "sm_scale * q_scale * k_scale")
-        out_scale = float_arg("v_scale", v_scale, 1.0)
-        checked = (layout, mode, scale, window_left, cap, rope_scale, rope_theta,
-                   bool(return_lse), out_scale, backend)
-        if signature is not None:
-            kv = (k.shape[1], k.shape[0]) if layout == "HND" else k.shape[:2]  # kv_len, heads
-            prepared = prepare_single(
-                "single_decode", q.device, q.dtype, k.dtype, 1, kv[0], q.shape[0], kv[1],
-                q.shape[1], v.shape[-1], False, False, layout, mode, scale, window_left, cap,
-                rope_scale, rope_theta, bool(return_lse), q.dtype)
-            _CHECKED_DECODES.put(signature, (checked, prepared))
+    signature = _decode_signature(q, k, v, kv_layout, pos_encoding_mode, q_scale, k_scale,
+                                  v_scale, window_left, logits_soft_cap, sm_scale, rope_scale,
+                                  rope_theta, return_lse, backend)  # None while compiling
+    hit = _CHECKED_DECODES.get(signature)
+    if hit is not None:  # the steady state: checked, dispatch facts and params kept
+        checked, prepared = hit
+        if checked[0] == "HND":
+            k, v = k.transpose(0, 1), v.transpose(0, 1)
+        out, lse = run_prepared(q[None], k, v, None, checked[-2], q.dtype, backend, prepared)
+        return (out[0], lse[0]) if return_lse else out[0]
+    layout = check_kv_layout(kv_layout)
+    _, _, _, _, head_dim, _ = check_qkv(q, k, v, layout, 2, same_head_dim=True)
+    mode, window_left, cap, scale, rope_scale, rope_theta = check_common(
+        pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
+        head_dim, backend)
+    scale *= float_arg("q_scale", q_scale, 1.0) * float_arg("k_scale", k_scale, 1.0)
+    check_softmax_scale(scale, "sm_scale * q_scale * k_scale")
+    out_scale = float_arg("v_scale", v_scale, 1.0)
+    checked = (layout, mode, scale, window_left, cap, rope_scale, rope_theta,
+               bool(return_lse), out_scale, backend)
+    if signature is not None:
+        kv = (k.shape[1], k.shape[0]) if layout == "HND" else k.shape[:2]  # kv_len, heads
+        prepared = prepare_single(
+            "single_decode", q.device, q.dtype, k.dtype, 1, kv[0], q.shape[0], kv[1],
+            q.shape[1], v.shape[-1], False, False, layout, mode, scale, window_left, cap,
+            rope_scale, rope_theta, bool(return_lse), q.dtype)
+        _CHECKED_DECODES.put(signature, (checked, prepared))
     out, lse = _single_decode_op(q, k, v, *checked)
     return (out, lse) if return_lse else out
 
@@ -404,13 +408,14 @@ _CHECKED_DECODES = CheckedCalls()
 
 
 def _decode_signature(q, k, v, *args) -> tuple | None:
-    """What single_decode_with_kv_cache's checks read, hashable; None when an argument is not a
-    tensor or not hashable (the checks then run and name it)."""
-    try:
-        key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
-               v.shape, v.stride(), v.dtype, v.device, args,
-               tuple(map(type, args)))  # the types too: True == 1 == 1.0 as dict keys
-        hash(args)
-    except (AttributeError, TypeError):
+    """What single_decode_with_kv_cache's checks read (shapes, dtypes, devices: no strides),
+    hashable; None when an argument is not a tensor or not hashable (the checks then run and
+    name it)."""
+    facts = tensor_facts(q, k, v)
+    if facts is None or None in facts:
         return None
-    return key
+    try:
+        hash(args)
+    except TypeError:
+        return None
+    return facts, args, tuple(map(type, args))  # the types too: True == 1 == 1.0 as dict keys

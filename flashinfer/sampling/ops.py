@@ -384,19 +384,39 @@ def _draw_signature(probs, indices, top_k, top_p, min_p, generator, check_nan, s
             min_p, rest, tuple(map(type, rest)))
 
 
-def _checked_draw(probs: torch.Tensor, entry: tuple, backend: str):
+#: (device, rows) -> a bool [rows] buffer for the valid flags of calls that do not return them:
+#: kernels write it, nobody reads it (concurrent writers race on unread bytes only)
+_UNREAD_VALID: dict = {}
+
+
+def _unread_valid(device: torch.device, rows: int) -> torch.Tensor:
+    key = (device, rows)
+    buf = _UNREAD_VALID.get(key)
+    if buf is None:
+        buf = torch.empty(rows, dtype=torch.bool, device=device)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return buf  # made during capture it lives in the graph's pool: not kept
+        if len(_UNREAD_VALID) >= 256:
+            _UNREAD_VALID.clear()
+        _UNREAD_VALID[key] = buf
+    return buf
+
+
+def _checked_draw(probs: torch.Tensor, entry: tuple, backend: str, return_valid: bool):
     """A memoised call's draw: outputs, the Decision of its stored key, the default generator's
     seed and offset, the kernel."""
     key, make_problem, rows, top_k, top_p, min_p, joint, deterministic, increment = entry
     if probs.dtype != torch.float32 or not probs.is_contiguous():
         probs = probs.float().contiguous()
-    out = probs.new_empty((rows,), dtype=torch.int32)
-    valid = probs.new_empty((rows,), dtype=torch.bool)
+    device = probs.device
+    out = torch.empty(rows, dtype=torch.int32, device=device)
+    valid = (torch.empty(rows, dtype=torch.bool, device=device) if return_valid
+             else _unread_valid(device, rows))
     decision = dispatch.decide_keyed(key, make_problem, backend)
-    seed, offset = get_seed_and_offset(increment, None, probs.device)
+    seed, offset = get_seed_and_offset(increment, None, device)
     decision.kernel(probs, out, valid, None, top_k, top_p, min_p, joint, deterministic, seed,
                     offset)
-    return out, valid
+    return (out, valid) if return_valid else out
 
 
 def _sample_probs(probs, indices, top_k, top_p, min_p, joint, deterministic, generator,
@@ -406,8 +426,7 @@ def _sample_probs(probs, indices, top_k, top_p, min_p, joint, deterministic, gen
                                 offset, rest)
     entry = _CHECKED_DRAWS.get(signature)
     if entry is not None:  # the steady state of a decode step
-        out, valid = _checked_draw(probs, entry, backend)
-        return (out, valid) if return_valid else out
+        return _checked_draw(probs, entry, backend, return_valid)
     distribution("probs", probs)
     check_backend(backend)
     rows, device = probs.shape[0], probs.device

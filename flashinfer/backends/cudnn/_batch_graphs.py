@@ -218,7 +218,7 @@ class BatchRunner:
         if scales.sinks is not None:
             raise ValueError("cudnn batch attention serves no sinks; the dispatcher should not "
                              "have chosen it")
-        if q.get_device() == torch.cuda.current_device():
+        if q.get_device() == torch._C._cuda_getDevice():  # (torch.cuda.current_device, unwrapped)
             self._run(q, kv, out, lse, scales)
         else:
             with torch.cuda.device(q.device):
@@ -241,7 +241,7 @@ class BatchRunner:
         scale = spec.sm_scale if scales.q_scale == scales.k_scale == 1.0 else (
             self.plan.sm_scale * scales.q_scale * scales.k_scale)
         entry, uids = self._entry(geometry, scale, bound.handle)
-        q_in = q.contiguous()
+        q_in = q if q.is_contiguous() else q.contiguous()
         o_run = out if out.is_contiguous() else torch.empty_like(out)
         rows = q.shape[0]
         if buf.q_pad is not None:
