@@ -24,6 +24,7 @@ from .batch_checks import (
 from .batch_params import BatchPlan, KVInput
 from .batch_rope import adopt, plan_rotation
 from .batch_wrapper import BatchWrapperBase, batch_pos_encoding, set_plan_attributes
+from .multi_item import multi_item_mask
 from .params import check_rope_scalars
 
 __all__ = ["BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper"]
@@ -46,9 +47,9 @@ class _PrefillBase(BatchWrapperBase):
                       num_kv_heads, head_dim_qk, page_size, head_dim_vo, custom_mask,
                       packed_custom_mask, causal, pos_encoding_mode, sm_scale, window_left,
                       logits_soft_cap, q_data_type, kv_data_type, o_data_type, non_blocking,
-                      rope_scale, rope_theta, unsupported: dict, replay) -> None:
+                      rope_scale, rope_theta, replay,
+                      multi_item: tuple = (None, None, 0, None)) -> None:
         index_checks.poll(self.device)  # index faults the kernels recorded since the last plan()
-        self._check_unsupported(**unsupported)
         rope_scale, rope_theta = check_rope_scalars(rope_scale, rope_theta)
         num_qo_heads = positive_int("num_qo_heads", num_qo_heads)
         num_kv_heads = positive_int("num_kv_heads", num_kv_heads)
@@ -97,6 +98,11 @@ class _PrefillBase(BatchWrapperBase):
                 raise ValueError(f"qo_indptr[-1]={total_qo} exceeds the first plan's "
                                  f"{self._max_total_num_rows} rows of this CUDA-graph wrapper")
 
+        if any(t is not None for t in multi_item[:2] + multi_item[3:]):  # (.multi_item)
+            if custom_mask is not None or packed_custom_mask is not None:
+                raise ValueError("multi-item scoring (prefix_len_ptr, ...) defines the mask itself; "
+                                 "custom_mask / packed_custom_mask cannot be given with it")
+            custom_mask, causal = multi_item_mask(*multi_item, qo_lens_h, kv_lens_h), True
         dev, graph = self.device, self._use_cuda_graph
         self._drop_plan()
         mask, mask_h = self._mask(custom_mask, packed_custom_mask, qo_lens_h, kv_lens_h, dev, non_blocking)
@@ -227,10 +233,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             causal=causal, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
             window_left=window_left, logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
             kv_data_type=kv_data_type, o_data_type=o_data_type, non_blocking=non_blocking,
-            rope_scale=rope_scale, rope_theta=rope_theta,
-            unsupported=dict(prefix_len_ptr=prefix_len_ptr, token_pos_in_items_ptr=token_pos_in_items_ptr,
-                             max_item_len_ptr=max_item_len_ptr),
-            replay=((), kwargs))
+            rope_scale=rope_scale, rope_theta=rope_theta, replay=((), kwargs),
+            multi_item=(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
+                        max_item_len_ptr))
 
     @flashinfer_api
     def run(self, q: torch.Tensor, paged_kv_cache, *args, q_scale=None, k_scale=None,
@@ -287,6 +292,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
              seq_lens_q=None, max_token_per_sequence=None, max_sequence_kv=None, v_indptr=None,
              o_indptr=None) -> None:
         """Plan for ``len(qo_indptr) - 1`` requests (host work; once per step)."""
+        if any(t is not None for t in (prefix_len_ptr, token_pos_in_items_ptr, max_item_len_ptr)):
+            raise NotImplementedError(
+                "multi-item scoring (prefix_len_ptr, token_pos_in_items_ptr, max_item_len_ptr) "
+                "runs in BatchPrefillWithPagedKVCacheWrapper; upstream's ragged wrapper ignores "
+                "these arguments (plain causal attention), so they are refused here")
         kwargs = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self._plan_prefill(
             qo_indptr=qo_indptr, kv_indptr=kv_indptr, indices=None, last_page_len=None,
@@ -296,10 +306,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
             logits_soft_cap=logits_soft_cap, q_data_type=q_data_type, kv_data_type=kv_data_type,
             o_data_type=o_data_type, non_blocking=non_blocking, rope_scale=rope_scale,
-            rope_theta=rope_theta,
-            unsupported=dict(prefix_len_ptr=prefix_len_ptr, token_pos_in_items_ptr=token_pos_in_items_ptr,
-                             max_item_len_ptr=max_item_len_ptr),
-            replay=((), kwargs))
+            rope_theta=rope_theta, replay=((), kwargs))
 
     @flashinfer_api
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args, q_scale=None,
