@@ -322,10 +322,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             raise ValueError(f"k and v must be 3-D, got {tuple(k.shape)} and {tuple(v.shape)}")
         if plan.kv_layout == "HND":
             k, v = k.transpose(0, 1), v.transpose(0, 1)
-        total_kv = self._kv_rows
-        if (k.shape[0] < total_kv or v.shape[0] != k.shape[0] or k.shape[1] != plan.num_kv_heads
-                or v.shape[1] != plan.num_kv_heads or k.shape[2] != plan.head_dim_qk
-                or v.shape[2] != plan.head_dim_vo):
+        total_kv, ks, vs = self._kv_rows, k.shape, v.shape
+        if (ks[0] < total_kv or vs[0] != ks[0] or ks[1] != plan.num_kv_heads
+                or vs[1] != plan.num_kv_heads or ks[2] != plan.head_dim_qk
+                or vs[2] != plan.head_dim_vo):
             raise ValueError(f"k/v (NHD view {tuple(k.shape)}, {tuple(v.shape)}) must be "
                              f"[>= kv_indptr[-1]={total_kv}, num_kv_heads={plan.num_kv_heads}, "
                              f"{plan.head_dim_qk} / {plan.head_dim_vo}] as planned")
