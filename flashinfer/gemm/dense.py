@@ -155,14 +155,15 @@ def _fp8_signature(a, b, scale_a, scale_b, dtype, out, backend) -> tuple | None:
     return (facts, out is None or out.is_contiguous(), dtype, type(backend), backend)
 
 
-def _checked_fp8(function: str, hit: tuple, a, b_kn, scale_a, scale_b, out, backend):
+def _checked_fp8(function: str, hit: tuple, a, b_kn, scale_a, scale_b, out, names: tuple):
     """A memoised bmm_fp8 / mm_fp8 call (``b_kn``: the kernels' ``[.., k, n]`` operand): its
-    output, out's aliasing, the Decision of the stored key, the kernel."""
+    output, out's aliasing (``names``: the four operands as the function calls them), the
+    Decision of the stored key, the kernel."""
     spelled, shape, dtype, key, make_problem = hit
     if out is None:
         out = torch.empty(shape, dtype=dtype, device=a.device)
     else:
-        check_no_overlap(function, "out", out, a=a, b=b_kn, scale_a=scale_a, scale_b=scale_b)
+        check_no_overlap(function, "out", out, **dict(zip(names, (a, b_kn, scale_a, scale_b))))
     one = None if scale_a is not None and scale_b is not None else _one(a.device)
     dispatch.decide_keyed(key, make_problem, spelled).kernel(
         a, b_kn, one if scale_a is None else scale_a, one if scale_b is None else scale_b, out)
@@ -289,7 +290,8 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
     signature = _fp8_signature(A, B, A_scale, B_scale, dtype, out, backend)
     hit = _CHECKED_FP8.get(signature)
     if hit is not None:  # the steady state: checked, dispatch facts kept
-        return _checked_fp8("bmm_fp8", hit, A, B, A_scale, B_scale, out, backend)
+        return _checked_fp8("bmm_fp8", hit, A, B, A_scale, B_scale, out,
+                            ("A", "B", "A_scale", "B_scale"))
     tensor_arg("A", A, 3, FP8)
     tensor_arg("B", B, 3, FP8, A.device)
     if B.shape[0] != A.shape[0] or B.shape[1] != A.shape[2]:
@@ -322,7 +324,7 @@ def mm_fp8(a: torch.Tensor, b: torch.Tensor, alpha: Optional[torch.Tensor] = Non
     signature = _fp8_signature(a, b, alpha, None, out_dtype, out, backend)
     hit = _CHECKED_FP8.get(signature)
     if hit is not None:
-        return _checked_fp8("mm_fp8", hit, a, b.t(), alpha, None, out, backend)
+        return _checked_fp8("mm_fp8", hit, a, b.t(), alpha, None, out, ("a", "b", "alpha", "-"))
     tensor_arg("a", a, 2, FP8)
     if isinstance(b, torch.Tensor) and b.dim() == 3:
         raise ValueError(f"b of shape {tuple(b.shape)} looks like a prepared [k // 128, n, 128] "

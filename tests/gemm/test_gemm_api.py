@@ -268,7 +268,7 @@ def test_repeated_fp8_calls_allocate_fresh_outputs_and_check_aliasing():
     assert again is out and log[-1].backend == "reference"
     inside_out = out.view(torch.float32).view(-1)[:1]  # a scale's facts, out's memory
     inside_out.fill_(0.5)
-    with pytest.raises(ValueError, match="shares memory"):
+    with pytest.raises(ValueError, match="shares memory with B_scale"):
         flashinfer.bmm_fp8(A, B, scale, inside_out, torch.bfloat16, out)
     with flashinfer.use_backend(gemm="triton"), flashinfer.record_decisions() as log:
         flashinfer.bmm_fp8(A, B, scale, scale, torch.bfloat16, out)
