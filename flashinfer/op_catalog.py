@@ -274,6 +274,8 @@ PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
         _rope("apply_llama31_rope_pos_ids_inplace", "llama31"),
         _rope("apply_rope_with_cos_sin_cache", "cos_sin_cache"),
         _rope("apply_rope_with_cos_sin_cache_inplace", "cos_sin_cache"),
+        _rope("rope_quantize_fp8", "cos_sin_cache", "inplace"),  # (on float32 copies)
+        _rope("mla_rope_quantize_fp8", "cos_sin_cache", "inplace"),
         PublicFunction("silu_and_mul", "flashinfer.activation", ("act_and_mul",), ("silu",)),
         PublicFunction("gelu_and_mul", "flashinfer.activation", ("act_and_mul",), ("gelu",)),
         PublicFunction("gelu_tanh_and_mul", "flashinfer.activation", ("act_and_mul",),

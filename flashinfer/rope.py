@@ -73,7 +73,7 @@ __all__ = [
     "apply_rope", "apply_rope_inplace", "apply_rope_pos_ids", "apply_rope_pos_ids_inplace",
     "apply_llama31_rope", "apply_llama31_rope_inplace", "apply_llama31_rope_pos_ids",
     "apply_llama31_rope_pos_ids_inplace", "apply_rope_with_cos_sin_cache",
-    "apply_rope_with_cos_sin_cache_inplace",
+    "apply_rope_with_cos_sin_cache_inplace", "rope_quantize_fp8", "mla_rope_quantize_fp8",
 ]
 
 
@@ -89,6 +89,8 @@ INDPTR_FAULTS = {fn: fault(fn, "indptr", "non-decreasing token offsets from indp
                  for fn in _RAGGED}
 POSITIONS_FAULTS = {fn: fault(fn, "positions", "a row of cos_sin_cache: [0, max_pos = {bound})")
                     for fn in _CACHED}
+POSITIONS_FAULTS["rope_quantize_fp8"] = fault("rope_quantize_fp8", "pos_ids",
+                                              "a row of cos_sin_cache: [0, max_pos = {bound})")
 
 
 # --------------------------------------------------------------------------------------------
@@ -465,6 +467,119 @@ def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.
     _check_inplace(fn, query, key, ("query", "key"), positions=positions,
                    cos_sin_cache=cos_sin_cache)
     _run(q, k, q, k, pos, params, cos_sin_cache, backend)
+
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _fp8_scale(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite float, got {value!r}")
+    return float(value)
+
+
+def _saturated(x32: torch.Tensor, scale: float, dtype: torch.dtype, out, name: str) -> torch.Tensor:
+    """``fp8(x32 * scale)`` in ``dtype``, saturating at its largest finite value (NaN stays NaN),
+    rounded to nearest even; written into ``out`` (checked) or a new tensor."""
+    y = (x32 * scale).clamp_(-torch.finfo(dtype).max, torch.finfo(dtype).max)
+    if out is None:
+        return y.to(dtype)
+    if not isinstance(out, torch.Tensor) or out.dtype != dtype or out.shape != y.shape \
+            or out.device != y.device:
+        raise ValueError(f"{name} must be a {dtype} tensor of shape {tuple(y.shape)} on {y.device}, "
+                         f"got {getattr(out, 'dtype', type(out).__name__)} "
+                         f"{tuple(getattr(out, 'shape', ()))}")
+    out.copy_(y)
+    return out
+
+
+@flashinfer_api
+def rope_quantize_fp8(q_rope: torch.Tensor, k_rope: torch.Tensor, q_nope: Optional[torch.Tensor],
+                      k_nope: Optional[torch.Tensor], cos_sin_cache: torch.Tensor,
+                      pos_ids: torch.Tensor, is_neox: bool = True,
+                      quantize_dtype: Optional[torch.dtype] = None, quant_scale_q: float = 1.0,
+                      quant_scale_kv: float = 1.0, q_rope_out: Optional[torch.Tensor] = None,
+                      k_rope_out: Optional[torch.Tensor] = None,
+                      q_nope_out: Optional[torch.Tensor] = None,
+                      k_nope_out: Optional[torch.Tensor] = None, enable_pdl: bool = False, *,
+                      backend: str = "auto"
+                      ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RoPE of the rotary parts, then fp8 quantisation of all four parts, as upstream:
+    ``fp8(rope(x) * quant_scale_q)`` for ``q_rope``, ``fp8(x * quant_scale_q)`` for ``q_nope``,
+    the same with ``quant_scale_kv`` for the keys. Float32 from the load to the cast (no rounding
+    between RoPE and the scale); the cast rounds to nearest even and saturates at the dtype's
+    largest finite value (448 for e4m3, 57344 for e5m2), as upstream's kernels.
+
+    ``q_rope [nnz, H_q, rope_dim]``, ``q_nope [nnz, H_q, no_rope_dim]`` or None; ``k_rope``
+    ``[nnz, H_k, rope_dim]`` or 2-D ``[nnz, rope_dim]`` (MLA: ``k_nope`` then ``[nnz,
+    no_rope_dim]``), ``k_nope`` likewise or None; fp16/bf16/fp32, one dtype.
+    ``cos_sin_cache [max_pos, rope_dim]`` float32 (cos half, then sin half); ``pos_ids [nnz]``
+    int32/int64 (rows of the cache: each in ``[0, max_pos)``); ``is_neox``: rotate-half (True)
+    or interleaved pairs (False). ``quantize_dtype``: float8_e4m3fn (default, unless a given
+    output says otherwise) or float8_e5m2. Given ``*_out`` tensors (the inputs' shapes) are
+    written; the others are allocated; a None nope part gives an empty ``[..., 0]`` output.
+    Returns ``(q_rope_out, k_rope_out, q_nope_out, k_nope_out)``. The RoPE runs on the
+    dispatched ``rope`` op (``backend``) over float32 copies. ``enable_pdl`` is ignored.
+    """
+    fn = "rope_quantize_fp8"
+    if _tensor("q_rope", q_rope).dim() != 3:
+        raise ValueError(f"q_rope must be 3-D [nnz, num_q_heads, rope_dim], got {tuple(q_rope.shape)}")
+    mla = _tensor("k_rope", k_rope).dim() == 2
+    k3 = k_rope[:, None] if mla else k_rope
+    rope_dim, nnz = q_rope.shape[2], q_rope.shape[0]
+    for name, t, heads in (("q_nope", q_nope, q_rope.shape[1]), ("k_nope", k_nope, None)):
+        if t is None:
+            continue
+        want_rank = 2 if name == "k_nope" and mla else 3
+        if _tensor(name, t).dim() != want_rank or t.shape[0] != nnz or t.dtype != q_rope.dtype \
+                or t.device != q_rope.device or (heads is not None and t.shape[1] != heads) \
+                or (name == "k_nope" and not mla and t.shape[1] != k_rope.shape[1]):
+            raise ValueError(f"{name} must be a {want_rank}-D {q_rope.dtype} tensor of {nnz} tokens "
+                             f"and the heads of its rope part on {q_rope.device}, got "
+                             f"{t.dtype} {tuple(t.shape)}")
+    if q_nope is not None and k_nope is not None and q_nope.shape[-1] != k_nope.shape[-1]:
+        raise ValueError(f"q_nope and k_nope must share no_rope_dim, got {q_nope.shape[-1]} and "
+                         f"{k_nope.shape[-1]}")
+    if cos_sin_cache is not None and isinstance(cos_sin_cache, torch.Tensor) \
+            and cos_sin_cache.dim() == 2 and cos_sin_cache.shape[1] != rope_dim:
+        raise ValueError(f"cos_sin_cache must be [max_pos, rope_dim={rope_dim}], got "
+                         f"{tuple(cos_sin_cache.shape)}")
+    given = [t.dtype for t in (q_rope_out, k_rope_out, q_nope_out, k_nope_out)
+             if isinstance(t, torch.Tensor)]
+    dtype = quantize_dtype or (given[0] if given else torch.float8_e4m3fn)
+    if dtype not in _FP8:
+        raise ValueError(f"quantize_dtype must be float8_e4m3fn or float8_e5m2, got {dtype}")
+    scale_q = _fp8_scale("quant_scale_q", quant_scale_q)
+    scale_kv = _fp8_scale("quant_scale_kv", quant_scale_kv)
+    q32, k32 = q_rope.float(), k3.float()  # fresh float32 copies, rotated in place
+    q, k, pos, params = _cache_inputs(fn, pos_ids, q32, k32, rope_dim, cos_sin_cache, is_neox)
+    _run(q, k, q, k, pos, params, cos_sin_cache, backend)
+    k_rot = k32[:, 0] if mla else k32
+    no_rope = (lambda like: like.new_empty((*like.shape[:-1], 0), dtype=dtype))  # noqa: E731
+    return (_saturated(q32, scale_q, dtype, q_rope_out, "q_rope_out"),
+            _saturated(k_rot, scale_kv, dtype, k_rope_out, "k_rope_out"),
+            no_rope(q_rope) if q_nope is None else
+            _saturated(q_nope.float(), scale_q, dtype, q_nope_out, "q_nope_out"),
+            no_rope(k_rope) if k_nope is None else
+            _saturated(k_nope.float(), scale_kv, dtype, k_nope_out, "k_nope_out"))
+
+
+@flashinfer_api
+def mla_rope_quantize_fp8(q_rope: torch.Tensor, k_rope: torch.Tensor,
+                          q_nope: Optional[torch.Tensor], k_nope: Optional[torch.Tensor],
+                          cos_sin_cache: torch.Tensor, pos_ids: torch.Tensor,
+                          is_neox: bool = True, quantize_dtype: Optional[torch.dtype] = None,
+                          quant_scale_q: float = 1.0, quant_scale_kv: float = 1.0,
+                          q_rope_out: Optional[torch.Tensor] = None,
+                          k_rope_out: Optional[torch.Tensor] = None,
+                          q_nope_out: Optional[torch.Tensor] = None,
+                          k_nope_out: Optional[torch.Tensor] = None,
+                          enable_pdl: bool = False, *, backend: str = "auto"):
+    """:func:`rope_quantize_fp8` (upstream's MLA spelling: ``k_rope [nnz, rope_dim]``, ``k_nope
+    [nnz, kv_lora_rank]``, one latent KV head)."""
+    return rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox,
+                             quantize_dtype, quant_scale_q, quant_scale_kv, q_rope_out,
+                             k_rope_out, q_nope_out, k_nope_out, enable_pdl, backend=backend)
 
 
 for _fn, _parts in (
