@@ -25,7 +25,7 @@ from .dispatch import (  # noqa: F401
 )
 from .norm import (  # noqa: F401
     fused_add_rmsnorm, fused_add_rmsnorm_quant, gemma_fused_add_rmsnorm, gemma_rmsnorm, layernorm,
-    rmsnorm, rmsnorm_quant,
+    layernorm_quant, rmsnorm, rmsnorm_quant,
 )
 from .index_checks import check_errors  # noqa: F401
 from .utils import next_positive_power_of_2  # noqa: F401

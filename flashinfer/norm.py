@@ -72,7 +72,7 @@ from .custom_op import custom_op
 from .dispatch import Problem
 
 __all__ = ["rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm", "layernorm",
-           "rmsnorm_quant", "fused_add_rmsnorm_quant"]
+           "rmsnorm_quant", "fused_add_rmsnorm_quant", "layernorm_quant"]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _DTYPE_TEXT = "float16, bfloat16 or float32"
@@ -343,7 +343,6 @@ def layernorm(input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor, eps:
 # RMSNorm into fp8 (upstream's rmsnorm_quant / fused_add_rmsnorm_quant)
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-_FP8_CLAMP = 448.0  # upstream clamps to the e4m3 range before the cast, whatever the fp8 type
 
 
 def _quant_scale_inv(scale, input: torch.Tensor):
@@ -376,13 +375,19 @@ def _check_fp8_out(out, input: torch.Tensor) -> None:
 
 
 def _quantised_rmsnorm(out, x, weight, scale_inv, eps: float, function: str, backend: str) -> None:
-    """``out = clamp(rmsnorm(x) * weight * scale_inv, -448, 448)`` cast to out's fp8 dtype, all
-    in float32 (the RMSNorm op on a float32 copy of ``x``, then the scale, clamp and cast)."""
+    """``out = clamp(rmsnorm(x) * weight * scale_inv, -M, M)`` cast to out's fp8 dtype (``M``
+    its largest finite value: 448 for e4m3, 57344 for e5m2, as upstream), all in float32 (the
+    RMSNorm op on a float32 copy of ``x``, then the scale, clamp and cast)."""
     check_writable(function, "out", out)
     check_no_overlap(function, "out", out, input=x, weight=weight)
-    normed = _rmsnorm(x.float(), weight.float(), eps, None, 0.0, backend)
-    normed.mul_(scale_inv).clamp_(-_FP8_CLAMP, _FP8_CLAMP)
-    out.copy_(normed)
+    _store_fp8(out, _rmsnorm(x.float(), weight.float(), eps, None, 0.0, backend), scale_inv)
+
+
+def _store_fp8(out: torch.Tensor, y: torch.Tensor, scale_inv) -> None:
+    """``out = fp8(clamp(y * scale_inv, -M, M))`` (``y`` float32, modified), ``M`` the largest
+    finite value of out's dtype; NaN stays NaN; rounded to nearest even."""
+    bound = torch.finfo(out.dtype).max
+    out.copy_(y.mul_(scale_inv).clamp_(-bound, bound))
 
 
 @flashinfer_api
@@ -390,7 +395,8 @@ def rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, 
                   eps: float = 1e-6, enable_pdl: Optional[bool] = None, *,
                   backend: str = "auto") -> None:
     """RMSNorm quantised to fp8, written into ``out``:
-    ``out = fp8(clamp(input * rsqrt(mean(input^2) + eps) * weight / scale, -448, 448))``.
+    ``out = fp8(clamp(input * rsqrt(mean(input^2) + eps) * weight / scale, -M, M))``, ``M`` the
+    largest finite value of out's dtype (448 for e4m3, 57344 for e5m2).
 
     ``out``: ``input``'s shape, float8_e4m3fn or float8_e5m2; ``input`` ``[batch, hidden]`` (or
     ``[batch, heads, head_dim]``) fp16/bf16/fp32; ``weight`` ``[hidden]``; ``scale``: the
@@ -404,6 +410,25 @@ def rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, 
     inv = _quant_scale_inv(scale, input)
     if input.numel():
         _quantised_rmsnorm(out, input, weight, inv, eps, "rmsnorm_quant", backend)
+
+
+@flashinfer_api
+def layernorm_quant(out: torch.Tensor, input: torch.Tensor, gemma: torch.Tensor,
+                    beta: torch.Tensor, scale, eps: float = 1e-6, *, backend: str = "auto") -> None:
+    """LayerNorm quantised to fp8, written into ``out``, as upstream: the :func:`layernorm`
+    result rounded to ``input``'s dtype, then ``fp8(clamp(y * (1 / scale), -M, M))`` in float32
+    (``M``: 448 for e4m3, 57344 for e5m2; NaN stays NaN).
+
+    ``out``: ``input``'s shape, float8_e4m3fn or float8_e5m2; ``input`` ``[batch, hidden]``
+    (upstream: bf16; fp16/fp32 accepted); ``gemma``, ``beta`` ``[hidden]``; ``scale``: a finite
+    float > 0 or a one-element float tensor on input's device. Returns None.
+    """
+    _check_fp8_out(out, input)
+    inv = _quant_scale_inv(scale, input)
+    normed = layernorm(input, gemma, beta, eps, backend=backend)
+    check_writable("layernorm_quant", "out", out)
+    check_no_overlap("layernorm_quant", "out", out, input=input, gemma=gemma, beta=beta)
+    _store_fp8(out, normed.float(), inv)
 
 
 @flashinfer_api

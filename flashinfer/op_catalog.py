@@ -264,6 +264,7 @@ PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
         PublicFunction("gemma_fused_add_rmsnorm", "flashinfer.norm", ("rmsnorm",),
                        ("fused_add", "gemma_weight")),
         PublicFunction("layernorm", "flashinfer.norm", ("layernorm",)),
+        PublicFunction("layernorm_quant", "flashinfer.norm", ("layernorm",)),
         _rope("apply_rope"),
         _rope("apply_rope_inplace"),
         _rope("apply_rope_pos_ids"),

@@ -1,5 +1,6 @@
 """rmsnorm_quant / fused_add_rmsnorm_quant (upstream's RMSNorm into fp8) against float64 math:
-out = fp8(clamp(x * rsqrt(mean(x^2) + eps) * w * (1 / scale), -448, 448))."""
+out = fp8(clamp(x * rsqrt(mean(x^2) + eps) * w * (1 / scale), -M, M)), M the fp8 dtype's largest
+finite value; and layernorm_quant (LayerNorm rounded to the input dtype, then the same cast)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ def naive(x, w, scale, eps, out_dtype):
     x64 = x.double()
     y = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * w.double()
     inv = float(torch.tensor(1.0, dtype=torch.float32) / torch.tensor(float(scale), dtype=torch.float32))
-    return (y * inv).clamp(-448, 448).to(out_dtype)
+    bound = torch.finfo(out_dtype).max
+    return (y * inv).clamp(-bound, bound).to(out_dtype)
 
 
 def _fp8_close(got, want):
@@ -36,7 +38,7 @@ def test_rmsnorm_quant(out_dtype, dtype, scale_kind):
     out = torch.empty(6, 96, dtype=out_dtype)
     assert flashinfer.rmsnorm_quant(out, x, w, scale, 1e-5) is None
     _fp8_close(out, naive(x, w, 0.05, 1e-5, out_dtype))
-    assert out.float().abs().max() <= 448  # clamped: scale 0.05 pushes values past the range
+    assert out.float().abs().max() <= torch.finfo(out_dtype).max
 
 
 def test_fused_add_rmsnorm_quant_updates_the_residual_only():
@@ -64,3 +66,31 @@ def test_fused_add_rmsnorm_quant_updates_the_residual_only():
 def test_bad_arguments_are_named(call, exc, words):
     with pytest.raises(exc, match=words):
         call(torch.randn(2, 8), torch.randn(8))
+
+
+def test_e5m2_saturates_at_its_own_range():
+    torch.manual_seed(3)
+    x, w = torch.randn(2, 64), torch.randn(64)
+    out = torch.empty(2, 64, dtype=torch.float8_e5m2)
+    flashinfer.rmsnorm_quant(out, x, w, 1e-4)
+    assert out.float().abs().max().item() == 57344.0  # not e4m3's 448
+
+
+@pytest.mark.parametrize("out_dtype", FP8)
+@pytest.mark.parametrize("scale_kind", ["float", "tensor"])
+def test_layernorm_quant(out_dtype, scale_kind):
+    torch.manual_seed(4)
+    x = (torch.randn(5, 111) * 2).bfloat16()
+    gamma, beta = torch.randn(111), torch.randn(111)
+    scale = 0.02 if scale_kind == "float" else torch.tensor([0.02])
+    out = torch.empty(5, 111, dtype=out_dtype)
+    assert flashinfer.norm.layernorm_quant(out, x, gamma, beta, scale) is None
+    x64 = x.double()
+    mean = x64.mean(-1, keepdim=True)
+    y = (x64 - mean) * torch.rsqrt(((x64 - mean) ** 2).mean(-1, keepdim=True) + 1e-6)
+    y = (y * gamma.double() + beta.double()).to(torch.bfloat16).double()  # rounded first
+    bound = torch.finfo(out_dtype).max
+    want = (y * (1 / 0.02)).clamp(-bound, bound).to(out_dtype)
+    _fp8_close(out, want)
+    with pytest.raises(TypeError, match="out dtype"):
+        flashinfer.norm.layernorm_quant(torch.empty(5, 111), x, gamma, beta, 0.02)
