@@ -31,7 +31,7 @@ def test_top_k_selects_the_largest(dtype, sorted_):
 
 def test_tie_break_modes_choose_among_equal_values_by_index():
     x = torch.tensor([[5.0, 1.0, 3.0, 3.0, 3.0, 0.0]])
-    for mode, want in ((TopKTieBreak.SMALLER_INDEX, [0, 2, 3]), (TopKTieBreak.LARGER_INDEX, [0, 4, 3]),
+    for mode, want in ((TopKTieBreak.SMALL, [0, 2, 3]), (TopKTieBreak.LARGE, [0, 4, 3]),
                        (1, [0, 2, 3]), (2, [0, 4, 3])):
         values, indices = flashinfer.top_k(x, 3, tie_break=mode)
         assert indices.tolist() == [want] and values.tolist() == [[5.0, 3.0, 3.0]]
@@ -56,3 +56,68 @@ def test_bad_arguments_are_named(kwargs, exc, words):
 
 def test_module_and_alias():
     assert flashinfer.topk.topk is flashinfer.topk.top_k is flashinfer.top_k
+
+
+def _naive_local(row, start, length, k):
+    """The window's top-k positions (a set: upstream's order is unspecified), or 0..L-1."""
+    if length <= k:
+        return list(range(length))
+    window = row[start:start + length].double()
+    return sorted(torch.topk(window, k).indices.tolist())
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_page_table_transform_matches_naive(page_size):
+    torch.manual_seed(5)
+    rows, width, k = 6, 40, 5
+    scores = torch.randn(rows, width)
+    lengths = torch.tensor([40, 3, 0, 17, 5, 22], dtype=torch.int32)
+    starts = torch.tensor([0, 10, 2, 20, 30, 8], dtype=torch.int32)
+    lengths[0] = 40
+    starts[0] = 0
+    table = torch.randint(0, 1000, (3, 48), dtype=torch.int32)
+    row_to_batch = torch.tensor([0, 1, 2, 0, 1, 2], dtype=torch.int32)
+    pt_starts = torch.tensor([0, 2, 1, 3, 0, 4], dtype=torch.int32) if page_size > 1 else None
+    raw = torch.empty(rows, k, dtype=torch.int32)
+    got = flashinfer.topk.top_k_page_table_transform(
+        scores, table, lengths, k, row_to_batch, True, row_starts=starts,
+        page_table_row_starts=pt_starts, page_size=page_size, out_raw_indices=raw)
+    assert got.dtype == torch.int32 and got.shape == (rows, k)
+    for i in range(rows):
+        local = _naive_local(scores[i], int(starts[i]), int(lengths[i]), k)
+        ps = int(starts[i]) if pt_starts is None else int(pt_starts[i])
+        b = int(row_to_batch[i])
+        want = [int(table[b, ps + idx // page_size]) * page_size + idx % page_size for idx in local]
+        assert got[i].tolist() == want + [-1] * (k - len(want))  # deterministic: ascending
+        assert raw[i].tolist() == local + [-1] * (k - len(local))
+
+
+def test_ragged_transform_and_tie_breaks():
+    scores = torch.tensor([[1.0, 5.0, 5.0, 0.0, 5.0, 2.0]])
+    offsets, lengths = torch.tensor([100], dtype=torch.int32), torch.tensor([6], dtype=torch.int32)
+    small = flashinfer.topk.top_k_ragged_transform(scores, offsets, lengths, 2, True, TopKTieBreak.SMALL)
+    large = flashinfer.topk.top_k_ragged_transform(scores, offsets, lengths, 2, True, TopKTieBreak.LARGE)
+    assert small.tolist() == [[101, 102]] and large.tolist() == [[102, 104]]
+    short = flashinfer.topk.top_k_ragged_transform(scores, offsets, torch.tensor([1], dtype=torch.int32), 3)
+    assert short.tolist() == [[100, -1, -1]]
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(lengths=torch.tensor([41], dtype=torch.int32)), "lengths"),
+    (dict(row_to_batch=torch.tensor([3], dtype=torch.int32)), "row_to_batch"),
+    (dict(lengths=torch.tensor([40], dtype=torch.int64)), "int32"),
+    (dict(page_size=3), "power of two"),
+])
+def test_page_table_transform_refuses_bad_indices_on_the_cpu(change, words):
+    args = dict(input=torch.randn(1, 40), src_page_table=torch.zeros(3, 40, dtype=torch.int32),
+                lengths=torch.tensor([40], dtype=torch.int32), k=4)
+    args.update(change)
+    with pytest.raises(ValueError, match=words):
+        flashinfer.topk.top_k_page_table_transform(**args)
+
+
+def test_a_window_needing_more_pages_than_the_table_row_names_lengths():
+    with pytest.raises(ValueError, match="lengths.*src_page_table's row"):
+        flashinfer.topk.top_k_page_table_transform(
+            torch.randn(1, 40), torch.zeros(1, 8, dtype=torch.int32),
+            torch.tensor([40], dtype=torch.int32), 4, page_size=4)
