@@ -277,6 +277,7 @@ PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
         _rope("apply_rope_with_cos_sin_cache_inplace", "cos_sin_cache"),
         _rope("rope_quantize_fp8", "cos_sin_cache", "inplace"),  # (on float32 copies)
         _rope("mla_rope_quantize_fp8", "cos_sin_cache", "inplace"),
+        _rope("rope_quantize_fp8_append_paged_kv_cache", "cos_sin_cache", "inplace"),
         PublicFunction("silu_and_mul", "flashinfer.activation", ("act_and_mul",), ("silu",)),
         PublicFunction("gelu_and_mul", "flashinfer.activation", ("act_and_mul",), ("gelu",)),
         PublicFunction("gelu_tanh_and_mul", "flashinfer.activation", ("act_and_mul",),

@@ -74,6 +74,7 @@ __all__ = [
     "apply_llama31_rope", "apply_llama31_rope_inplace", "apply_llama31_rope_pos_ids",
     "apply_llama31_rope_pos_ids_inplace", "apply_rope_with_cos_sin_cache",
     "apply_rope_with_cos_sin_cache_inplace", "rope_quantize_fp8", "mla_rope_quantize_fp8",
+    "rope_quantize_fp8_append_paged_kv_cache",
 ]
 
 
@@ -580,6 +581,75 @@ def mla_rope_quantize_fp8(q_rope: torch.Tensor, k_rope: torch.Tensor,
     return rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox,
                              quantize_dtype, quant_scale_q, quant_scale_kv, q_rope_out,
                              k_rope_out, q_nope_out, k_nope_out, enable_pdl, backend=backend)
+
+
+@flashinfer_api
+def rope_quantize_fp8_append_paged_kv_cache(
+        q_rope: torch.Tensor, k_rope: torch.Tensor, q_nope: Optional[torch.Tensor],
+        k_nope: Optional[torch.Tensor], v: Optional[torch.Tensor], cos_sin_cache: torch.Tensor,
+        pos_ids: torch.Tensor, paged_kv_cache: Tuple[torch.Tensor, torch.Tensor],
+        kv_indices: torch.Tensor, kv_indptr: torch.Tensor, batch_indices: torch.Tensor,
+        positions: torch.Tensor, is_neox: bool = True, quantize_dtype: Optional[torch.dtype] = None,
+        quant_scale_q: float = 1.0, quant_scale_kv: float = 1.0, page_size: int = 16,
+        kv_layout: str = "NHD", q_rope_out: Optional[torch.Tensor] = None,
+        q_nope_out: Optional[torch.Tensor] = None, enable_pdl: bool = False, *,
+        backend: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rope_quantize_fp8`, with the keys (and values) appended to a paged fp8 cache
+    instead of returned, as upstream. Returns ``(q_rope_out, q_nope_out)``.
+
+    * MLA (``k_rope [nnz, rope_dim]``, ``k_nope [nnz, kv_lora_rank]``, ``v`` None):
+      ``paged_kv_cache = (ckv_cache [pages, page_size, kv_lora_rank], kpe_cache [pages,
+      page_size, rope_dim])``; ``k_nope`` goes to ``ckv_cache``, the rotated ``k_rope`` to
+      ``kpe_cache``.
+    * GQA / MHA (``k_rope [nnz, H_k, rope_dim]``, ``k_nope [nnz, H_k, no_rope_dim]``, ``v [nnz,
+      H_k, rope_dim + no_rope_dim]``): ``paged_kv_cache = (k_cache, v_cache)`` in ``kv_layout``;
+      each key is ``[rotated k_rope, k_nope]``; values are scaled and cast as the keys.
+
+    Token ``t`` goes to page ``kv_indices[kv_indptr[batch_indices[t]] + positions[t] //
+    page_size]``, slot ``positions[t] % page_size`` (:func:`flashinfer.page.
+    append_paged_kv_cache`, whose index rules apply: upstream skips tokens with a negative
+    ``batch_indices`` entry; here such an entry is a bad index like any other). RoPE reads
+    ``pos_ids``; the caches must already have the quantised dtype. ``enable_pdl`` is ignored.
+    """
+    from .attention.page import append_paged_kv_cache
+
+    if not isinstance(paged_kv_cache, (tuple, list)) or len(paged_kv_cache) != 2:
+        raise TypeError("paged_kv_cache must be a (k_cache, v_cache) or (ckv_cache, kpe_cache) pair")
+    first, second = paged_kv_cache
+    mla = isinstance(k_rope, torch.Tensor) and k_rope.dim() == 2
+    if mla and v is not None:
+        raise ValueError("the MLA form (2-D k_rope) appends no values: pass v=None")
+    if not mla and not isinstance(v, torch.Tensor):
+        raise ValueError("the GQA / MHA form (3-D k_rope) needs v [nnz, H_k, head_dim]")
+    dtype = quantize_dtype or next((t.dtype for t in (q_rope_out, q_nope_out)
+                                    if isinstance(t, torch.Tensor)), torch.float8_e4m3fn)
+    for name, cache in (("paged_kv_cache[0]", first), ("paged_kv_cache[1]", second)):
+        if not isinstance(cache, torch.Tensor) or cache.dtype != dtype:
+            raise ValueError(f"{name} must be a {dtype} tensor (the quantised dtype), got "
+                             f"{getattr(cache, 'dtype', type(cache).__name__)}")
+    if isinstance(page_size, bool) or not isinstance(page_size, int) \
+            or page_size != first.shape[1 if mla or kv_layout == "NHD" else 2]:
+        raise ValueError(f"page_size={page_size!r} differs from the cache's page size")
+    q_out, k_rot, q_nope_q, k_nope_q = rope_quantize_fp8(
+        q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox, dtype, quant_scale_q,
+        quant_scale_kv, q_rope_out, None, q_nope_out, None, backend=backend)
+    if mla:
+        keys, values = k_nope_q[:, None], k_rot[:, None]
+        cache = (first.unsqueeze(2), second.unsqueeze(2))  # one latent head, NHD
+        kv_layout = "NHD"
+    else:
+        keys = torch.cat([k_rot.view(torch.uint8), k_nope_q.view(torch.uint8)], -1).view(dtype)
+        if not isinstance(v, torch.Tensor) or v.shape != keys.shape:
+            raise ValueError(f"v must be [nnz, H_k, head_dim] = {tuple(keys.shape)}, got "
+                             f"{tuple(getattr(v, 'shape', ()))}")
+        values = _saturated(v.float(), _fp8_scale("quant_scale_kv", quant_scale_kv), dtype,
+                            None, "v")
+        cache = (first, second)
+    last = torch.full((kv_indptr.shape[0] - 1,), page_size, dtype=torch.int32,
+                      device=kv_indptr.device)  # (not read by the append)
+    append_paged_kv_cache(keys, values, batch_indices, positions, cache, kv_indices, kv_indptr,
+                          last, kv_layout, backend=backend)
+    return q_out, q_nope_q
 
 
 for _fn, _parts in (

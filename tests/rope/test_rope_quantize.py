@@ -84,3 +84,63 @@ def test_refusals(change, exc, words):
     args.update(change)
     with pytest.raises(exc, match=words):
         rope.rope_quantize_fp8(**args)
+
+
+def _append_layout(kv_lens, page_size):
+    """kv_indptr / shuffled kv_indices of requests of ``kv_lens`` keys, every key appended."""
+    pages = [-(-n // page_size) for n in kv_lens]
+    indptr = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32)
+    indices = torch.randperm(int(indptr[-1]) + 2)[:int(indptr[-1])].to(torch.int32)
+    batch = torch.cat([torch.full((n,), b, dtype=torch.int32) for b, n in enumerate(kv_lens)])
+    positions = torch.cat([torch.arange(n, dtype=torch.int32) for n in kv_lens])
+    return indptr, indices, batch, positions
+
+
+def _slots(cache, indices, indptr, batch, positions, page_size, layout="NHD"):
+    pages = indices[indptr[batch.long()].long() + positions.long() // page_size].long()
+    slot = positions.long() % page_size
+    return cache[pages, slot] if layout == "NHD" else cache[pages, :, slot]
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_append_form_writes_the_quantised_keys_and_values_into_their_pages(layout):
+    q, k, qn, kn, pos = _inputs(nnz=7)
+    torch.manual_seed(1)
+    v = torch.randn(7, 2, 80, dtype=torch.bfloat16)
+    indptr, indices, batch, positions = _append_layout([3, 4], 4)
+    shape = (indices.max() + 3, 4, 2, 80) if layout == "NHD" else (indices.max() + 3, 2, 4, 80)
+    k_cache = (torch.randn(shape) * 10).to(E4M3)
+    v_cache = (torch.randn(shape) * 10).to(E4M3)
+    before_k = k_cache.clone()
+    qr, qno = rope.rope_quantize_fp8_append_paged_kv_cache(
+        q, k, qn, kn, v, _cache(32), pos, (k_cache, v_cache), indices, indptr, batch, positions,
+        quant_scale_q=2.0, quant_scale_kv=0.5, page_size=4, kv_layout=layout)
+    wq, wk, wqn, wkn = rope.rope_quantize_fp8(q, k, qn, kn, _cache(32), pos, quant_scale_q=2.0,
+                                              quant_scale_kv=0.5)
+    assert torch.equal(qr.view(torch.uint8), wq.view(torch.uint8))
+    assert torch.equal(qno.view(torch.uint8), wqn.view(torch.uint8))
+    got_k = _slots(k_cache, indices, indptr, batch, positions, 4, layout)
+    want_k = torch.cat([wk.view(torch.uint8), wkn.view(torch.uint8)], -1)
+    assert torch.equal(got_k.view(torch.uint8), want_k)
+    got_v = _slots(v_cache, indices, indptr, batch, positions, 4, layout)
+    assert torch.equal(got_v.view(torch.uint8), (v.float() * 0.5).to(E4M3).view(torch.uint8))
+    spare = sorted(set(range(k_cache.shape[0])) - set(indices.tolist()))
+    assert torch.equal(k_cache[spare].view(torch.uint8), before_k[spare].view(torch.uint8))
+
+
+def test_append_form_mla():
+    q, k, qn, kn, pos = _inputs(nnz=7, mla=True)
+    indptr, indices, batch, positions = _append_layout([5, 2], 4)
+    ckv = (torch.randn(indices.max() + 2, 4, 48) * 5).to(E4M3)
+    kpe = (torch.randn(indices.max() + 2, 4, 32) * 5).to(E4M3)
+    rope.rope_quantize_fp8_append_paged_kv_cache(q, k, qn, kn, None, _cache(32), pos, (ckv, kpe),
+                                                 indices, indptr, batch, positions, page_size=4)
+    _, wk, _, wkn = rope.mla_rope_quantize_fp8(q, k, qn, kn, _cache(32), pos)
+    assert torch.equal(_slots(ckv, indices, indptr, batch, positions, 4).view(torch.uint8),
+                       wkn.view(torch.uint8))
+    assert torch.equal(_slots(kpe, indices, indptr, batch, positions, 4).view(torch.uint8),
+                       wk.view(torch.uint8))
+    with pytest.raises(ValueError, match="v=None"):
+        rope.rope_quantize_fp8_append_paged_kv_cache(q, k, qn, kn, kn, _cache(32), pos,
+                                                     (ckv, kpe), indices, indptr, batch,
+                                                     positions, page_size=4)
