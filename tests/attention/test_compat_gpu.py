@@ -207,3 +207,30 @@ def test_top_k_on_cuda():
     want_v, _ = torch.topk(x, 50, dim=-1)
     torch.testing.assert_close(values.sort(-1, descending=True).values, want_v)
     assert torch.equal(x.gather(-1, indices.long()), values)
+
+
+@pytest.mark.parametrize("op", ["single", "ragged"])
+def test_head_dim_192_128_runs_on_a_gpu_kernel(op):
+    """DeepSeek's prefill shape: q / k head dim 192, v head dim 128 (FA3 serves it on SM 9.0)."""
+    torch.manual_seed(8)
+    qo_lens, kv_lens = [37, 100], [300, 100]
+    q = torch.randn(sum(qo_lens), HQ, 192, device=DEV, dtype=BF16)
+    k = torch.randn(sum(kv_lens), HK, 192, device=DEV, dtype=BF16)
+    v = torch.randn(sum(kv_lens), HK, 128, device=DEV, dtype=BF16)
+    if op == "single":
+        with flashinfer.record_decisions() as log:
+            got = flashinfer.single_prefill_with_kv_cache(q[:37], k[:300], v[:300], causal=True)
+        assert log[-1].backend != "reference", log[-1].explain()
+        want = flashinfer.single_prefill_with_kv_cache(q[:37], k[:300], v[:300], causal=True,
+                                                       backend="reference")
+        torch.cuda.synchronize()
+        assert got.shape == (37, HQ, 128) and rel_error(got, want) < 2e-2
+        return
+    runs = []
+    for backend in ("auto", "reference"):
+        w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_ws(), "NHD", backend=backend)
+        w.plan(_indptr(qo_lens), _indptr(kv_lens), HQ, HK, 192, head_dim_vo=128, causal=True,
+               q_data_type=BF16)
+        runs.append((w.decision, w.run(q, k, v, return_lse=True)))
+    assert runs[0][0].backend != "reference", runs[0][0].explain()
+    _close(runs[0][1], runs[1][1])
