@@ -30,6 +30,7 @@ from .norm import (  # noqa: F401
 from .index_checks import check_errors  # noqa: F401
 from .utils import next_positive_power_of_2  # noqa: F401
 from . import topk  # noqa: F401  (upstream's module flashinfer.topk)
+from .autotuner import autotune  # noqa: F401
 from .topk import TopKTieBreak, top_k, top_k_page_table_transform, top_k_ragged_transform  # noqa: F401
 from .overrides import use_backend  # noqa: F401
 from .prefill import (  # noqa: F401

@@ -405,7 +405,17 @@ def _finish(problem: Problem, ordered: list[Candidate], candidates: tuple[Candid
     return decision
 
 
-_RECORDER: contextvars.ContextVar[list | None] = contextvars.ContextVar("flashinfer_recorder", default=None)
+class _Log(list):
+    """A :func:`record_decisions` block's list; ``see`` is what the dispatcher calls with every
+    Decision it hands out (an observer may return another one: :mod:`flashinfer.autotuner`)."""
+
+    def see(self, decision: "Decision") -> "Decision":
+        self.append(decision)
+        return decision
+
+
+#: the open record_decisions block or autotune() context (an object with ``see``), or None
+_RECORDER: contextvars.ContextVar = contextvars.ContextVar("flashinfer_recorder", default=None)
 
 
 @contextlib.contextmanager
@@ -416,21 +426,48 @@ def record_decisions() -> Iterator[list[Decision]]:
             flashinfer.rmsnorm(x, w)
         print(log[-1].explain())
     """
-    log: list[Decision] = []
-    token = _RECORDER.set(log)
+    log = _Log()
+    token = _RECORDER.set(_Chained(log, _RECORDER.get()))
     try:
         yield log
     finally:
         _RECORDER.reset(token)
 
 
+class _Chained:
+    """An observer inside another one (a record_decisions block inside autotune(), or the
+    reverse): both see every Decision, the inner one first."""
+
+    __slots__ = ("inner", "outer")
+
+    def __init__(self, inner, outer):
+        self.inner, self.outer = inner, outer
+
+    def see(self, decision: "Decision") -> "Decision":
+        decision = self.inner.see(decision)
+        return decision if self.outer is None else self.outer.see(decision)
+
+
+def observe(observer) -> contextlib.AbstractContextManager:
+    """A context in which ``observer.see(decision)`` gets (and may replace) every Decision the
+    dispatcher hands out, after any observer already open."""
+    @contextlib.contextmanager
+    def block():
+        token = _RECORDER.set(_Chained(observer, _RECORDER.get()))
+        try:
+            yield observer
+        finally:
+            _RECORDER.reset(token)
+    return block()
+
+
 def record(decision: Decision) -> None:
-    """Append ``decision`` to the open :func:`record_decisions` block, if any: for a family that
+    """Show ``decision`` to the open :func:`record_decisions` block, if any: for a family that
     consulted several Decisions for one call (:mod:`flashinfer.attention.positions`), so the
     block's last entry is the kernel that ran."""
     recorder = _RECORDER.get()
     if recorder is not None:
-        recorder.append(decision)
+        recorder.see(decision)
 
 
 #: decide()'s memo: (problem, backend, context, raw env values) -> Decision, or the
@@ -467,7 +504,13 @@ def _override_state(op: str) -> tuple[str, tuple]:
 def decide(problem: Problem, backend: str | None = "auto") -> Decision:
     """Resolve the overrides that apply to ``problem`` and select (the op modules call this)."""
     family, state = _override_state(problem.op)
-    return _decide(problem, backend, family, state)
+    return _seen(_decide(problem, backend, family, state))
+
+
+def _seen(decision: Decision) -> Decision:
+    """``decision`` as the open observer (if any) hands it on."""
+    recorder = _RECORDER.get()
+    return decision if recorder is None else recorder.see(decision)
 
 
 def decide_keyed(key: tuple, make_problem: Callable[[], Problem],
@@ -484,10 +527,9 @@ def decide_keyed(key: tuple, make_problem: Callable[[], Problem],
         if len(_KEYED) >= _MEMO_LIMIT:
             _KEYED.clear()
         _KEYED[full] = decision
-        return decision
     recorder = _RECORDER.get()
     if recorder is not None:
-        recorder.append(decision)
+        return recorder.see(decision)
     return decision
 
 
@@ -505,7 +547,7 @@ def decide_each(problems: list[Problem], backend: str | None = "auto",
     out = []
     for problem in problems:
         try:
-            out.append(_decide(problem, backend, family, state))
+            out.append(_seen(_decide(problem, backend, family, state)))
         except (NoBackendError, BackendUnavailableError) as err:
             out.append(err)
     if memo is not None:
@@ -532,9 +574,6 @@ def _decide(problem: Problem, backend: str | None, family: str, state: tuple) ->
         _MEMO[key] = decision
     if isinstance(decision, Exception):
         raise decision.with_traceback(None)
-    recorder = _RECORDER.get()
-    if recorder is not None:
-        recorder.append(decision)
     return decision
 
 

@@ -347,6 +347,7 @@ NOT_DISPATCHED: dict[str, str] = {
     **dict.fromkeys(("get_batch_indices_positions", "get_seq_lens", "unpack_paged_kv_cache"),
                     "flashinfer.page"),
     "get_alibi_slopes": "flashinfer",
+    "autotune": "flashinfer",  # measures the kernels of the ops called inside it
     "next_positive_power_of_2": "flashinfer.utils",
     **dict.fromkeys(("top_k", "topk", "top_k_page_table_transform", "top_k_ragged_transform"),
                     "flashinfer.topk"),

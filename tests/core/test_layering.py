@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                     "flashinfer.sampling", "flashinfer.quantization", "flashinfer.fused_moe",
                     "flashinfer.norm", "flashinfer.rope", "flashinfer.activation",
                     "flashinfer.utils", "flashinfer.cudnn", "flashinfer.topk",
-                    "flashinfer.logits_processor",
+                    "flashinfer.logits_processor", "flashinfer.autotuner",
                     "flashinfer.jit", "flashinfer.jit.*", "flashinfer.compilation_context")),
     ("family machinery", ("flashinfer.attention", "flashinfer.attention.*", "flashinfer.gemm.*",
                           "flashinfer.sampling.*", "flashinfer.quantization.*",
