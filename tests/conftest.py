@@ -242,7 +242,8 @@ def check_upstream_api(entry: dict) -> None:
         return
     assert found is not None, f"{entry['module']}.{entry['name']} is not provided"
     fn = found.__init__ if inspect.isclass(found) else found
-    ours = [p for p in inspect.signature(fn).parameters.values() if p.name != "self"]
+    ours = [p for p in inspect.signature(fn).parameters.values() if p.name != "self"
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]  # (*args: upstream's too)
     upstream = _upstream_params(entry["signature"])
     assert [p.name for p in ours[:len(upstream)]] == [n for n, _ in upstream], (
         f"{entry['name']}: parameters {[p.name for p in ours]} vs upstream {upstream}")
