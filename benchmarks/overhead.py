@@ -8,7 +8,8 @@ Decision names called directly, and through upstream FlashInfer 0.7.2 (a separat
 
 Targets (issue 22): ours <= direct + 8 us on every row; eager batch-1 decode run() <= 1.05x
 upstream's. Each case: 30 warm-up calls, then 9 repeats of 300 back-to-back calls timed by the
-host clock around a synchronize; the median repeat's time per call. At these sizes the GPU
+host clock around a synchronize, ours and direct taking turns repeat by repeat (so a drift of
+the host's speed hits both alike); the median repeat's time per call. At these sizes the GPU
 finishes each kernel before the host issues the next one, so the figure is the host's cost.
 
 The upstream process imports upstream's ``flashinfer`` (same name): never in this interpreter.
@@ -42,18 +43,22 @@ ROWS = {
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
 
 
-def per_call_us(fn) -> float:
-    for _ in range(WARMUP):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        for _ in range(CALLS):
+def per_call_us(*fns) -> list[float]:
+    """Median µs per call of each of ``fns``, their repeats interleaved (ours, direct, ours, ...)
+    so that a drift of the host's speed during the measurement hits them alike."""
+    for fn in fns:
+        for _ in range(WARMUP):
             fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / CALLS * 1e6)
-    return statistics.median(times)
+    torch.cuda.synchronize()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(REPEATS):
+        for fn, sink in zip(fns, times):
+            start = time.perf_counter()
+            for _ in range(CALLS):
+                fn()
+            torch.cuda.synchronize()
+            sink.append((time.perf_counter() - start) / CALLS * 1e6)
+    return [statistics.median(t) for t in times]
 
 
 # ---------------------------------------------------------------- inputs shared by both sides
@@ -231,9 +236,9 @@ def measure(upstream: bool, rows: list[str], out_path: str) -> None:
             record = {"row": row, "what": ROWS[row]}
             try:
                 fn = _public_call(flashinfer, row, t, upstream)
-                side = "upstream" if upstream else "ours"
-                record[f"{side}_us"] = None if fn is None else round(per_call_us(fn), 2)
-                if not upstream:
+                if upstream:
+                    record["upstream_us"] = None if fn is None else round(per_call_us(fn)[0], 2)
+                else:
                     with flashinfer.record_decisions() as log:
                         fn()
                     decision = getattr(getattr(fn, "wrapper", None), "decision", None) or (
@@ -241,13 +246,16 @@ def measure(upstream: bool, rows: list[str], out_path: str) -> None:
                     record["decision"] = decision.name if decision else None
                     what, direct = _direct_call(flashinfer, row, t)
                     record["direct"] = what
-                    record["direct_us"] = None if direct is None else round(per_call_us(direct), 2)
+                    ours, direct_us = per_call_us(fn, direct) if direct is not None else (
+                        per_call_us(fn)[0], None)
+                    record["ours_us"] = round(ours, 2)
+                    record["direct_us"] = None if direct_us is None else round(direct_us, 2)
                     if row.startswith("decode_run"):  # cuDNN's dict form of execute, for the record
                         from flashinfer.backends.cudnn import _batch_graphs
 
                         record["ordered_execute"] = _batch_graphs._ORDERED[0]
                         _batch_graphs._ORDERED[0] = False
-                        record["ours_dict_execute_us"] = round(per_call_us(fn), 2)
+                        record["ours_dict_execute_us"] = round(per_call_us(fn)[0], 2)
                         _batch_graphs._ORDERED[0] = True
             except Exception as err:  # a row that fails still leaves the others
                 record["error"] = f"{type(err).__name__}: {str(err)[:300]}"
