@@ -57,7 +57,7 @@ from .decode import (  # noqa: F401,E402
 from .page import (  # noqa: F401,E402
     append_paged_kv_cache, get_batch_indices_positions, get_seq_lens,
 )
-from .cudnn import cudnn_batch_decode_with_kv_cache  # noqa: F401,E402
+from .cudnn import cudnn_batch_decode_with_kv_cache, cudnn_batch_prefill_with_kv_cache  # noqa: F401,E402
 from .prefill import (  # noqa: F401,E402
     BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper,
     trtllm_batch_context_with_kv_cache,

@@ -1,8 +1,9 @@
 """Upstream's functional (stateless) paged attention entry points, as calling conventions.
 
 ``trtllm_batch_decode_with_kv_cache`` / ``xqa_batch_decode_with_kv_cache``
-(``flashinfer.decode``), ``trtllm_batch_context_with_kv_cache`` (``flashinfer.prefill``) and
-``cudnn_batch_decode_with_kv_cache`` (``flashinfer`` / ``flashinfer.cudnn``) name
+(``flashinfer.decode``), ``trtllm_batch_context_with_kv_cache`` (``flashinfer.prefill``),
+``cudnn_batch_decode_with_kv_cache`` and ``cudnn_batch_prefill_with_kv_cache`` (``flashinfer``
+/ ``flashinfer.cudnn``) name
 upstream's TensorRT-LLM and XQA kernels; here they are ways of calling paged attention: each
 call turns its block table and sequence lengths into a page table, plans a batch wrapper and
 runs it, so the dispatcher picks the kernel (``backend="trtllm-gen"`` / ``"xqa"`` are
@@ -37,7 +38,7 @@ from __future__ import annotations
 import torch
 
 from .batch_decode import BatchDecodeWithPagedKVCacheWrapper
-from .batch_prefill import BatchPrefillWithPagedKVCacheWrapper
+from .batch_prefill import BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper
 
 
 def _refuse(**given) -> None:
@@ -242,5 +243,121 @@ def cudnn_batch_decode_with_kv_cache(
 _LN2 = 0.6931471805599453
 
 
-__all__ = ["cudnn_batch_decode_with_kv_cache", "page_table", "trtllm_batch_context_with_kv_cache", "trtllm_batch_decode_with_kv_cache",
+def _lengths(name: str, t, batch: int | None = None) -> torch.Tensor:
+    """Host int64 ``[batch]`` lengths from ``[batch]`` or ``[batch, 1, 1, 1]``."""
+    if not isinstance(t, torch.Tensor) or t.dtype.is_floating_point:
+        raise ValueError(f"{name} must be an integer tensor [batch] or [batch, 1, 1, 1]")
+    lens = t.reshape(-1).to("cpu", torch.int64)
+    if batch is not None and lens.shape[0] != batch:
+        raise ValueError(f"{name} holds {lens.shape[0]} lengths, expected {batch}")
+    if bool((lens < 0).any()):
+        raise ValueError(f"{name} must be >= 0, got {lens.tolist()[:16]}")
+    return lens
+
+
+def _indptr(lens: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(lens.shape[0] + 1, dtype=torch.int32)
+    out[1:] = lens.cumsum(0)
+    return out
+
+
+def _packed(name: str, offsets, indptr: torch.Tensor, unit: int) -> None:
+    """``offsets`` (None, or ``[B+1]`` in tokens or elements) must describe rows packed in
+    request order, as the lengths do: other layouts (gaps, padding) are not served here."""
+    if offsets is None:
+        return
+    if not isinstance(offsets, torch.Tensor) or offsets.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D [batch + 1] tensor")
+    got = offsets.to("cpu", torch.int64)
+    if got.shape != indptr.shape or not torch.equal(got, indptr.to(torch.int64) * unit):
+        raise NotImplementedError(f"{name} describes rows that are not packed in request order "
+                                  f"(expected {(indptr.to(torch.int64) * unit).tolist()[:8]}...); "
+                                  f"only packed rows are served here")
+
+
+def cudnn_batch_prefill_with_kv_cache(
+        q, k_cache, v_cache, scale, workspace_buffer, *, max_token_per_sequence, max_sequence_kv,
+        actual_seq_lens_q=None, actual_seq_lens_kv=None, block_tables=None, causal,
+        return_lse, q_scale=None, k_scale=None, v_scale=None, batch_offsets_q=None,
+        batch_offsets_o=None, batch_offsets_k=None, batch_offsets_v=None,
+        batch_offsets_stats=None, batch_offsets_units="elements", out=None, lse=None,
+        is_cuda_graph_compatible=False, backend=None, o_data_type=None):
+    """Upstream's cuDNN prefill convention (0.6.18), planned and run on a batch wrapper.
+
+    ``q [total_q, H_qo, D_qk]``, rows packed by request (``actual_seq_lens_q`` ``[B]`` or ``[B,
+    1, 1, 1]``, or ``batch_offsets_q`` in tokens with ``batch_offsets_units="tokens"``); paged
+    ``k_cache`` / ``v_cache [pages, H_kv, page_size, D]`` through ``block_tables [B,
+    pages_per_seq]`` and ``actual_seq_lens_kv``, or, with ``block_tables=None``, packed KV rows
+    ``[total_kv, H_kv, D]`` (lengths from ``actual_seq_lens_kv`` or token ``batch_offsets_k``).
+    ``causal``: bottom-right aligned (queries at the end of their keys). ``scale``: the softmax
+    scale; ``q_scale`` (one element, folded into it), ``k_scale`` / ``v_scale`` (one element)
+    for fp8. Returns ``(out [total_q, H_qo, D_vo], lse)``: ``lse`` (``return_lse``) float32
+    ``[B, max_token_per_sequence, H_qo]``, natural log, rows past a request's length left as
+    given (allocated: ``-inf``). ``batch_offsets_*`` must describe the packed layout (gaps or
+    padded rows: ``NotImplementedError``); ``batch_offsets_stats`` and ``backend`` are refused;
+    ``is_cuda_graph_compatible`` changes nothing (the lengths are read on the host)."""
+    _refuse(batch_offsets_stats=batch_offsets_stats, backend=backend)
+    if batch_offsets_units not in ("elements", "tokens"):
+        raise ValueError(f"batch_offsets_units must be 'elements' or 'tokens', got "
+                         f"{batch_offsets_units!r}")
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"q must be [total_q, H_qo, D_qk], got {tuple(getattr(q, 'shape', ()))}")
+    tokens = batch_offsets_units == "tokens"
+    if actual_seq_lens_q is not None:
+        qo_indptr = _indptr(_lengths("actual_seq_lens_q", actual_seq_lens_q))
+    elif tokens and batch_offsets_q is not None:
+        qo_indptr = batch_offsets_q.to("cpu", torch.int32)
+    else:
+        raise ValueError("the query lengths need actual_seq_lens_q (or token-unit batch_offsets_q)")
+    batch, heads, d_qk = qo_indptr.shape[0] - 1, q.shape[1], q.shape[2]
+    d_vo = v_cache.shape[-1]
+    _packed("batch_offsets_q", batch_offsets_q, qo_indptr, 1 if tokens else heads * d_qk)
+    _packed("batch_offsets_o", batch_offsets_o, qo_indptr, 1 if tokens else heads * d_vo)
+    q_lens = (qo_indptr[1:] - qo_indptr[:-1]).to(torch.int64)
+    if batch and int(q_lens.max()) > int(max_token_per_sequence):
+        raise ValueError(f"a request has {int(q_lens.max())} query rows, more than "
+                         f"max_token_per_sequence={max_token_per_sequence}")
+    sm_scale = _scalar("scale", scale) * (1.0 if q_scale is None else _scalar("q_scale", q_scale))
+    total = int(qo_indptr[-1])
+    common = dict(causal=bool(causal), sm_scale=sm_scale, q_data_type=q.dtype,
+                  kv_data_type=k_cache.dtype, o_data_type=o_data_type)
+    run_kw = dict(k_scale=k_scale, v_scale=v_scale, out=out, return_lse=bool(return_lse))
+    if block_tables is not None:
+        kv_lens = (_lengths("actual_seq_lens_kv", actual_seq_lens_kv, batch)
+                   if actual_seq_lens_kv is not None
+                   else torch.full((batch,), int(max_sequence_kv), dtype=torch.int64))
+        page, kv_heads, _, _ = _kv_facts((k_cache, v_cache), "HND")
+        indptr, indices, last, _ = page_table(block_tables, kv_lens.to(torch.int32), page)
+        wrapper = BatchPrefillWithPagedKVCacheWrapper(workspace_buffer, "HND")
+        wrapper.plan(qo_indptr, indptr, indices, last, heads, kv_heads, d_qk, page,
+                     head_dim_vo=d_vo, **common)
+        result = wrapper.run(q[:total], (k_cache, v_cache), **run_kw)
+    else:
+        if actual_seq_lens_kv is not None:
+            kv_indptr = _indptr(_lengths("actual_seq_lens_kv", actual_seq_lens_kv, batch))
+        elif tokens and batch_offsets_k is not None:
+            kv_indptr = batch_offsets_k.to("cpu", torch.int32)
+        else:
+            raise ValueError("a dense KV cache needs actual_seq_lens_kv (or token-unit "
+                             "batch_offsets_k)")
+        kv_heads = k_cache.shape[1]
+        _packed("batch_offsets_k", batch_offsets_k, kv_indptr, 1 if tokens else kv_heads * d_qk)
+        _packed("batch_offsets_v", batch_offsets_v, kv_indptr, 1 if tokens else kv_heads * d_vo)
+        wrapper = BatchPrefillWithRaggedKVCacheWrapper(workspace_buffer, "NHD")
+        wrapper.plan(qo_indptr, kv_indptr, heads, kv_heads, d_qk, head_dim_vo=d_vo, **common)
+        rows = int(kv_indptr[-1])
+        result = wrapper.run(q[:total], k_cache[:rows], v_cache[:rows], **run_kw)
+    if not return_lse:
+        return result, None
+    o, lse2 = result
+    if lse is None:
+        lse = torch.full((batch, int(max_token_per_sequence), heads), float("-inf"),
+                         dtype=torch.float32, device=q.device)
+    req = torch.repeat_interleave(torch.arange(batch), q_lens)
+    pos = torch.arange(total) - qo_indptr[:-1].to(torch.int64)[req]
+    lse[req.to(q.device), pos.to(q.device)] = lse2 * _LN2
+    return o, lse
+
+
+__all__ = ["cudnn_batch_decode_with_kv_cache", "cudnn_batch_prefill_with_kv_cache", "page_table", "trtllm_batch_context_with_kv_cache", "trtllm_batch_decode_with_kv_cache",
            "xqa_batch_decode_with_kv_cache"]

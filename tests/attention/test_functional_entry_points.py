@@ -109,3 +109,38 @@ def test_cudnn_decode_convention_and_its_natural_log_lse():
     with pytest.raises(NotImplementedError, match="block_tables"):
         flashinfer.cudnn.cudnn_batch_decode_with_kv_cache(q, k_cache, v_cache, 0.2, ws(),
                                                           max_sequence_kv=16)
+
+
+@pytest.mark.parametrize("paged", [True, False])
+def test_cudnn_prefill_convention_paged_and_dense(paged):
+    torch.manual_seed(3)
+    kv_lens, qo_lens, ps, hq, hk, d = [12, 5, 30], [3, 5, 1], 4, 4, 2, 16
+    cache, indptr, indices, last, ks, vs = make_paged(kv_lens, ps, hk, d, "HND")
+    qo_indptr = torch.tensor([0, 3, 8, 9], dtype=I32)
+    q = torch.randn(9, hq, d)
+    want = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws(), "HND")
+    want.plan(qo_indptr, indptr, indices, last, hq, hk, d, ps, causal=True, sm_scale=0.3,
+              q_data_type=torch.float32)
+    eo, el = want.run(q, cache, return_lse=True)
+    lens_q = torch.tensor(qo_lens, dtype=I32).view(3, 1, 1, 1)
+    lens_kv = torch.tensor(kv_lens, dtype=I32).view(3, 1, 1, 1)
+    if paged:
+        k_cache, v_cache = cache.unbind(1)
+        extra = dict(block_tables=_block_table(indptr, indices, 8))
+    else:  # the same keys, packed rows
+        k_cache, v_cache = torch.cat(ks), torch.cat(vs)
+        extra = dict(batch_offsets_k=torch.tensor([0, 12, 17, 47], dtype=I32) * hk * d)
+    o, lse = flashinfer.cudnn.cudnn_batch_prefill_with_kv_cache(
+        q, k_cache, v_cache, 0.3, ws(), max_token_per_sequence=6, max_sequence_kv=30,
+        actual_seq_lens_q=lens_q, actual_seq_lens_kv=lens_kv, causal=True, return_lse=True,
+        batch_offsets_q=qo_indptr * hq * d, **extra)
+    assert rel_error(o, eo) < 1e-6 and lse.shape == (3, 6, hq)
+    rows = [(0, 0, 3), (1, 3, 5), (2, 8, 1)]
+    for b, start, n in rows:
+        torch.testing.assert_close(lse[b, :n], el[start:start + n] * 0.6931471805599453)
+        assert bool(torch.isinf(lse[b, n:]).all())
+    with pytest.raises(NotImplementedError, match="packed"):
+        flashinfer.cudnn.cudnn_batch_prefill_with_kv_cache(
+            q, k_cache, v_cache, 0.3, ws(), max_token_per_sequence=6, max_sequence_kv=30,
+            actual_seq_lens_q=lens_q, actual_seq_lens_kv=lens_kv, causal=True, return_lse=False,
+            batch_offsets_q=torch.tensor([0, 6, 12, 18], dtype=I32) * hq * d, **extra)
