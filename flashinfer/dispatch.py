@@ -57,6 +57,12 @@ the plain call's kernel on RoPE-rotated copies of q and k when that kernel is no
 gathered, rotated key rows (:mod:`flashinfer.attention.batch_rope`); the reference rotates
 inside its kernel.
 
+Observers: every Decision the dispatcher hands out passes the open observer (:func:`observe`),
+which may hand on another one: :func:`record_decisions` logs them; ``flashinfer.autotune``
+(:mod:`flashinfer.autotuner`) hands out Decisions whose kernel first measures every usable
+kernel on the call's arguments, then writes the winners as tuned rules. Outside such a block
+the hot path pays one context-variable read.
+
 Layout as built
 ---------------
 Layers, imports only downward (``tests/core/test_layering.py`` enforces it, no cycles):
