@@ -47,15 +47,24 @@ def test_trtllm_and_xqa_decode_match_a_planned_wrapper(layout, as_tuple):
     assert rel_error(got, expected) < 1e-6
 
 
-def test_trtllm_context_matches_a_planned_prefill_wrapper():
-    torch.manual_seed(1)
-    kv_lens, qo_lens, ps, hq, hk, d = [12, 5, 30], [3, 5, 1], 4, 4, 4, 16
-    cache, indptr, indices, last, _, _ = make_paged(kv_lens, ps, hk, d, "HND")
-    qo_indptr = torch.tensor([0, 3, 8, 9], dtype=I32)
+KV_LENS, QO_LENS, QO_INDPTR = [12, 5, 30], [3, 5, 1], torch.tensor([0, 3, 8, 9], dtype=I32)
+
+
+def _prefill_case(seed: int, hk: int, sm_scale: float, ps=4, hq=4, d=16):
+    """A paged HND cache of three requests, their queries and a planned causal prefill."""
+    torch.manual_seed(seed)
+    cache, indptr, indices, last, ks, vs = make_paged(KV_LENS, ps, hk, d, "HND")
     q = torch.randn(9, hq, d)
     want = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws(), "HND")
-    want.plan(qo_indptr, indptr, indices, last, hq, hk, d, ps, causal=True, sm_scale=0.25,
+    want.plan(QO_INDPTR, indptr, indices, last, hq, hk, d, ps, causal=True, sm_scale=sm_scale,
               q_data_type=torch.float32)
+    return cache, indptr, indices, ks, vs, q, want
+
+
+def test_trtllm_context_matches_a_planned_prefill_wrapper():
+    hq, d = 4, 16
+    cache, indptr, indices, _, _, q, want = _prefill_case(1, 4, 0.25)
+    kv_lens, qo_lens, qo_indptr = KV_LENS, QO_LENS, QO_INDPTR
     out = torch.empty(9, hq, d)
     got = flashinfer.prefill.trtllm_batch_context_with_kv_cache(
         q, cache, ws(), _block_table(indptr, indices, 8), torch.tensor(kv_lens, dtype=I32),
@@ -113,14 +122,9 @@ def test_cudnn_decode_convention_and_its_natural_log_lse():
 
 @pytest.mark.parametrize("paged", [True, False])
 def test_cudnn_prefill_convention_paged_and_dense(paged):
-    torch.manual_seed(3)
-    kv_lens, qo_lens, ps, hq, hk, d = [12, 5, 30], [3, 5, 1], 4, 4, 2, 16
-    cache, indptr, indices, last, ks, vs = make_paged(kv_lens, ps, hk, d, "HND")
-    qo_indptr = torch.tensor([0, 3, 8, 9], dtype=I32)
-    q = torch.randn(9, hq, d)
-    want = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws(), "HND")
-    want.plan(qo_indptr, indptr, indices, last, hq, hk, d, ps, causal=True, sm_scale=0.3,
-              q_data_type=torch.float32)
+    hq, hk, d = 4, 2, 16
+    cache, indptr, indices, ks, vs, q, want = _prefill_case(3, hk, 0.3)
+    kv_lens, qo_lens, qo_indptr = KV_LENS, QO_LENS, QO_INDPTR
     eo, el = want.run(q, cache, return_lse=True)
     lens_q = torch.tensor(qo_lens, dtype=I32).view(3, 1, 1, 1)
     lens_kv = torch.tensor(kv_lens, dtype=I32).view(3, 1, 1, 1)
