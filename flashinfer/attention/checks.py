@@ -15,7 +15,7 @@ from .params import POS_ENCODING_MODES
 
 KV_LAYOUTS = ("NHD", "HND")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_DTYPE_TEXT = "float16, bfloat16, float32 (fp8 / NVFP4 inputs are not supported yet)"
+_DTYPE_TEXT = "float16, bfloat16, float32 (float8 q / k / v are widened to 16 bits first, NVFP4 is not supported)"
 
 
 # ------------------------------------------------------------------------------------------

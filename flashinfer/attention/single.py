@@ -33,7 +33,7 @@ from .. import dispatch
 from ..api_logging import flashinfer_api
 from ..checked_calls import CheckedCalls, tensor_facts
 from ..custom_op import custom_op
-from . import positions
+from . import fp8_single, positions
 from .checks import check_common, check_kv_layout, check_mask, check_o_dtype, check_qkv, float_arg
 from .params import LARGE_SOFTMAX_SCALE, AttentionParams, cached_alibi_slopes, check_softmax_scale
 from .scales import apply_v_scale, fold_k_scale, head_scales
@@ -209,8 +209,11 @@ def single_prefill_with_kv_cache(
     k : ``[kv_len, num_kv_heads, head_dim_qk]`` (NHD) or ``[num_kv_heads, kv_len, head_dim_qk]``
         (HND); float16 / bfloat16 / float32 (may differ from q's dtype; v must match k's).
     v : like ``k`` with last dimension ``head_dim_vo``.
-    scale_q, scale_k, scale_v, kv_cache_sf : fp8 / NVFP4 quantisation inputs; not supported yet
-        (a value other than None raises ``NotImplementedError``).
+    scale_q, scale_k, scale_v : float32 per-head dequantisation scales (``[H_qo]``, ``[H_kv]``,
+        default ones) of the fp8 q path (q, k, v float8_e4m3fn / e5m2; ``o_dtype`` float16 or
+        bfloat16 required): :mod:`flashinfer.attention.fp8_single`. fp8 k / v with a 16-bit q
+        take ``k_scale`` / ``v_scale``.
+    kv_cache_sf : NVFP4 KV scales; not supported yet (``NotImplementedError``).
     o_dtype : output dtype, default q's dtype.
     custom_mask : bool ``[qo_len, kv_len]``, True = keep; replaces ``causal``.
     packed_custom_mask : uint8 ``[ceil(qo_len * kv_len / 8)]``, the row-major mask bit-packed
@@ -237,11 +240,14 @@ def single_prefill_with_kv_cache(
     -------
     ``out [qo_len, num_qo_heads, head_dim_vo]`` in ``o_dtype``, and ``lse`` when ``return_lse``.
     """
-    for name, value in (("scale_q", scale_q), ("scale_k", scale_k), ("scale_v", scale_v),
-                        ("kv_cache_sf", kv_cache_sf)):
-        if value is not None:
-            raise NotImplementedError(f"{name} (fp8 / NVFP4 quantised attention) is not supported "
-                                      f"yet; pass {name}=None with float16/bfloat16/float32 inputs")
+    if kv_cache_sf is not None:
+        raise NotImplementedError("kv_cache_sf (NVFP4 KV) is not supported yet")
+    if fp8_single.is_fp8(q, k, v) or scale_q is not None or scale_k is not None or scale_v is not None:
+        if not isinstance(q, torch.Tensor):
+            raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+        q, k, v, o_dtype, k_scale, v_scale = fp8_single.widen(
+            q, k, v, check_kv_layout(kv_layout), 3, o_dtype, scale_q, scale_k, scale_v, k_scale,
+            v_scale)
     layout = check_kv_layout(kv_layout)
     qo_len, kv_len, _, _, head_dim_qk, _ = check_qkv(q, k, v, layout, 3, same_head_dim=False)
     if isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor):
@@ -345,6 +351,9 @@ def single_decode_with_kv_cache(
     -------
     ``out [num_qo_heads, head_dim]`` in q's dtype, and ``lse`` when ``return_lse``.
     """
+    if fp8_single.is_fp8(k, v) and isinstance(q, torch.Tensor) and not fp8_single.is_fp8(q):
+        q, k, v, _, k_scale, v_scale = fp8_single.widen(
+            q, k, v, check_kv_layout(kv_layout), 2, None, None, None, None, k_scale, v_scale)
     if isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor):
         check_qkv(q, k, v, check_kv_layout(kv_layout), 2, same_head_dim=True)
         return _tensor_scaled(single_decode_with_kv_cache, q, k, v, kv_layout, 2, k_scale,

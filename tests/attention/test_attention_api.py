@@ -78,9 +78,10 @@ BAD_CALLS = {
     "rope_theta": (lambda: _prefill(rope_theta=0.0), ValueError, "rope_theta"),
     "rope_scale": (lambda: _decode(rope_scale=-1.0), ValueError, "rope_scale"),
     "o_dtype": (lambda: _prefill(o_dtype=torch.int8), ValueError, "o_dtype"),
-    "scale_q": (lambda: _prefill(scale_q=torch.ones(4)), NotImplementedError, "scale_q"),
-    "scale_k": (lambda: _prefill(scale_k=torch.ones(2)), NotImplementedError, "scale_k"),
-    "scale_v": (lambda: _prefill(scale_v=torch.ones(2)), NotImplementedError, "scale_v"),
+    # the fp8-q path's dequantisation scales, given with a 16-bit q
+    "scale_q": (lambda: _prefill(scale_q=torch.ones(4)), ValueError, "scale_q"),
+    "scale_k": (lambda: _prefill(scale_k=torch.ones(2)), ValueError, "scale_k"),
+    "scale_v": (lambda: _prefill(scale_v=torch.ones(2)), ValueError, "scale_v"),
     "kv_cache_sf": (lambda: _prefill(kv_cache_sf=(torch.ones(1), torch.ones(1))),
                     NotImplementedError, "kv_cache_sf"),
     "k_scale_tensor_shape": (lambda: _prefill(k_scale=torch.ones(3)), ValueError, "k_scale"),

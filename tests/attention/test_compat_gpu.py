@@ -234,3 +234,22 @@ def test_head_dim_192_128_runs_on_a_gpu_kernel(op):
         runs.append((w.decision, w.run(q, k, v, return_lse=True)))
     assert runs[0][0].backend != "reference", runs[0][0].explain()
     _close(runs[0][1], runs[1][1])
+
+
+@pytest.mark.parametrize("op", ["decode", "prefill"])
+def test_single_ops_with_fp8_kv_and_per_head_scales(op):
+    torch.manual_seed(9)
+    q = torch.randn(1 if op == "decode" else 50, HQ, D, device=DEV, dtype=BF16)
+    k = torch.randn(700, HK, D, device=DEV).to(FP8)
+    v = torch.randn(700, HK, D, device=DEV).to(FP8)
+    ks, vs = torch.rand(HK, device=DEV) + 0.5, torch.rand(HK, device=DEV) + 0.5
+    if op == "decode":
+        got = flashinfer.single_decode_with_kv_cache(q[0], k, v, k_scale=ks, v_scale=vs)
+        want = flashinfer.single_decode_with_kv_cache(q[0], k, v, k_scale=ks, v_scale=vs,
+                                                      backend="reference")
+    else:
+        got = flashinfer.single_prefill_with_kv_cache(q, k, v, causal=True, k_scale=ks, v_scale=vs)
+        want = flashinfer.single_prefill_with_kv_cache(q, k, v, causal=True, k_scale=ks,
+                                                       v_scale=vs, backend="reference")
+    torch.cuda.synchronize()
+    assert rel_error(got, want) < 2e-2
