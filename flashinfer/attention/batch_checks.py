@@ -46,6 +46,24 @@ def canonical_dtype(name: str, value, default, allowed) -> torch.dtype:
     return value
 
 
+def plan_dtypes(q_data_type, kv_data_type, o_data_type) -> tuple:
+    """``(q_dtype, kv_dtype, o_dtype, fp8_q)`` of a plan. An fp8 ``q_data_type`` needs a 16-bit
+    ``o_data_type``; the plan then runs on q widened to it (exactly: run() casts an fp8 q, and
+    ``q_scale`` still multiplies the softmax scale), and ``fp8_q`` is the fp8 dtype run() takes
+    (None otherwise)."""
+    q_dtype = canonical_dtype("q_data_type", q_data_type, torch.float16, Q_DTYPES + FP8_DTYPES)
+    fp8_q = None
+    if q_dtype in FP8_DTYPES:
+        if o_data_type is None:
+            raise ValueError(f"q_data_type={q_dtype} needs o_data_type (float16 or bfloat16): the "
+                             "output is not fp8")
+        fp8_q = q_dtype
+        q_dtype = canonical_dtype("o_data_type", o_data_type, None, (torch.float16, torch.bfloat16))
+    kv_dtype = canonical_dtype("kv_data_type", kv_data_type, fp8_q or q_dtype, KV_DTYPES)
+    o_dtype = canonical_dtype("o_data_type", o_data_type, q_dtype, Q_DTYPES)
+    return q_dtype, kv_dtype, o_dtype, fp8_q
+
+
 def positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -310,4 +328,5 @@ def _fingerprint(tensors: tuple) -> tuple:
 __all__ = ["PagedCacheViews", "canonical_dtype", "positive_int", "index_array", "host_index_arrays", "check_indptr",
            "paged_kv_lens", "page_indices", "largest_page_id", "DeviceIdsCheck",
            "check_fixed_buffer", "planned_device_fields", "require_workspace", "workspace_bytes", "scale_arg",
-           "unpack_segments", "paged_kv_pages", "Q_DTYPES", "FP8_DTYPES", "KV_DTYPES"]
+           "unpack_segments", "paged_kv_pages", "plan_dtypes", "Q_DTYPES", "FP8_DTYPES",
+           "KV_DTYPES"]

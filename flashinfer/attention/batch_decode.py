@@ -18,8 +18,8 @@ import torch
 from .. import index_checks
 from ..api_logging import flashinfer_api
 from .batch_checks import (
-    KV_DTYPES, Q_DTYPES, canonical_dtype, check_fixed_buffer, check_indptr, host_index_arrays,
-    PagedCacheViews, index_array, page_indices, paged_kv_lens, planned_device_fields, positive_int,
+    PagedCacheViews, check_fixed_buffer, check_indptr, host_index_arrays, index_array,
+    page_indices, paged_kv_lens, plan_dtypes, planned_device_fields, positive_int,
 )
 from .batch_params import BatchPlan
 from .batch_prefill import BatchPrefillWithRaggedKVCacheWrapper
@@ -117,9 +117,8 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
             warnings.warn("data_type is deprecated; use q_data_type / kv_data_type",
                           DeprecationWarning, stacklevel=3)
             q_data_type = kv_data_type = data_type if kv_data_type is None else kv_data_type
-        q_dtype = canonical_dtype("q_data_type", q_data_type, torch.float16, Q_DTYPES)
-        kv_dtype = canonical_dtype("kv_data_type", kv_data_type, q_dtype, KV_DTYPES)
-        o_dtype = canonical_dtype("o_data_type", o_data_type, q_dtype, Q_DTYPES)
+        q_dtype, kv_dtype, o_dtype, self._fp8_q = plan_dtypes(q_data_type, kv_data_type,
+                                                              o_data_type)
         window_left, cap, scale = self._common_scalars(window_left, logits_soft_cap, sm_scale, head_dim)
         rope_scale, rope_theta = check_rope_scalars(rope_scale, rope_theta)
         pos_encoding_mode = batch_pos_encoding(pos_encoding_mode, head_dim)
@@ -268,7 +267,8 @@ class PlanModule:
         n = int(indptr[-1])
         w.plan(indptr, w._paged_kv_indices_buf[:n], last, int(heads), int(kv_heads),
                int(head_dim), int(page_size), window_left=int(window_left),
-               logits_soft_cap=before.logits_soft_cap or None, q_data_type=before.q_dtype,
+               logits_soft_cap=before.logits_soft_cap or None,
+               q_data_type=w._fp8_q or before.q_dtype,
                kv_data_type=before.kv_dtype, o_data_type=before.o_dtype,
                sm_scale=before.sm_scale, q_len_per_req=before.q_len_per_req)
         return w._plan_info

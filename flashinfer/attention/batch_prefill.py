@@ -17,8 +17,8 @@ import torch
 from .. import index_checks
 from ..api_logging import flashinfer_api
 from .batch_checks import (
-    KV_DTYPES, Q_DTYPES, canonical_dtype, check_fixed_buffer, check_indptr, host_index_arrays,
-    PagedCacheViews, index_array, page_indices, paged_kv_lens, planned_device_fields, positive_int,
+    PagedCacheViews, check_fixed_buffer, check_indptr, host_index_arrays, index_array,
+    page_indices, paged_kv_lens, plan_dtypes, planned_device_fields, positive_int,
     unpack_segments,
 )
 from .batch_params import BatchPlan, KVInput
@@ -57,9 +57,8 @@ class _PrefillBase(BatchWrapperBase):
         head_dim_vo = head_dim_qk if head_dim_vo is None else positive_int("head_dim_vo", head_dim_vo)
         if num_qo_heads % num_kv_heads:
             raise ValueError(f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
-        q_dtype = canonical_dtype("q_data_type", q_data_type, torch.float16, Q_DTYPES)
-        kv_dtype = canonical_dtype("kv_data_type", kv_data_type, q_dtype, KV_DTYPES)
-        o_dtype = canonical_dtype("o_data_type", o_data_type, q_dtype, Q_DTYPES)
+        q_dtype, kv_dtype, o_dtype, self._fp8_q = plan_dtypes(q_data_type, kv_data_type,
+                                                              o_data_type)
         window_left, cap, scale = self._common_scalars(window_left, logits_soft_cap, sm_scale, head_dim_qk)
         pos_encoding_mode = batch_pos_encoding(pos_encoding_mode, head_dim_qk)
 

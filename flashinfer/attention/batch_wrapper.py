@@ -70,6 +70,7 @@ class BatchWrapperBase:
         self._rotation = None  # a ROPE_LLAMA plan run on rotated copies (batch_rope.py)
         self._run_features_seen: set = {frozenset()}
         self._max_page = -1
+        self._fp8_q = None  # the fp8 q dtype run() takes when plan() got one (plan_dtypes)
         self._cache_views = PagedCacheViews()  # paged run(): the caches' checked page views
         self._planned_window_left = -1
         self._replay_args = None
@@ -252,8 +253,9 @@ class BatchWrapperBase:
         if q.shape != want:
             raise ValueError(f"q must have shape [total_qo, num_qo_heads, head_dim_qk] = {list(want)} "
                              f"as planned, got {tuple(q.shape)}")
-        if q.dtype != plan.q_dtype:
-            raise ValueError(f"q dtype {q.dtype} differs from the planned q_data_type {plan.q_dtype}")
+        if q.dtype != plan.q_dtype and q.dtype != self._fp8_q:
+            raise ValueError(f"q dtype {q.dtype} differs from the planned q_data_type "
+                             f"{self._fp8_q or plan.q_dtype}")
         if q.device != plan.device:
             raise ValueError(f"q is on {q.device} but the plan is on {plan.device}")
         if window_left is not None and window_left != self._planned_window_left:
@@ -271,6 +273,8 @@ class BatchWrapperBase:
 
     def _execute(self, plan: BatchPlan, q, kv: KVInput, q_scale, k_scale, v_scale, out, lse,
                  return_lse: bool, sinks):
+        if q.dtype != plan.q_dtype:  # an fp8 q (plan_dtypes): widened exactly to the plan's
+            q = q.to(plan.q_dtype)
         if isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor):  # .scales
             k_heads = head_scales("k_scale", k_scale, plan.num_kv_heads, plan.device)
             v_heads = head_scales("v_scale", v_scale, plan.num_kv_heads, plan.device)

@@ -332,3 +332,35 @@ def test_tensor_scales_per_tensor_and_per_kv_head(shape):
     assert rel_error(o, eo) < 1e-5 and rel_error(lse, el) < 1e-5
     if shape == "one":  # the same as float scales
         torch.testing.assert_close(o, w.run(q, cache, k_scale=0.5, v_scale=2.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_queries_run_widened_to_the_output_dtype(dtype):
+    """q_data_type fp8 (with o_data_type 16-bit): run() takes the fp8 q and gives exactly what a
+    16-bit plan gives on q widened (q_scale still multiplies the softmax scale)."""
+    torch.manual_seed(9)
+    cache, indptr, indices, last, ks, vs = make_paged([9, 20], 4, 2, 16, "NHD", torch.float8_e4m3fn)
+    q = torch.randn(2, 4, 16).to(dtype)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws())
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type=dtype,
+           kv_data_type=torch.float8_e4m3fn, o_data_type=torch.bfloat16)
+    ref = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws())
+    ref.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type=torch.bfloat16,
+             kv_data_type=torch.float8_e4m3fn)
+    args = dict(q_scale=0.5, k_scale=2.0, v_scale=1.5)
+    got = w.run(q, cache, **args)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, ref.run(q.to(torch.bfloat16), cache, **args))
+    qo_indptr = torch.tensor([0, 3, 8], dtype=torch.int32)
+    qp = torch.randn(8, 4, 16).to(dtype)
+    p = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws())
+    p.plan(qo_indptr, indptr, indices, last, 4, 2, 16, 4, causal=True, q_data_type=dtype,
+           kv_data_type=torch.float8_e4m3fn, o_data_type=torch.float16)
+    rp = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws())
+    rp.plan(qo_indptr, indptr, indices, last, 4, 2, 16, 4, causal=True,
+            q_data_type=torch.float16, kv_data_type=torch.float8_e4m3fn)
+    assert torch.equal(p.run(qp, cache, **args), rp.run(qp.to(torch.float16), cache, **args))
+    with pytest.raises(ValueError, match="needs o_data_type"):
+        w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type=dtype)
+    with pytest.raises(ValueError, match="differs from the planned"):
+        ref.run(q, cache)  # a 16-bit plan does not take fp8 queries
