@@ -198,7 +198,6 @@ def top_k_page_table_transform(input: torch.Tensor, src_page_table: torch.Tensor
     :mod:`flashinfer.index_checks` (a CPU call raises on a bad entry; a GPU call records it and
     reads nothing outside the tensors). ``dsa_graph_safe`` is accepted.
     """
-    fn = "top_k_page_table_transform"
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1 \
             or page_size & (page_size - 1):
         raise ValueError(f"page_size must be a power of two >= 1, got {page_size!r}")

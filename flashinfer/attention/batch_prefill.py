@@ -17,7 +17,7 @@ import torch
 from .. import index_checks
 from ..api_logging import flashinfer_api
 from .batch_checks import (
-    PagedCacheViews, check_fixed_buffer, check_indptr, host_index_arrays, index_array,
+    check_fixed_buffer, check_indptr, host_index_arrays, index_array,
     page_indices, paged_kv_lens, plan_dtypes, planned_device_fields, positive_int,
     unpack_segments,
 )
