@@ -131,6 +131,17 @@ def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
             and tuple(a.shape) == tuple(b.shape) and a.stride() == b.stride())
 
 
+def in_storage_of(out: torch.Tensor, *read: torch.Tensor | None) -> bool:
+    """Whether one of the ``read`` tensors (``None`` entries skipped) lives in ``out``'s
+    storage: the cheap first step of :func:`check_no_overlap`, for a hot path that calls it
+    only then."""
+    base = out.untyped_storage().data_ptr()
+    for t in read:
+        if t is not None and t.untyped_storage().data_ptr() == base:
+            return True
+    return False
+
+
 def check_no_overlap(function: str, written: str, out: torch.Tensor | None,
                      allow_same: bool = False, **read: torch.Tensor | None) -> None:
     """Raise ``ValueError`` if ``out`` (argument ``written`` of ``function``) shares memory with

@@ -13,6 +13,8 @@ under ``torch.compile`` nothing is looked up (the signature is None).
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 __all__ = ["CheckedCalls", "tensor_facts"]
@@ -27,21 +29,34 @@ class CheckedCalls:
         self._stored: dict[tuple, tuple] = {}
         self.limit = limit
 
-    def get(self, signature: tuple | None) -> tuple | None:
-        return None if signature is None else self._stored.get(signature)
+    def get(self, signature: tuple | None):
+        """What ``signature`` keeps, or None (also for a signature holding an unhashable
+        scalar: such a call is checked every time)."""
+        if signature is None:
+            return None
+        try:
+            return self._stored.get(signature)
+        except TypeError:
+            return None
 
-    def put(self, signature: tuple | None, value: tuple) -> None:
+    def put(self, signature: tuple | None, value) -> None:
         if signature is None:
             return
         if len(self._stored) >= self.limit:
             self._stored.clear()
-        self._stored[signature] = value
+        try:
+            self._stored[signature] = value
+        except TypeError:
+            pass
 
     def clear(self) -> None:
         self._stored.clear()
 
     def __len__(self) -> int:
         return len(self._stored)
+
+
+_FACTS = operator.attrgetter("shape", "dtype", "device")  # one C call per tensor
 
 
 def tensor_facts(*tensors) -> tuple | None:
@@ -51,10 +66,10 @@ def tensor_facts(*tensors) -> tuple | None:
         return None
     facts = []
     for t in tensors:
-        if t is None:
+        if isinstance(t, torch.Tensor):
+            facts.append(_FACTS(t))
+        elif t is None:
             facts.append(None)
-        elif isinstance(t, torch.Tensor):
-            facts.append((t.shape, t.dtype, t.device))
         else:
             return None
     return tuple(facts)

@@ -114,7 +114,7 @@ from .shape_buckets import length_bucket
 
 __all__ = [
     "Problem", "Reason", "Candidate", "Decision", "BackendUnavailableError", "NoBackendError",
-    "StrictModeError", "select", "decide", "decide_keyed", "decide_each", "record_decisions", "record", "dtype_name", "length_bucket",
+    "StrictModeError", "select", "decide", "decide_keyed", "KeyedDecision", "decide_each", "record_decisions", "record", "dtype_name", "length_bucket",
     "kernel_for", "adapter_reasons",
 ]
 
@@ -525,7 +525,12 @@ def decide_keyed(key: tuple, make_problem: Callable[[], Problem],
     its Problem is made from (devices, dtypes, ints, bools: cheap to hash, nothing rebuilt), and
     ``make_problem()`` builds that Problem on a miss only. The hot path of every op is then one
     dict lookup; the Problem, the overrides and the rules are consulted once per new key."""
-    family, state = _override_state(key[0])
+    return _seen(_keyed(key, make_problem, backend, _override_state(key[0])))
+
+
+def _keyed(key: tuple, make_problem: Callable[[], Problem], backend: str | None,
+           family_state: tuple[str, tuple]) -> Decision:
+    family, state = family_state
     full = (key, backend, state)
     decision = _KEYED.get(full)
     if decision is None:
@@ -533,10 +538,32 @@ def decide_keyed(key: tuple, make_problem: Callable[[], Problem],
         if len(_KEYED) >= _MEMO_LIMIT:
             _KEYED.clear()
         _KEYED[full] = decision
-    recorder = _RECORDER.get()
-    if recorder is not None:
-        return recorder.see(decision)
     return decision
+
+
+class KeyedDecision:
+    """:func:`decide_keyed` for one key that a caller's memo keeps (the steady-state memos of
+    :mod:`flashinfer.checked_calls`): the slot remembers the Decision it last handed out with the
+    override state, the ``backend`` argument and the cache generation it was made under, so a
+    call under the same state compares that state instead of hashing the key again."""
+
+    __slots__ = ("key", "make_problem", "_last")
+
+    def __init__(self, key: tuple, make_problem: Callable[[], Problem]):
+        self.key, self.make_problem = key, make_problem
+        self._last: tuple | None = None  # (state, backend, generation, decision)
+
+    def get(self, backend: str | None = "auto") -> Decision:
+        family_state = _override_state(self.key[0])
+        last = self._last
+        if (last is not None and last[0] == family_state[1] and last[1] == backend
+                and last[2] == _GENERATION[0]):
+            decision = last[3]
+        else:
+            decision = _keyed(self.key, self.make_problem, backend, family_state)
+            self._last = (family_state[1], backend, _GENERATION[0], decision)
+        recorder = _RECORDER.get()
+        return decision if recorder is None else recorder.see(decision)
 
 
 def decide_each(problems: list[Problem], backend: str | None = "auto",

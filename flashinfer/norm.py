@@ -230,8 +230,8 @@ def _layernorm_op(out: torch.Tensor, input: torch.Tensor, gemma: torch.Tensor, b
 # public API
 
 
-#: eager rmsnorm / gemma_rmsnorm calls that passed every check -> (eps as a float, the
-#: Decision's key and Problem maker); ``out``'s aliasing with the inputs is checked per call
+#: eager rmsnorm / gemma_rmsnorm calls that passed every check -> (eps as a float, the call's
+#: KeyedDecision); ``out``'s aliasing with the inputs is checked per call
 _CHECKED_NORMS = CheckedCalls()
 
 
@@ -246,13 +246,12 @@ def _rmsnorm(input, weight, eps, out, weight_bias: float, backend: str) -> torch
     signature = _norm_signature(input, weight, eps, out, weight_bias, backend)
     hit = _CHECKED_NORMS.get(signature)
     if hit is not None:  # the steady state: checked, dispatch facts kept
-        eps, key, make_problem = hit
+        eps, choice = hit
         if out is None:  # (a stored signature has a non-empty input)
             out = torch.empty_like(input)
         else:
             _check_out_aliasing("gemma_rmsnorm" if weight_bias else "rmsnorm", out, input, weight)
-        dispatch.decide_keyed(key, make_problem, backend).kernel(input, weight, out, None, eps,
-                                                                 weight_bias)
+        choice.get(backend).kernel(input, weight, out, None, eps, weight_bias)
         return out
     eps = _check_rmsnorm_args(input, weight, eps, backend)
     if out is None:
@@ -261,7 +260,8 @@ def _rmsnorm(input, weight, eps, out, weight_bias: float, backend: str) -> torch
         _check_like("out", out, input)
     _rmsnorm_op(out, input, weight, eps, weight_bias, backend)
     if input.numel():
-        _CHECKED_NORMS.put(signature, (eps, *_rmsnorm_facts(input, weight, weight_bias, False)))
+        _CHECKED_NORMS.put(signature, (eps, dispatch.KeyedDecision(
+            *_rmsnorm_facts(input, weight, weight_bias, False))))
     return out
 
 

@@ -30,6 +30,11 @@ absolute position ``i = kv_len - qo_len + r``; query head ``h`` reads kv head
 6. Softmax over the visible keys, ``out = softmax(s) @ v`` (then cast to ``o_dtype``);
    ``lse = log2(sum_j exp(s_j))``. A row that sees no key gets output 0 and lse ``-inf``.
 
+A kernel may also offer ``kernel.prepare(params, qo_len, kv_len, device)``: a function
+``run(q, k, v) -> (out, lse)`` for calls of exactly those lengths and params, with what a call
+of them derives (sequence offsets, launch arguments) made once. The steady-state memo of
+``single_decode_with_kv_cache`` keeps it with the Decision it came from.
+
 The op modules simplify before they build the Problem (a kernel must still accept the general
 form): ``causal`` is dropped when ``qo_len == 1`` (it hides nothing) and ``window_left >=
 kv_len - 1`` becomes ``-1`` (it hides nothing). ``v_scale`` is applied by the op module to the

@@ -351,9 +351,16 @@ def single_decode_with_kv_cache(
     -------
     ``out [num_qo_heads, head_dim]`` in q's dtype, and ``lse`` when ``return_lse``.
     """
+    signature = _decode_signature(q, k, v, kv_layout, pos_encoding_mode, q_scale, k_scale,
+                                  v_scale, window_left, logits_soft_cap, sm_scale, rope_scale,
+                                  rope_theta, return_lse, backend)  # None while compiling
+    hit = _CHECKED_DECODES.get(signature)
+    if hit is not None:  # the steady state (never an fp8 or tensor-scaled call: module memo)
+        return hit.run(q, k, v, return_lse, backend)
     if fp8_single.is_fp8(k, v) and isinstance(q, torch.Tensor) and not fp8_single.is_fp8(q):
         q, k, v, _, k_scale, v_scale = fp8_single.widen(
             q, k, v, check_kv_layout(kv_layout), 2, None, None, None, None, k_scale, v_scale)
+        signature = None  # the memo keeps calls as given, and this one was rewritten
     if isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor):
         check_qkv(q, k, v, check_kv_layout(kv_layout), 2, same_head_dim=True)
         return _tensor_scaled(single_decode_with_kv_cache, q, k, v, kv_layout, 2, k_scale,
@@ -362,16 +369,6 @@ def single_decode_with_kv_cache(
                                   q_scale=q_scale, window_left=window_left,
                                   logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
                                   rope_scale=rope_scale, rope_theta=rope_theta, backend=backend))
-    signature = _decode_signature(q, k, v, kv_layout, pos_encoding_mode, q_scale, k_scale,
-                                  v_scale, window_left, logits_soft_cap, sm_scale, rope_scale,
-                                  rope_theta, return_lse, backend)  # None while compiling
-    hit = _CHECKED_DECODES.get(signature)
-    if hit is not None:  # the steady state: checked, dispatch facts and params kept
-        checked, prepared = hit
-        if checked[0] == "HND":
-            k, v = k.transpose(0, 1), v.transpose(0, 1)
-        out, lse = run_prepared(q[None], k, v, None, checked[-2], q.dtype, backend, prepared)
-        return (out[0], lse[0]) if return_lse else out[0]
     layout = check_kv_layout(kv_layout)
     _, _, _, _, head_dim, _ = check_qkv(q, k, v, layout, 2, same_head_dim=True)
     mode, window_left, cap, scale, rope_scale, rope_theta = check_common(
@@ -388,7 +385,7 @@ def single_decode_with_kv_cache(
             "single_decode", q.device, q.dtype, k.dtype, 1, kv[0], q.shape[0], kv[1],
             q.shape[1], v.shape[-1], False, False, layout, mode, scale, window_left, cap,
             rope_scale, rope_theta, bool(return_lse), q.dtype)
-        _CHECKED_DECODES.put(signature, (checked, prepared))
+        _CHECKED_DECODES.put(signature, _CheckedDecode(layout, out_scale, kv[0], prepared))
     out, lse = _single_decode_op(q, k, v, *checked)
     return (out, lse) if return_lse else out
 
@@ -411,20 +408,58 @@ def _tensor_scaled(fn, q, k, v, kv_layout: str, q_rank: int, k_scale, v_scale, r
     return result
 
 
-#: eager calls whose arguments passed every check above -> (the checked values, the call's
-#: prepare_single) (:mod:`flashinfer.checked_calls`)
+class _CheckedDecode:
+    """What a single_decode_with_kv_cache signature that passed every check keeps: the checked
+    layout, ``v_scale`` and KV length, the call's :func:`prepare_single`, and the kernel's
+    prepared form (``kernel.prepare``, :mod:`.params`) with the Decision it came from. Only
+    calls with 16-bit or fp32 K/V and float scales are stored (fp8 K/V and tensor scales are
+    rewritten before the checks), so a hit needs none of that handling."""
+
+    __slots__ = ("hnd", "v_scale", "kv_len", "prepared", "choice", "bound")
+
+    def __init__(self, layout: str, v_scale: float, kv_len: int, prepared: tuple):
+        self.hnd, self.v_scale, self.kv_len, self.prepared = layout == "HND", v_scale, kv_len, prepared
+        self.choice = dispatch.KeyedDecision(prepared[0], prepared[1])
+        self.bound: tuple | None = None  # (Decision, run(q3, k, v)) once bound
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, return_lse: bool,
+            backend: str):
+        if self.hnd:
+            k, v = k.transpose(0, 1), v.transpose(0, 1)
+        if self.prepared[3] is None and self.v_scale == 1.0:  # no RoPE rewrite, no out scale
+            decision = self.choice.get(backend)
+            bound = self.bound
+            if bound is None or bound[0] is not decision:
+                bound = self._bind(decision, q.device)
+            out, lse = bound[1](q[None], k, v)
+        else:
+            out, lse = run_prepared(q[None], k, v, None, self.v_scale, q.dtype, backend,
+                                    self.prepared)
+        return (out[0], lse[0]) if return_lse else out[0]
+
+    def _bind(self, decision: dispatch.Decision, device: torch.device) -> tuple:
+        kernel, params = decision.kernel, self.prepared[2]
+        prepare = getattr(kernel, "prepare", None)
+        if prepare is None:
+            bound = (decision, lambda q, k, v: kernel(q, k, v, params))
+        else:
+            bound = (decision, prepare(params, 1, self.kv_len, device))
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            self.bound = bound  # (what a capture prepares lives in the graph's pool: not kept)
+        return bound
+
+
+#: eager calls whose arguments passed every check above -> :class:`_CheckedDecode`
+#: (:mod:`flashinfer.checked_calls`)
 _CHECKED_DECODES = CheckedCalls()
 
 
 def _decode_signature(q, k, v, *args) -> tuple | None:
     """What single_decode_with_kv_cache's checks read (shapes, dtypes, devices: no strides),
-    hashable; None when an argument is not a tensor or not hashable (the checks then run and
-    name it)."""
+    and the scalars with their types (``True == 1 == 1.0`` as dict keys); None when an argument
+    is not a tensor (the checks then run and name it). An unhashable scalar makes the memo
+    miss (:class:`~flashinfer.checked_calls.CheckedCalls`)."""
     facts = tensor_facts(q, k, v)
     if facts is None or None in facts:
         return None
-    try:
-        hash(args)
-    except TypeError:
-        return None
-    return facts, args, tuple(map(type, args))  # the types too: True == 1 == 1.0 as dict keys
+    return facts, args, tuple(map(type, args))

@@ -80,7 +80,7 @@ from typing import Optional, Tuple
 import torch
 
 from .. import dispatch
-from ..aliasing import check_no_overlap
+from ..aliasing import check_no_overlap, in_storage_of
 from ..api_logging import flashinfer_api
 from ..checked_calls import CheckedCalls, tensor_facts
 from ..custom_op import custom_op
@@ -144,7 +144,7 @@ def _bmm_fp8_facts(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> tuple
 
 
 #: eager bmm_fp8 / mm_fp8 calls that passed every check (:mod:`flashinfer.checked_calls`) ->
-#: (the backend spelling, out's shape and dtype, the Decision's key and Problem maker)
+#: (the backend spelling, out's shape and dtype, the call's KeyedDecision)
 _CHECKED_FP8 = CheckedCalls()
 
 
@@ -159,14 +159,16 @@ def _checked_fp8(function: str, hit: tuple, a, b_kn, scale_a, scale_b, out, name
     """A memoised bmm_fp8 / mm_fp8 call (``b_kn``: the kernels' ``[.., k, n]`` operand): its
     output, out's aliasing (``names``: the four operands as the function calls them), the
     Decision of the stored key, the kernel."""
-    spelled, shape, dtype, key, make_problem = hit
+    spelled, shape, dtype, choice = hit
     if out is None:
         out = torch.empty(shape, dtype=dtype, device=a.device)
-    else:
+    elif in_storage_of(out, a, b_kn, scale_a, scale_b):
         check_no_overlap(function, "out", out, **dict(zip(names, (a, b_kn, scale_a, scale_b))))
-    one = None if scale_a is not None and scale_b is not None else _one(a.device)
-    dispatch.decide_keyed(key, make_problem, spelled).kernel(
-        a, b_kn, one if scale_a is None else scale_a, one if scale_b is None else scale_b, out)
+    kernel = choice.get(spelled).kernel
+    if scale_a is None or scale_b is None:
+        one = _one(a.device)
+        scale_a, scale_b = one if scale_a is None else scale_a, one if scale_b is None else scale_b
+    kernel(a, b_kn, scale_a, scale_b, out)
     return out
 
 
@@ -306,7 +308,7 @@ def bmm_fp8(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: to
         _bmm_fp8_op(out, A, B, A_scale, B_scale, backend)
         if A.shape[2]:
             _CHECKED_FP8.put(signature, (backend, out.shape, out.dtype,
-                                         *_bmm_fp8_facts(A, B, out)))
+                                         dispatch.KeyedDecision(*_bmm_fp8_facts(A, B, out))))
     return out
 
 
@@ -344,7 +346,7 @@ def mm_fp8(a: torch.Tensor, b: torch.Tensor, alpha: Optional[torch.Tensor] = Non
         _mm_fp8_op(out, a, b, alpha, backend)
         if a.shape[1]:
             _CHECKED_FP8.put(signature, (backend, out.shape, out.dtype,
-                                         *_bmm_fp8_facts(a, b.t(), out)))
+                                         dispatch.KeyedDecision(*_bmm_fp8_facts(a, b.t(), out))))
     return out
 
 

@@ -403,16 +403,16 @@ def _unread_valid(device: torch.device, rows: int) -> torch.Tensor:
 
 
 def _checked_draw(probs: torch.Tensor, entry: tuple, backend: str, return_valid: bool):
-    """A memoised call's draw: outputs, the Decision of its stored key, the default generator's
+    """A memoised call's draw: outputs, the Decision of its KeyedDecision, the default generator's
     seed and offset, the kernel."""
-    key, make_problem, rows, top_k, top_p, min_p, joint, deterministic, increment = entry
+    choice, rows, top_k, top_p, min_p, joint, deterministic, increment = entry
     if probs.dtype != torch.float32 or not probs.is_contiguous():
         probs = probs.float().contiguous()
     device = probs.device
     out = torch.empty(rows, dtype=torch.int32, device=device)
     valid = (torch.empty(rows, dtype=torch.bool, device=device) if return_valid
              else _unread_valid(device, rows))
-    decision = dispatch.decide_keyed(key, make_problem, backend)
+    decision = choice.get(backend)
     seed, offset = get_seed_and_offset(increment, None, device)
     decision.kernel(probs, out, valid, None, top_k, top_p, min_p, joint, deterministic, seed,
                     offset)
@@ -442,10 +442,10 @@ def _sample_probs(probs, indices, top_k, top_p, min_p, joint, deterministic, gen
                                          bool(joint), bool(deterministic), *seeds,
                                          count * per_row_draws, backend)
     if signature is not None and count:
-        key, make_problem = _draw_dispatch(probs, count, None, None, k_val, p_val, m_val,
-                                           bool(joint), None)
-        _CHECKED_DRAWS.put(signature, (key, make_problem, count, k_val, p_val, m_val,
-                                       bool(joint), bool(deterministic), count * per_row_draws))
+        choice = dispatch.KeyedDecision(*_draw_dispatch(probs, count, None, None, k_val, p_val,
+                                                        m_val, bool(joint), None))
+        _CHECKED_DRAWS.put(signature, (choice, count, k_val, p_val, m_val, bool(joint),
+                                       bool(deterministic), count * per_row_draws))
     return (out, valid) if return_valid else out
 
 

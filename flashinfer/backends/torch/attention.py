@@ -28,9 +28,9 @@ window is only declared together with causal: without it FA2 clamps the right ed
 ``max_k + 1`` keys (not what the contract says). No paged op: torch 2.11's op has no block_table.
 
 Both return natural-log lse; the adapter converts to base 2 and gives rows that see no key
-output 0 and lse ``-inf``. The aten entry points are reached through :func:`aten_flash` and
-:func:`aten_efficient`, and their schemas are probed once, so a torch whose op lacks an
-argument we need is a rejection with a reason, not a crash.
+output 0 and lse ``-inf``. The aten entry points are reached through ``aten_flash`` and
+``aten_efficient`` (the ops' default overloads), and their schemas are probed once, so a torch
+whose op lacks an argument we need is a rejection with a reason, not a crash.
 """
 
 from __future__ import annotations
@@ -53,12 +53,21 @@ _LOG2E = 1.0 / math.log(2.0)
 # aten entry points and their schemas
 
 
-def aten_flash(*args, **kwargs):
-    return torch.ops.aten._flash_attention_forward(*args, **kwargs)
+def _overload(name: str):
+    """``torch.ops.aten.<name>.default`` (calling the overload skips the packet's overload
+    resolution, ~1 us a call), or a function raising what the missing op would."""
+    try:
+        return getattr(torch.ops.aten, name).default
+    except (AttributeError, RuntimeError) as err:
+        def missing(*args, _err=err, **kwargs):
+            raise RuntimeError(f"torch {torch.__version__} has no aten.{name}") from _err
+        return missing
 
 
-def aten_efficient(*args, **kwargs):
-    return torch.ops.aten._scaled_dot_product_efficient_attention(*args, **kwargs)
+aten_flash = _overload("_flash_attention_forward")
+
+
+aten_efficient = _overload("_scaled_dot_product_efficient_attention")
 
 
 @functools.lru_cache(maxsize=None)
@@ -135,28 +144,44 @@ def cu_seqlens(device: torch.device, length: int) -> torch.Tensor:
     return tensor
 
 
-def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttentionParams):
-    qo_len, num_qo_heads, _ = q.shape
-    kv_len = k.shape[0]
-    device = q.device
-    cu_q = cu_seqlens(device, qo_len)
-    cu_k = cu_seqlens(device, kv_len)
-    # One query row sees every key either way.
-    is_causal = bool(params.causal or qo_len == 1)
-    window = params.window_left if 0 <= params.window_left < kv_len else -1
-    kwargs = {"scale": params.sm_scale}
-    if window >= 0:
-        kwargs["window_size_left"] = window
-    result = aten_flash(aligned(q), aligned(k), aligned(v), cu_q, cu_k, qo_len, kv_len, 0.0,
-                        is_causal, False, **kwargs)
-    out = result[0]  # [qo_len, H, Dv] like q
-    if out.dim() != 3:
-        out = out.reshape(qo_len, num_qo_heads, -1)
-    if out.dtype != params.o_dtype:
-        out = out.to(params.o_dtype)
-    if not params.return_lse:
-        return out, None
-    return out, finish_lse(result[1].reshape(num_qo_heads, qo_len))
+class FlashVarlen:
+    """The single-request kernel (``kernel(q, k, v, params)``, :mod:`...attention.params`)
+    through aten's FA2 varlen entry with one sequence, and its prepared form."""
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 params: AttentionParams):
+        return self.prepare(params, q.shape[0], k.shape[0], q.device)(q, k, v)
+
+    @staticmethod
+    def prepare(params: AttentionParams, qo_len: int, kv_len: int, device: torch.device):
+        cu_q, cu_k = cu_seqlens(device, qo_len), cu_seqlens(device, kv_len)
+        is_causal = bool(params.causal or qo_len == 1)  # one query row sees every key either way
+        kwargs = {"scale": params.sm_scale}
+        if 0 <= params.window_left < kv_len:
+            kwargs["window_size_left"] = params.window_left
+        o_dtype, return_lse = params.o_dtype, params.return_lse
+
+        def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+            if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+                    and (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0):
+                q, k, v = aligned(q), aligned(k), aligned(v)
+            # (else aligned() keeps all three: the record's 16-bit dtypes and head dims that
+            # are multiples of 8 make every row of a contiguous tensor 16-byte aligned)
+            result = aten_flash(q, k, v, cu_q, cu_k, qo_len, kv_len, 0.0, is_causal, False,
+                                **kwargs)
+            out = result[0]  # [qo_len, H, Dv] like q
+            if out.dim() != 3:
+                out = out.reshape(qo_len, q.shape[1], -1)
+            if out.dtype != o_dtype:
+                out = out.to(o_dtype)
+            if not return_lse:
+                return out, None
+            return out, finish_lse(result[1].reshape(q.shape[1], qo_len))
+
+        return run
+
+
+flash_varlen = FlashVarlen()
 
 
 # ------------------------------------------------------------------------------------------
