@@ -143,6 +143,45 @@ def test_a_remembered_decode_computes_and_dispatches_as_the_first_call(layout, e
     assert log[0].backend == "reference" and log[0].source == "context"
 
 
+def test_a_remembered_decode_runs_the_prepared_kernel_of_its_current_decision(monkeypatch):
+    """A hit runs ``kernel.prepare(params, 1, kv_len, device)``'s function, made once per
+    Decision: a new Decision (an override) binds its own kernel again."""
+    from flashinfer.attention import single
+    from flashinfer.checked_calls import CheckedCalls
+
+    reference = dispatch.kernel_for("reference", "single_decode")
+    prepared = []
+
+    class Preparing:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, q, k, v, params):  # the first (checked) call runs the kernel itself
+            return reference(q, k, v, params)
+
+        def prepare(self, params, qo_len, kv_len, device):
+            prepared.append((self.name, qo_len, kv_len))
+            return lambda q, k, v: reference(q, k, v, params)
+
+    class Chosen:
+        def __init__(self, name):
+            self.kernel = Preparing(name)
+
+    current = [Chosen("a")]
+    monkeypatch.setattr(single, "_CHECKED_DECODES", CheckedCalls())
+    monkeypatch.setattr(dispatch.KeyedDecision, "get", lambda self, backend="auto": current[0])
+    monkeypatch.setattr(dispatch, "decide_keyed", lambda *a, **k: current[0])
+    torch.manual_seed(4)
+    q, k, v = torch.randn(4, 16), torch.randn(9, 2, 16), torch.randn(9, 2, 16)
+    expected = single_decode_with_kv_cache(q, k, v, backend="reference")
+    for _ in range(3):
+        torch.testing.assert_close(single_decode_with_kv_cache(q, k, v), expected, rtol=0, atol=0)
+    assert prepared == [("a", 1, 9)]  # call 1 checked and stored, call 2 bound, call 3 reused
+    current[0] = Chosen("b")
+    torch.testing.assert_close(single_decode_with_kv_cache(q, k, v), expected, rtol=0, atol=0)
+    assert prepared == [("a", 1, 9), ("b", 1, 9)]
+
+
 # --- the Problem each call builds ----------------------------------------------------------
 
 def _problem(fn, *args, **kw):

@@ -16,7 +16,9 @@ import torch
 
 from conftest import TOLERANCE, rel_error
 from flashinfer import dispatch, overrides
+from flashinfer.attention import single
 from flashinfer.backends.torch import attention as torch_native
+from flashinfer.checked_calls import CheckedCalls
 from flashinfer.decode import single_decode_with_kv_cache
 from flashinfer.dispatch import BackendUnavailableError, select
 from flashinfer.prefill import single_prefill_with_kv_cache
@@ -130,6 +132,8 @@ def run_forced(monkeypatch, variant, fn, *args, **kw):
 
     with monkeypatch.context() as patch:
         patch.setattr(dispatch, "decide_keyed", decide_keyed)
+        # a fresh steady-state memo: a stored call would decide through its KeyedDecision
+        patch.setattr(single, "_CHECKED_DECODES", CheckedCalls())
         return fn(*args, **kw)
 
 

@@ -345,3 +345,36 @@ def test_decide_each_memo_follows_overrides_caches_and_recording(monkeypatch):
         decide_each(problems, "auto", memo)
     assert [d.backend for d in log] == ["reference"]
     assert isinstance(decide_each(problems, "flash_attn", memo)[0], (NoBackendError, BackendUnavailableError))
+
+
+def test_keyed_decision_follows_overrides_backend_caches_and_recording(monkeypatch):
+    """A memo entry's KeyedDecision answers like decide_keyed: it re-decides when the override
+    state, the backend argument or the cache generation changes, and an open recording sees it."""
+    from flashinfer import use_backend
+    from flashinfer.dispatch import KeyedDecision, clear_cache, record_decisions
+
+    monkeypatch.delenv("FLASHINFER_NORM_BACKEND", raising=False)
+    problem = Problem.make("rmsnorm", simulated("9.0"), dtypes={"input": "bfloat16", "weight": "bfloat16"},
+                           shape={"hidden_size": 4096, "num_rows": 8})
+    made = []
+
+    def make_problem():
+        made.append(1)
+        return problem
+
+    slot = KeyedDecision(("rmsnorm", "test-slot", 4096), make_problem)
+    first = slot.get("auto")
+    assert slot.get("auto") is first and first.backend == decide(problem).backend
+    assert slot.get("reference").backend == "reference"
+    monkeypatch.setenv("FLASHINFER_NORM_BACKEND", "reference")
+    assert slot.get("auto").source == "environment"
+    monkeypatch.delenv("FLASHINFER_NORM_BACKEND")
+    with use_backend(norm="reference"):
+        assert slot.get("auto").source == "context"
+    assert slot.get("auto") is first
+    before = len(made)
+    clear_cache()
+    assert slot.get("auto") is not first and len(made) == before + 1
+    with record_decisions() as log:
+        slot.get("auto")
+    assert [d.backend for d in log] == [first.backend]

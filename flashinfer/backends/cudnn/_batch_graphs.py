@@ -201,18 +201,36 @@ class BatchRunner:
         self.device = plan.device
         self.layout = plan.kv_layout
         self.clear_dead = dead or plan.cuda_graph
-        self._last: list | None = None  # [(kv geometry, scale), Entry, operand uids or ()]
+        # [(kv geometry, scale), Entry, its operands (:meth:`_operands`)]
+        self._last: list | None = None
 
-    def _entry(self, geometry: tuple, scale: float, handle) -> tuple[Entry, tuple | None]:
-        """The graph of this run's K/V geometry and scale, and the uids of its operands in the
-        order :meth:`_run` lists them (``None`` until that run has listed them once)."""
+    def _entry(self, geometry: tuple, scale: float, handle) -> tuple[Entry, tuple]:
+        """The graph of this run's K/V geometry and scale, and its :meth:`_operands`."""
         last = self._last
         if last is not None and last[0] == (geometry, scale):
             return last[1], last[2]
         spec = self.spec if scale == self.spec.sm_scale else dataclasses.replace(self.spec, sm_scale=scale)
         entry = BATCH_GRAPHS.get((spec, geometry), lambda: _build(spec, geometry, handle))
-        self._last = [(geometry, scale), entry, None]
-        return entry, None
+        operands = self._operands(entry)
+        self._last = [(geometry, scale), entry, operands]
+        return entry, operands
+
+    def _operands(self, entry: Entry) -> tuple:
+        """``(handles, uids, tail)`` of ``entry``'s variant pack in the order :meth:`_run`
+        passes it: q, k, v, o (per call), then this plan's own buffers (``tail``, the same every
+        call). ``uids``: the handles' uids (``()`` when the frontend's tensors do not say)."""
+        spec, buf, t, h = self.spec, self.buffers, self.buffers.tensors, entry.handles
+        fixed = [("seq_len_q", t["seq_len_q"]), ("seq_len_kv", self.seq_len_kv)]
+        if spec.page_size:
+            fixed += [("k_table", buf.page_table), ("v_table", buf.page_table)]
+        else:
+            fixed += [("k_offsets", t["k_offsets"]), ("v_offsets", t["v_offsets"])]
+        if spec.ragged_q:
+            fixed += [("q_offsets", t["q_offsets"]), ("o_offsets", t["o_offsets"])]
+        if "stats" in h:
+            fixed.append(("stats", buf.stats))
+        handles = tuple(h[name] for name in ("q", "k", "v", "o")) + tuple(h[n] for n, _ in fixed)
+        return handles, operand_uids(handles), tuple(tensor for _, tensor in fixed)
 
     def __call__(self, q, kv, out, lse, scales) -> None:
         if scales.sinks is not None:
@@ -240,28 +258,15 @@ class BatchRunner:
             geometry = ()
         scale = spec.sm_scale if scales.q_scale == scales.k_scale == 1.0 else (
             self.plan.sm_scale * scales.q_scale * scales.k_scale)
-        entry, uids = self._entry(geometry, scale, bound.handle)
+        entry, (handles, uids, tail) = self._entry(geometry, scale, bound.handle)
         q_in = q if q.is_contiguous() else q.contiguous()
         o_run = out if out.is_contiguous() else torch.empty_like(out)
         rows = q.shape[0]
         if buf.q_pad is not None:
             buf.q_pad[:rows].copy_(q_in)
             q_in, o_run = buf.q_pad, buf.o_pad
-        h = entry.handles
-        pack = {h["q"]: q_in, h["k"]: k, h["v"]: v, h["o"]: o_run,
-                h["seq_len_q"]: t["seq_len_q"], h["seq_len_kv"]: self.seq_len_kv}
-        if spec.page_size:
-            pack[h["k_table"]] = pack[h["v_table"]] = buf.page_table
-        else:
-            pack[h["k_offsets"]], pack[h["v_offsets"]] = t["k_offsets"], t["v_offsets"]
-        if spec.ragged_q:
-            pack[h["q_offsets"]], pack[h["o_offsets"]] = t["q_offsets"], t["o_offsets"]
-        if "stats" in h:
-            pack[h["stats"]] = buf.stats
         workspace = _workspace(bound, q.device, entry.workspace_size)
-        if uids is None:
-            uids = self._last[2] = operand_uids(pack)
-        execute(entry.graph, pack, uids, workspace, bound.handle)
+        execute(entry.graph, handles, (q_in, k, v, o_run) + tail, uids, workspace, bound.handle)
         if buf.o_pad is not None:
             out.copy_(buf.o_pad[:rows])
         elif o_run is not out:
@@ -282,27 +287,28 @@ class BatchRunner:
                 lse.masked_fill_(dead[:, None], -math.inf)
 
 
-def operand_uids(pack: dict) -> tuple:
-    """The uids of a variant pack's graph tensors, in the pack's order; ``()`` when the
-    frontend's tensors do not say (then :func:`execute` passes the dict)."""
+def operand_uids(handles: tuple) -> tuple:
+    """The uids of a variant pack's graph tensors, in order; ``()`` when the frontend's tensors
+    do not say (then :func:`execute` passes the dict)."""
     try:
-        return tuple(int(handle.uid) for handle in pack)
+        return tuple(int(handle.uid) for handle in handles)
     except (AttributeError, TypeError, ValueError):
         return ()
 
 
-def execute(graph, pack: dict, uids: tuple, workspace: torch.Tensor, handle) -> None:
-    """``graph.execute`` with the variant pack as buffers in ``uids`` order (the frontend's
-    ``tensor_uids=`` form, which keeps what it learnt of the operands between calls instead of
-    re-reading a dict); a frontend without that form, or that refuses it, gets the dict form
-    from then on."""
+def execute(graph, handles: tuple, buffers: tuple, uids: tuple, workspace: torch.Tensor,
+            handle) -> None:
+    """``graph.execute`` of the variant pack ``handles[i] -> buffers[i]``, given as buffers in
+    ``uids`` order (the frontend's ``tensor_uids=`` form, which keeps what it learnt of the
+    operands between calls instead of re-reading a dict); a frontend without that form, or that
+    refuses it, gets the dict form from then on."""
     if uids and _ORDERED[0]:
         try:
-            graph.execute(tuple(pack.values()), workspace, handle=handle, tensor_uids=uids)
+            graph.execute(buffers, workspace, handle=handle, tensor_uids=uids)
             return
         except (TypeError, ValueError, AttributeError, NotImplementedError):
             _ORDERED[0] = False
-    graph.execute(pack, workspace, handle=handle)
+    graph.execute(dict(zip(handles, buffers)), workspace, handle=handle)
 
 
 #: whether :func:`execute` passes the ordered form (``benchmarks/overhead.py`` times both)
