@@ -79,6 +79,8 @@ def test_batch_rope_llama_runs_on_a_gpu_kernel(kind, layout, rope):
 @pytest.mark.parametrize("kind", ["decode", "paged", "ragged"])
 def test_batch_alibi_on_cuda_matches_the_reference(kind):
     w, q, kv = _wrappers(kind, "NHD", "auto", dict(pos_encoding_mode="ALIBI"))
+    if kind == "decode":  # the Triton split-K kernel adds the bias (prefill: the reference)
+        assert w.decision.backend == "triton", w.decision.explain()
     ref, _, _ = _wrappers(kind, "NHD", "reference", dict(pos_encoding_mode="ALIBI"))
     _close(w.run(q, *kv, return_lse=True), ref.run(q, *kv, return_lse=True))
 
@@ -95,8 +97,7 @@ def test_fp8_kv_with_calibration_scales(kind, scales):
         k_scale = torch.rand(HK, device=DEV) + 0.5
         v_scale = torch.rand(HK, device=DEV) + 0.5
     w, q, kv = _wrappers(kind, "NHD", "auto", {}, FP8)
-    if kind == "decode":  # (no GPU kernel here reads fp8 pages in a paged prefill yet)
-        assert w.decision.backend != "reference", w.decision.explain()
+    assert w.decision.backend != "reference", w.decision.explain()
     ref, _, _ = _wrappers(kind, "NHD", "reference", {}, FP8)
     got = w.run(q, *kv, return_lse=True, k_scale=k_scale, v_scale=v_scale)
     _close(got, ref.run(q, *kv, return_lse=True, k_scale=k_scale, v_scale=v_scale))
@@ -209,7 +210,7 @@ def test_top_k_on_cuda():
     assert torch.equal(x.gather(-1, indices.long()), values)
 
 
-@pytest.mark.parametrize("op", ["single", "ragged"])
+@pytest.mark.parametrize("op", ["single", "ragged", "paged"])
 def test_head_dim_192_128_runs_on_a_gpu_kernel(op):
     """DeepSeek's prefill shape: q / k head dim 192, v head dim 128 (FA3 serves it on SM 9.0)."""
     torch.manual_seed(8)
@@ -227,6 +228,26 @@ def test_head_dim_192_128_runs_on_a_gpu_kernel(op):
         assert got.shape == (37, HQ, 128) and rel_error(got, want) < 2e-2
         return
     runs = []
+    if op == "paged":  # each request's K / V rows from a page boundary, its last page padded
+        pages = [-(-n // PS) for n in kv_lens]
+
+        def paged(x):
+            pad = [p * PS - n for p, n in zip(pages, kv_lens)]
+            rows = torch.cat([x[:300], x[:pad[0]], x[300:], x[:pad[1]]])
+            return rows.view(-1, PS, HK, x.shape[-1])
+
+        k_cache, v_cache = paged(k), paged(v)
+        indices = torch.arange(sum(pages), dtype=I32, device=DEV)
+        last = torch.tensor([n - (p - 1) * PS for n, p in zip(kv_lens, pages)], dtype=I32,
+                            device=DEV)
+        for backend in ("auto", "reference"):
+            w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_ws(), "NHD", backend=backend)
+            w.plan(_indptr(qo_lens), _indptr(pages), indices, last, HQ, HK, 192, PS,
+                   head_dim_vo=128, causal=True, q_data_type=BF16)
+            runs.append((w.decision, w.run(q, (k_cache, v_cache), return_lse=True)))
+        assert runs[0][0].backend != "reference", runs[0][0].explain()
+        _close(runs[0][1], runs[1][1])
+        return
     for backend in ("auto", "reference"):
         w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_ws(), "NHD", backend=backend)
         w.plan(_indptr(qo_lens), _indptr(kv_lens), HQ, HK, 192, head_dim_vo=128, causal=True,

@@ -290,6 +290,28 @@ def test_paged_scales_dtype_and_repeat_runs(variant, calls):
     assert calls[0]["scale"] == pytest.approx(plan.sm_scale * 0.75)
 
 
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("layout, split5d", [("NHD", False), ("HND", True)])
+def test_paged_fp8_pages_widened_and_head_dims_differ(fp8, layout, split5d, calls):
+    """fp8 pages are gathered into buffers of q's dtype (an exact widening) and the varlen
+    kernel gets those; head_dim_qk != head_dim_vo goes through the same gather."""
+    plan, q, k_cache, v_cache, k, v = make_paged([3, 5], [9, 21], page_size=4, layout=layout,
+                                                 split5d=split5d, causal=True, head_dim_qk=48,
+                                                 head_dim_vo=32)
+    plan = dataclasses.replace(plan, kv_dtype=fp8)
+    k_cache, v_cache = k_cache.to(fp8), v_cache.to(fp8)
+    k, v = k.to(fp8).to(plan.q_dtype), v.to(fp8).to(plan.q_dtype)  # the values the cache holds
+    out, lse = run_paged("fa3", plan, q, k_cache, v_cache)
+    want_out, want_lse = naive_batch(q, k, v, [3, 5], [9, 21], sm_scale=plan.sm_scale, causal=True)
+    assert rel_error(out, want_out) < TOLERANCE[torch.float32]
+    assert_lse_close(lse, want_lse, TOLERANCE[torch.float32])
+    (call,) = calls
+    assert call["k"].dtype == call["v"].dtype == plan.q_dtype
+    assert torch.equal(call["k"], k) and torch.equal(call["v"], v)
+    d = select(paged_problem("9.0", features=("causal", "fp8_kv")), assume_installed=True)
+    assert candidate(d, "flash_attn:fa3").usable
+
+
 def test_paged_all_empty(calls):
     plan, q, k_cache, v_cache, _, _ = make_paged([2, 1], [0, 0], page_size=4)
     out, lse = run_paged("fa3", plan, q, k_cache, v_cache)
@@ -413,7 +435,7 @@ def test_paged_features_and_wheel(fa3_wheel_only):
     d = select(paged_problem("9.0", dtype="float16"), assume_installed=True)
     assert [(r.field, r.actual) for r in candidate(d, "flash_attn:fa3").reasons] == [
         ("dtype.q", "float16")]
-    for feature in ("window", "fp8_kv", "sinks", "custom_mask"):
+    for feature in ("window", "sinks", "custom_mask"):
         d = select(paged_problem("9.0", features=("causal", feature)), assume_installed=True)
         assert ("feature", feature) in {(r.field, r.actual)
                                         for r in candidate(d, "flash_attn:fa3").reasons}

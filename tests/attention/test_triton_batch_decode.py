@@ -15,6 +15,7 @@ import torch
 from conftest import HAS_CUDA, TOLERANCE, poison, rel_error
 from flashinfer import device as fdevice
 from flashinfer.attention.batch_params import BatchPlan, KVInput, RunScales
+from flashinfer.attention.params import get_alibi_slopes
 from flashinfer.capability_db import database
 from flashinfer.dispatch import Problem
 from flashinfer.dispatch import adapter_reasons
@@ -27,7 +28,8 @@ DEV = "cuda:0" if HAS_CUDA else "cpu"  # indexed, as a wrapper's plan.device (it
 
 def make_case(kv_lens, *, page_size=4, hq=4, hkv=2, d=32, dvo=None, layout="NHD", q_len=1,
               dtype=torch.float16, kv_dtype=None, o_dtype=None, window_left=-1, soft_cap=0.0,
-              causal=False, device=DEV, cuda_graph=False, workspace=None, spare_pages=3):
+              causal=False, device=DEV, cuda_graph=False, workspace=None, spare_pages=3,
+              pos_encoding_mode="NONE"):
     """A BatchPlan over a randomly permuted page table, plus q and the (k, v) cache views."""
     dvo = d if dvo is None else dvo
     kv_dtype = dtype if kv_dtype is None else kv_dtype
@@ -63,7 +65,8 @@ def make_case(kv_lens, *, page_size=4, hq=4, hkv=2, d=32, dvo=None, layout="NHD"
         qo_indptr=host["qo"].to(device), kv_indptr=host["kv"].to(device),
         kv_indices=indices.to(device), kv_lens=host["lens"].to(device),
         kv_last_page_len=host["last"].to(device), total_qo=total_qo, max_qo_len=q_len,
-        max_kv_len=max(kv_lens), cuda_graph=cuda_graph, workspace=workspace)
+        max_kv_len=max(kv_lens), cuda_graph=cuda_graph, workspace=workspace,
+        pos_encoding_mode=pos_encoding_mode)
     return plan, q, k_cache, v_cache
 
 
@@ -86,6 +89,9 @@ def oracle(plan, q, k_cache, v_cache, scales=RunScales()):
         v = v.repeat_interleave(group, 1) * scales.v_scale
         qb = q[q0:q1].double().cpu()
         s = torch.einsum("qhd,khd->hqk", qb, k) * scale
+        if plan.pos_encoding_mode == "ALIBI":  # slope * (key - query row in the request)
+            slopes = get_alibi_slopes(plan.num_qo_heads).double()[:, None, None]
+            s = s + slopes * (torch.arange(n)[None, :] - torch.arange(q1 - q0)[:, None])
         if plan.logits_soft_cap > 0:
             s = plan.logits_soft_cap * torch.tanh(s / plan.logits_soft_cap)
         pos = n - (q1 - q0) + torch.arange(q1 - q0)
@@ -155,6 +161,14 @@ def test_window_soft_cap_and_sinks():
     plan, q, k, v = make_case([1, 9, 70], window_left=7, soft_cap=5.0, layout="HND")
     sinks = torch.randn(plan.num_qo_heads, device=plan.device)
     check(plan, q, k, v, RunScales(sinks=sinks), num_splits=4)
+
+
+@pytest.mark.parametrize("extra", [{}, {"soft_cap": 4.0, "q_len": 2, "window_left": 9}])
+def test_alibi(extra):
+    """ALiBi's bias inside the kernel, alone and with a cap, multi-query rows and a window."""
+    torch.manual_seed(12)
+    plan, q, k, v = make_case([1, 17, 45], hq=8, hkv=2, pos_encoding_mode="ALIBI", **extra)
+    check(plan, q, k, v, num_splits=3)
 
 
 def test_scales_and_fp32_out():

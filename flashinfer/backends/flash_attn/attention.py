@@ -285,16 +285,21 @@ def _page_rows(cache: torch.Tensor, layout: str) -> tuple[torch.Tensor, int] | N
     return rows, pitch
 
 
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def _paged_planner(variant: str):
     def plan_paged(plan: BatchPlan):
         """Gather the requests' pages into contiguous K/V buffers (allocated here, sized by the
-        plan), then the ragged varlen launch over them."""
+        plan), then the ragged varlen launch over them. fp8 pages are widened exactly to q's
+        dtype as they are gathered (the scales are the run's, as for 16-bit pages)."""
         page_ids, slots, cu_k = paged_gather_index(plan)
         row_index: dict[int, torch.Tensor] = {}  # pitch -> page_ids * pitch + slots
         total_kv = slots.shape[0]
-        k_buf = torch.empty(total_kv, plan.num_kv_heads, plan.head_dim_qk, dtype=plan.kv_dtype,
+        buf_dtype = plan.q_dtype if plan.kv_dtype in _FP8 else plan.kv_dtype
+        k_buf = torch.empty(total_kv, plan.num_kv_heads, plan.head_dim_qk, dtype=buf_dtype,
                             device=plan.device)
-        v_buf = torch.empty(total_kv, plan.num_kv_heads, plan.head_dim_vo, dtype=plan.kv_dtype,
+        v_buf = torch.empty(total_kv, plan.num_kv_heads, plan.head_dim_vo, dtype=buf_dtype,
                             device=plan.device)
         varlen = _varlen_runner(variant, plan, cu_k, plan.max_kv_len)
         layout = plan.kv_layout
@@ -303,12 +308,18 @@ def _paged_planner(variant: str):
             found = _page_rows(cache, layout)
             if found is None:  # strides that do not flatten: advanced indexing into buf
                 nhd = cache if layout == "NHD" else cache.transpose(1, 2)
-                torch.ops.aten.index.Tensor_out(nhd, [page_ids, slots], out=buf)
+                if nhd.dtype == buf.dtype:
+                    torch.ops.aten.index.Tensor_out(nhd, [page_ids, slots], out=buf)
+                else:
+                    buf.copy_(nhd[page_ids, slots])
                 return
             rows, pitch = found
             if pitch not in row_index:  # first run (a capture's warm-up): one index per pitch
                 row_index[pitch] = page_ids * pitch + slots
-            torch.index_select(rows, 0, row_index[pitch], out=buf)
+            if rows.dtype == buf.dtype:
+                torch.index_select(rows, 0, row_index[pitch], out=buf)
+            else:
+                buf.copy_(rows.index_select(0, row_index[pitch]))
 
         def run(q: torch.Tensor, kv: KVInput, out: torch.Tensor, lse: torch.Tensor | None,
                 scales: RunScales) -> None:

@@ -16,6 +16,9 @@ keys without a window) is cut into ``S`` equal chunks, rounded up to ``BLOCK_N``
 device's ``kv_lens``: splits follow the lengths of the batch in the buffers at launch time, which
 is what a replayed CUDA graph needs.
 
+ALiBi (``HAS_ALIBI``) adds ``slope[head] * (key - query row in its request)`` to the scaled
+score before the soft cap, as the attention contract says.
+
 The products run on tensor cores in the query dtype (K/V, FP8 included, are converted to it);
 ``DOT_F32`` (CPU, Triton's interpreter) runs them in fp32 instead.
 """
@@ -32,13 +35,13 @@ def decode_split_kernel(
     stride_kp, stride_kt, stride_kh,
     stride_vp, stride_vt, stride_vh,
     qk_scale_log2, soft_cap, soft_cap_log2,
-    window_left,
+    window_left, alibi_ptr,
     NUM_QO_HEADS: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, ROW_TILES: tl.constexpr,
     NUM_SPLITS: tl.constexpr, PAGE: tl.constexpr,
     D_QK: tl.constexpr, D_VO: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DVO: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFT_CAP: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1) // ROW_TILES
@@ -63,6 +66,8 @@ def decode_split_kernel(
                 mask=row_ok[:, None] & (dq[None, :] < D_QK), other=0.0)
     if DOT_F32:  # the interpreter's tl.dot mishandles bfloat16
         q = q.to(tl.float32)
+    if HAS_ALIBI:  # bias slope[head] * (key - row in the request), natural-log units
+        slope = tl.load(alibi_ptr + head, mask=row_ok, other=0.0)
 
     # this split's share of the request's visible keys
     lo = kv_len * 0
@@ -86,13 +91,19 @@ def decode_split_kernel(
         k = tl.load(k_base + page[:, None] * stride_kp + slot[:, None] * stride_kt + dq[None, :],
                     mask=key_ok[:, None] & (dq[None, :] < D_QK), other=0.0)
         s = tl.dot(q, tl.trans(k.to(q.dtype)))
+        if HAS_ALIBI:
+            bias = slope[:, None] * (keys[None, :] - qi[:, None]).to(tl.float32)
         if HAS_SOFT_CAP:
             # cap * tanh(x / cap) on base-2 scores: tanh(y) = 1 - 2 / (exp(2y) + 1)
             x = s * (qk_scale_log2 / soft_cap_log2)
+            if HAS_ALIBI:  # the bias goes in before the cap
+                x = x + bias / soft_cap
             t = 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
             s = soft_cap_log2 * t
         else:
             s = s * qk_scale_log2
+            if HAS_ALIBI:
+                s = s + bias * 1.4426950408889634  # log2(e)
         visible = key_ok[None, :] & row_ok[:, None]
         if CAUSAL:
             visible = visible & (keys[None, :] <= pos[:, None])

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ...attention.batch_params import BatchPlan, KVInput, RunScales
+from ...attention.params import cached_alibi_slopes
 from ...reasons import Reason
 from .launch import cdiv, device_of, fast, pow2
 
@@ -169,6 +170,9 @@ class PagedDecodeRunner:
         self.group = plan.num_qo_heads // plan.num_kv_heads
         self.causal = plan.causal or plan.q_len_per_req > 1
         self.kv_indices = plan.kv_indices if plan.kv_indices is not None else plan.kv_indptr
+        # ALiBi: float32 slope per query head (upstream's), made once
+        self.alibi = (cached_alibi_slopes(plan.num_qo_heads, plan.device).float().contiguous()
+                      if plan.pos_encoding_mode == "ALIBI" else None)
 
     def __call__(self, q: torch.Tensor, kv: KVInput, out: torch.Tensor,
                  lse: torch.Tensor | None, scales: RunScales) -> None:
@@ -195,7 +199,7 @@ class PagedDecodeRunner:
                 k.stride(0), k.stride(tok_dim), k.stride(head_dim),
                 v.stride(0), v.stride(tok_dim), v.stride(head_dim),
                 qk_scale * _LOG2E, cap if cap > 0 else 1.0, (cap if cap > 0 else 1.0) * _LOG2E,
-                max(window, 0),
+                max(window, 0), self.part_lse if self.alibi is None else self.alibi,
                 NUM_QO_HEADS=plan.num_qo_heads, GROUP=self.group,
                 ROWS=max(1, plan.q_len_per_req) * self.group, ROW_TILES=cfg.row_tiles,
                 NUM_SPLITS=cfg.num_splits, PAGE=plan.page_size,
@@ -203,7 +207,7 @@ class PagedDecodeRunner:
                 BLOCK_DQK=cfg.block_dqk, BLOCK_DVO=cfg.block_dvo,
                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 CAUSAL=self.causal, HAS_WINDOW=window >= 0, HAS_SOFT_CAP=cap > 0,
-                DOT_F32=not q.is_cuda,
+                HAS_ALIBI=self.alibi is not None, DOT_F32=not q.is_cuda,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )
             sinks = scales.sinks
