@@ -274,3 +274,28 @@ def test_single_ops_with_fp8_kv_and_per_head_scales(op):
                                                        v_scale=vs, backend="reference")
     torch.cuda.synchronize()
     assert rel_error(got, want) < 2e-2
+
+
+@pytest.mark.parametrize("kind", ["decode", "paged"])
+def test_fp8_queries_with_fp8_pages_on_a_gpu_kernel(kind):
+    """q_data_type e4m3 with a bf16 o_data_type over fp8 pages: run() widens q exactly, so a GPU
+    kernel gives what the reference gives on the same fp8 inputs."""
+    cache, indptr, indices, last = _paged("NHD", FP8)
+    torch.manual_seed(11)
+    args = dict(q_scale=0.5, k_scale=1.5, v_scale=0.8, return_lse=True)
+    qo_indptr = _indptr(QO_LENS)
+    rows = len(KV_LENS) if kind == "decode" else int(qo_indptr[-1])
+    q = torch.randn(rows, HQ, D, device=DEV).to(FP8)
+    runs = []
+    for backend in ("auto", "reference"):
+        kw = dict(q_data_type=FP8, kv_data_type=FP8, o_data_type=BF16)
+        if kind == "decode":
+            w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "NHD", backend=backend)
+            w.plan(indptr, indices, last, HQ, HK, D, PS, **kw)
+        else:
+            w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_ws(), "NHD", backend=backend)
+            w.plan(qo_indptr, indptr, indices, last, HQ, HK, D, PS, causal=True, **kw)
+        runs.append((w.decision, w.run(q, cache, **args)))
+    assert runs[0][0].backend != "reference", runs[0][0].explain()
+    assert runs[0][1][0].dtype == BF16
+    _close(runs[0][1], runs[1][1])
