@@ -43,7 +43,10 @@ the env strings) and the kernel; no Problem is rebuilt, no view is made to fit a
 signature (kernels take the 2-D forms their ops receive). The public functions on the decode
 path (single decode, RMSNorm, the fp8 GEMMs, the probability samplers) also skip their argument
 checks for a call whose signature (metadata and scalars, :mod:`flashinfer.checked_calls`)
-passed them before, keeping the dispatch facts with it; a paged ``run()`` keeps each cache's
+passed them before, keeping the dispatch facts with it as a :class:`KeyedDecision` (the
+Decision and the override state it was made under: a hit compares that state instead of
+hashing the key) and, for single decode, the kernel's prepared form (``kernel.prepare``,
+:mod:`flashinfer.attention.params`); a paged ``run()`` keeps each cache's
 checked page views by identity (``PagedCacheViews``). A new Decision is logged once (at
 ``FLASHINFER_LOGLEVEL>=1``) when it is first made. Wrappers decide in ``plan()``; ``run()`` only
 executes the kernel the Decision names. ``benchmarks/overhead.py`` measures what this costs
