@@ -80,6 +80,34 @@ def test_append_matches_naive_loop(backend, layout, page_size, form):
     assert torch.equal(case["cache"], expected)
 
 
+def _head_dims_case(layout, device, dims=(24, 8)):
+    """A case whose V cache has another head dim than K's (MLA's latent / RoPE parts, 192 / 128),
+    each cache with spare slots around every row so a write past a row shows."""
+    torch.manual_seed(3)
+    case = make_case(layout, 4, "tuple", device=device, head_dim=dims[0])
+    k_cache = case["paged"][0]
+    inner = list(k_cache.shape)
+    inner[-1] = dims[1]
+    v_cache = torch.randn(inner, device=device)
+    case["v_app"] = torch.randn(case["k_app"].shape[:2] + (dims[1],), device=device)
+    case["paged"] = (k_cache, v_cache)
+    return case
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("dims", [(24, 8), (8, 24)])
+def test_append_k_and_v_of_different_head_dims(layout, dims):
+    """Triton (interpreter) writes exactly what the reference writes when K's and V's head dims
+    differ, and nothing past V's rows."""
+    results = []
+    for backend in ("reference", "triton"):
+        case = _head_dims_case(layout, "cpu", dims)
+        append(case, layout, backend)
+        results.append(tuple(c.clone() for c in case["paged"]))
+    for want, got in zip(*results):
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_append_page_size_one_4d_cache_int64_indices(backend, layout):
@@ -263,6 +291,18 @@ def test_gpu_triton_matches_reference(dtype, layout, page_size, form, shape):
         assert not torch.equal(bits(case["cache"]), before)
         results.append(bits(case["cache"]))
     assert torch.equal(results[0], results[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(512, 64), (192, 128)])
+def test_gpu_append_k_and_v_of_different_head_dims(dims):
+    results = []
+    for backend in ("reference", "triton"):
+        case = _head_dims_case("NHD", "cuda", dims)
+        append(case, "NHD", backend)
+        results.append(tuple(bits(c).clone() for c in case["paged"]))
+    for want, got in zip(*results):
+        assert torch.equal(got, want)
 
 
 @pytest.mark.gpu

@@ -2,7 +2,8 @@
 
 One program per (token, block of ``BLOCK_H`` heads): it reads the token's request and position,
 looks up its page ``kv_indices[kv_indptr[b] + pos // page_size]`` and slot ``pos % page_size``,
-and copies a ``[BLOCK_H, BLOCK_D]`` tile of K and of V. The cache strides (page, slot, head,
+and copies a ``[BLOCK_H, BLOCK_D]`` tile of K and a ``[BLOCK_H, BLOCK_DV]`` one of V (K and V
+may differ in head dim: MLA's latent and RoPE parts, DeepSeek's 192 / 128). The cache strides (page, slot, head,
 dim) come from the launcher, so one kernel serves NHD and HND. The tensors arrive as same-width
 integer views (``page.py``), so the copy is bit exact for any dtype, fp8 included, on any SM.
 Offsets are int64, so any cache size is addressable.
@@ -23,11 +24,11 @@ from ._fault_kernels import report_fault
 @triton.jit
 def append_paged_kv_kernel(
     k_ptr, v_ptr, batch_ptr, pos_ptr, k_cache_ptr, v_cache_ptr, indices_ptr, indptr_ptr, rec_ptr,
-    num_heads, head_dim, page_size, batch_size, num_ids, num_pages,
+    num_heads, head_dim, head_dim_v, page_size, batch_size, num_ids, num_pages,
     k_st, k_sh, k_sd, v_st, v_sh, v_sd,
     kc_sp, kc_ss, kc_sh, kc_sd, vc_sp, vc_ss, vc_sh, vc_sd,
     BAD_BATCH, BAD_INDPTR, BAD_POSITION, BAD_PAGE,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     reporter = tl.program_id(1) == 0
@@ -60,10 +61,12 @@ def append_paged_kv_kernel(
     page = tl.where(ok, page, 0)
 
     heads = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
+    head_ok = heads < tl.where(ok, num_heads, 0)
     dims = tl.arange(0, BLOCK_D)[None, :].to(tl.int64)
-    mask = (heads < tl.where(ok, num_heads, 0)) & (dims < head_dim)
-
+    mask = head_ok & (dims < head_dim)
     k = tl.load(k_ptr + t * k_st + heads * k_sh + dims * k_sd, mask=mask)
     tl.store(k_cache_ptr + page * kc_sp + slot * kc_ss + heads * kc_sh + dims * kc_sd, k, mask=mask)
+    dims = tl.arange(0, BLOCK_DV)[None, :].to(tl.int64)
+    mask = head_ok & (dims < head_dim_v)
     v = tl.load(v_ptr + t * v_st + heads * v_sh + dims * v_sd, mask=mask)
     tl.store(v_cache_ptr + page * vc_sp + slot * vc_ss + heads * vc_sh + dims * vc_sd, v, mask=mask)

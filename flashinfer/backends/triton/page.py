@@ -44,24 +44,25 @@ def append_paged_kv(append_key: torch.Tensor, append_value: torch.Tensor,
                     v_cache: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
                     page_size: int, kv_layout: str) -> None:
     nnz, heads, head_dim = append_key.shape
+    head_dim_v = append_value.shape[2]  # (MLA, 192 / 128: not K's)
     if nnz == 0:
         return
     from . import _page_kernels
 
-    block_d = pow2(head_dim)
-    block_h = min(pow2(heads), max(1, TILE // block_d))
+    block_d, block_dv = pow2(head_dim), pow2(head_dim_v)
+    block_h = min(pow2(heads), max(1, TILE // max(block_d, block_dv)))
     k, v = _as_bits(append_key), _as_bits(append_value)
     kc, vc = _as_bits(k_cache), _as_bits(v_cache)
     device = torch.cuda.device(kc.device) if kc.is_cuda else contextlib.nullcontext()
     with device:
         fast(_page_kernels.append_paged_kv_kernel)[(nnz, -(-heads // block_h))](
             k, v, batch_indices, positions, kc, vc, kv_indices, kv_indptr, record(kc.device),
-            heads, head_dim, page_size, kv_indptr.shape[0] - 1, kv_indices.shape[0],
+            heads, head_dim, head_dim_v, page_size, kv_indptr.shape[0] - 1, kv_indices.shape[0],
             k_cache.shape[0],
             *k.stride(), *v.stride(),
             *_cache_strides(kc, kv_layout), *_cache_strides(vc, kv_layout),
             page_rules.APPEND_BATCH.code, page_rules.APPEND_INDPTR.code,
             page_rules.APPEND_POSITION.code, page_rules.APPEND_PAGE.code,
-            BLOCK_H=block_h, BLOCK_D=block_d,
-            num_warps=4 if block_h * block_d >= 1024 else 1,
+            BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_DV=block_dv,
+            num_warps=4 if block_h * max(block_d, block_dv) >= 1024 else 1,
         )
