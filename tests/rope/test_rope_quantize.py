@@ -1,6 +1,7 @@
 """rope_quantize_fp8 / mla_rope_quantize_fp8 (flashinfer.rope): RoPE from a cos/sin cache on the
 rotary parts, then fp8(x * scale) of all four parts, against float64 RoPE; saturation, the MLA
-form, given outputs and the refusals."""
+form, given outputs and the refusals; on CUDA (marker ``gpu``), the same calls against the CPU
+path, the append form included."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from conftest import rel_error, rope_oracle
+import flashinfer
 from flashinfer import rope
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -144,3 +146,187 @@ def test_append_form_mla():
         rope.rope_quantize_fp8_append_paged_kv_cache(q, k, qn, kn, kn, _cache(32), pos,
                                                      (ckv, kpe), indices, indptr, batch,
                                                      positions, page_size=4)
+
+
+# --- GPU: the same calls on CUDA tensors vs their CPU copies (the reference path above) --------
+
+DEV = "cuda"
+BF16 = torch.bfloat16
+
+
+def _poisoned_fp8(shape, dtype=E4M3, device=None):
+    """An fp8 buffer of NaN bytes (0x7F is NaN in e4m3fn and in e5m2): an element left
+    unwritten stays NaN and fails the comparison."""
+    t = torch.empty(shape, dtype=dtype, device=device or DEV)
+    t.view(torch.uint8).fill_(0x7F)
+    return t
+
+
+def _fp8_step(x, dtype):
+    """The spacing of the fp8 grid of ``dtype`` at magnitude ``x`` (float64): 2^(exponent -
+    mantissa bits), the subnormal spacing below the smallest normal."""
+    mantissa, min_exp = (3, -6) if dtype == E4M3 else (2, -14)
+    return torch.exp2(torch.floor(torch.log2(x.clamp_min(2.0 ** min_exp))) - mantissa)
+
+
+def _assert_fp8_within_one_step(got, want):
+    """``got`` (any device) vs ``want`` (CPU), one fp8 dtype: NaN in the same places, elsewhere at
+    most one fp8 step apart (a float32 rounding difference before the cast may cross a rounding
+    boundary) and no more than 1% of the elements differing at all."""
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape, want.shape)
+    g, w = got.cpu().double(), want.double()
+    nan = torch.isnan(w)
+    assert torch.equal(torch.isnan(g), nan), f"NaN differs at {int((torch.isnan(g) != nan).sum())}"
+    g, w = g[~nan], w[~nan]
+    diff = (g - w).abs()
+    step = _fp8_step(torch.maximum(g.abs(), w.abs()), got.dtype)
+    assert bool((diff <= step).all()), f"{int((diff > step).sum())} elements more than a step off"
+    assert (diff > 0).double().mean().item() <= 0.01, f"{int((diff > 0).sum())} elements differ"
+
+
+def _same_bits(got, want):
+    return torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8))
+
+
+def _assert_served_on_the_gpu(log, *ops):
+    """Each of ``ops`` was decided for the CUDA device and not served by the reference: the triton
+    records of rope (float32, cos/sin cache) and append_paged_kv (NHD / HND, any dtype) cover SM
+    7.5-12.1 and come first in dispatch_rules/{rope,append_paged_kv}.toml."""
+    for op in ops:
+        mine = [d for d in log if d.problem.op == op]
+        assert mine, f"no {op} decision in {[d.problem.op for d in log]}"
+        for d in mine:
+            assert d.problem.device == torch.device(DEV).type and d.backend != "reference", \
+                d.explain()
+
+
+def _bf16_parts(nnz, hq, hk, rope_dim, nope_dim, seed, mla=False):
+    """Seeded bf16 ``(q_rope, k_rope, q_nope, k_nope)`` on the CPU; ``hk`` None with ``mla``."""
+    g = torch.Generator().manual_seed(seed)
+    k_lead = (nnz,) if mla else (nnz, hk)
+    return tuple(torch.randn(*shape, generator=g).to(BF16) for shape in (
+        (nnz, hq, rope_dim), (*k_lead, rope_dim), (nnz, hq, nope_dim), (*k_lead, nope_dim)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("dtype", [E4M3, E5M2])
+def test_gpu_rope_quantize_fp8_matches_the_cpu_path(is_neox, dtype):
+    """rope_quantize_fp8 on CUDA into NaN-poisoned outputs vs the CPU reference: rotated parts
+    within one fp8 step, unrotated parts bit-exact (an exact product, then one cast)."""
+    q, k, qn, kn = _bf16_parts(300, 16, 4, 64, 128, seed=10)
+    pos = torch.randint(0, 4096, (300,), generator=torch.Generator().manual_seed(11))
+    cache = _cache(64, max_pos=4096)
+    scales = dict(quant_scale_q=128.0, quant_scale_kv=0.375)  # exact in float32; 128 saturates
+    want = rope.rope_quantize_fp8(q, k, qn, kn, cache, pos, is_neox, dtype, **scales,
+                                  backend="reference")
+    outs = [_poisoned_fp8(t.shape, dtype) for t in (q, k, qn, kn)]
+    with flashinfer.record_decisions() as log:
+        got = rope.rope_quantize_fp8(
+            *(t.to(DEV) for t in (q, k, qn, kn, cache, pos)), is_neox, dtype, **scales,
+            q_rope_out=outs[0], k_rope_out=outs[1], q_nope_out=outs[2], k_nope_out=outs[3])
+    flashinfer.check_errors()
+    assert all(a is b for a, b in zip(got, outs))
+    _assert_served_on_the_gpu(log, "rope")
+    _assert_fp8_within_one_step(got[0], want[0])
+    _assert_fp8_within_one_step(got[1], want[1])
+    assert _same_bits(got[2], want[2]) and _same_bits(got[3], want[3])
+    if dtype == E4M3:
+        assert want[2].float().abs().max().item() == 448.0  # the saturation was exercised
+
+
+@pytest.mark.gpu
+def test_gpu_mla_rope_quantize_fp8_matches_the_cpu_path():
+    """mla_rope_quantize_fp8 (2-D k_rope / k_nope, DeepSeek's 64 + 512 split, interleaved pairs)
+    on CUDA vs the CPU reference: rotated parts within one fp8 step, the rest bit-exact."""
+    q, k, qn, kn = _bf16_parts(200, 16, None, 64, 512, seed=12, mla=True)
+    pos = torch.randint(0, 4096, (200,), generator=torch.Generator().manual_seed(13),
+                        dtype=torch.int32)
+    cache = _cache(64, max_pos=4096)
+    scales = dict(quant_scale_q=0.5, quant_scale_kv=2.0)
+    want = rope.mla_rope_quantize_fp8(q, k, qn, kn, cache, pos, False, **scales,
+                                      backend="reference")
+    outs = [_poisoned_fp8(t.shape) for t in (q, k, qn, kn)]
+    with flashinfer.record_decisions() as log:
+        got = rope.mla_rope_quantize_fp8(
+            *(t.to(DEV) for t in (q, k, qn, kn, cache, pos)), False, **scales,
+            q_rope_out=outs[0], k_rope_out=outs[1], q_nope_out=outs[2], k_nope_out=outs[3])
+    flashinfer.check_errors()
+    assert all(a is b for a, b in zip(got, outs)) and got[1].shape == (200, 64)
+    _assert_served_on_the_gpu(log, "rope")
+    _assert_fp8_within_one_step(got[0], want[0])
+    _assert_fp8_within_one_step(got[1], want[1])
+    assert _same_bits(got[2], want[2]) and _same_bits(got[3], want[3])
+
+
+GPU_KV_LENS, GPU_PAGE = [37, 1, 64, 130], 16
+
+
+def _gpu_append_layout():
+    """``(kv_indptr, kv_indices, batch_indices, positions)`` of GPU_KV_LENS, seeded, on the CPU."""
+    torch.manual_seed(14)  # _append_layout's page permutation
+    return _append_layout(GPU_KV_LENS, GPU_PAGE)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_gpu_append_form_matches_the_cpu_path(layout):
+    """rope_quantize_fp8_append_paged_kv_cache (GQA) on CUDA vs the CPU reference, both caches NaN
+    bytes first: every slot written on one is written on the other; the keys' rotated half within
+    one fp8 step, their unrotated half, the values and the queries' nope part bit-exact."""
+    indptr, indices, batch, positions = _gpu_append_layout()
+    nnz = sum(GPU_KV_LENS)
+    q, k, qn, kn = _bf16_parts(nnz, 16, 4, 64, 64, seed=15)
+    v = torch.randn(nnz, 4, 128, generator=torch.Generator().manual_seed(16)).to(BF16)
+    pages = int(indices.max()) + 3
+    shape = (pages, GPU_PAGE, 4, 128) if layout == "NHD" else (pages, 4, GPU_PAGE, 128)
+    want_kv = (_poisoned_fp8(shape, device="cpu"), _poisoned_fp8(shape, device="cpu"))
+    got_kv = tuple(c.to(DEV) for c in want_kv)
+    cache = _cache(64, max_pos=4096)
+    kw = dict(quant_scale_q=4.0, quant_scale_kv=0.5, page_size=GPU_PAGE, kv_layout=layout)
+    want_q = rope.rope_quantize_fp8_append_paged_kv_cache(
+        q, k, qn, kn, v, cache, positions, want_kv, indices, indptr, batch, positions, **kw,
+        backend="reference")
+    q_outs = [_poisoned_fp8(t.shape) for t in (q, qn)]
+    with flashinfer.record_decisions() as log:
+        got_q = rope.rope_quantize_fp8_append_paged_kv_cache(
+            *(t.to(DEV) for t in (q, k, qn, kn, v, cache, positions)), got_kv,
+            *(t.to(DEV) for t in (indices, indptr, batch, positions)), **kw,
+            q_rope_out=q_outs[0], q_nope_out=q_outs[1])
+    flashinfer.check_errors()
+    assert got_q[0] is q_outs[0] and got_q[1] is q_outs[1]
+    _assert_served_on_the_gpu(log, "rope", "append_paged_kv")
+    _assert_fp8_within_one_step(got_q[0], want_q[0])
+    assert _same_bits(got_q[1], want_q[1])
+    _assert_fp8_within_one_step(got_kv[0], want_kv[0])  # NaN where no token went, on both
+    assert _same_bits(got_kv[0][..., 64:], want_kv[0][..., 64:])
+    assert _same_bits(got_kv[1], want_kv[1])
+    assert not torch.isnan(want_kv[1].float()).all()  # (the reference did write)
+
+
+@pytest.mark.gpu
+def test_gpu_append_form_mla_matches_the_cpu_path():
+    """The MLA append form (ckv / kpe caches) on CUDA vs the CPU reference, caches NaN bytes
+    first: ckv (the unrotated k_nope) bit-exact, kpe (the rotated k_rope) within one fp8 step."""
+    indptr, indices, batch, positions = _gpu_append_layout()
+    nnz = sum(GPU_KV_LENS)
+    q, k, qn, kn = _bf16_parts(nnz, 16, None, 64, 512, seed=17, mla=True)
+    pages = int(indices.max()) + 3
+    want_kv = (_poisoned_fp8((pages, GPU_PAGE, 512), device="cpu"),
+               _poisoned_fp8((pages, GPU_PAGE, 64), device="cpu"))
+    got_kv = tuple(c.to(DEV) for c in want_kv)
+    cache = _cache(64, max_pos=4096)
+    kw = dict(quant_scale_q=2.0, quant_scale_kv=0.25, page_size=GPU_PAGE)
+    want_q = rope.rope_quantize_fp8_append_paged_kv_cache(
+        q, k, qn, kn, None, cache, positions, want_kv, indices, indptr, batch, positions, **kw,
+        backend="reference")
+    with flashinfer.record_decisions() as log:
+        got_q = rope.rope_quantize_fp8_append_paged_kv_cache(
+            *(t.to(DEV) for t in (q, k, qn, kn)), None, cache.to(DEV), positions.to(DEV), got_kv,
+            *(t.to(DEV) for t in (indices, indptr, batch, positions)), **kw)
+    flashinfer.check_errors()
+    _assert_served_on_the_gpu(log, "rope", "append_paged_kv")
+    _assert_fp8_within_one_step(got_q[0], want_q[0])
+    assert _same_bits(got_q[1], want_q[1])
+    assert _same_bits(got_kv[0], want_kv[0])
+    _assert_fp8_within_one_step(got_kv[1], want_kv[1])

@@ -1,5 +1,6 @@
 """flashinfer.top_k (module flashinfer.topk) against float64 selection written here: the k largest
-per row, tie-break modes at the boundary, deterministic and sorted output, argument checks."""
+per row, tie-break modes at the boundary, deterministic and sorted output, argument checks; the
+sparse-attention transforms; on CUDA (marker ``gpu``), the same calls against the CPU."""
 
 from __future__ import annotations
 
@@ -121,3 +122,126 @@ def test_a_window_needing_more_pages_than_the_table_row_names_lengths():
         flashinfer.topk.top_k_page_table_transform(
             torch.randn(1, 40), torch.zeros(1, 8, dtype=torch.int32),
             torch.tensor([40], dtype=torch.int32), 4, page_size=4)
+
+
+# --- GPU: the same calls on CUDA tensors vs their CPU copies ------------------------------------
+# (top_k runs on torch's kernels on both devices and dispatches nothing: no Decision to check;
+# the plain unsorted float32 top_k on CUDA: tests/attention/test_compat_gpu.py::test_top_k_on_cuda)
+
+DEV = "cuda"
+SENTINEL = -7  # pre-filled into int32 output buffers: an unwritten slot shows
+
+
+def _coarse_bf16(rows, width, seed):
+    """Seeded bf16 scores on a grid of 80 values: many equal values at every top-k boundary."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(-40, 40, (rows, width), generator=g) * 0.25).to(torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kwargs", [dict(tie_break=TopKTieBreak.SMALL),
+                                    dict(tie_break=TopKTieBreak.LARGE),
+                                    dict(deterministic=True)], ids=["small", "large", "det"])
+def test_gpu_top_k_tie_breaks_equal_the_cpu(kwargs):
+    """top_k on CUDA with a tie-break or deterministic=True on rows full of ties: values and
+    indices equal the CPU's exactly (the mode fixes which equal values are kept)."""
+    x = _coarse_bf16(6, 4096, seed=30)
+    got_v, got_i = flashinfer.top_k(x.to(DEV), 100, **kwargs)
+    want_v, want_i = flashinfer.top_k(x, 100, **kwargs)
+    assert got_v.device.type == torch.device(DEV).type and got_i.dtype == torch.int64
+    assert torch.equal(got_v.cpu(), want_v) and torch.equal(got_i.cpu(), want_i)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_top_k_sorted_half_precision(dtype):
+    """top_k(sorted=True) of fp16 / bf16 rows on CUDA: the values equal the CPU's exactly and
+    descend; the indices are distinct and point at those values (ties may pick other equal
+    elements than the CPU)."""
+    g = torch.Generator().manual_seed(31)
+    x = torch.randn(8, 32768, generator=g).to(dtype)
+    values, indices = flashinfer.top_k(x.to(DEV), 100, sorted=True)
+    want, _ = flashinfer.top_k(x, 100, sorted=True)
+    values, indices = values.cpu(), indices.cpu()
+    assert torch.equal(values, want) and bool((values[:, :-1] >= values[:, 1:]).all())
+    assert torch.equal(x.gather(1, indices), values)
+    ordered = indices.sort(1).values
+    assert bool((ordered[:, 1:] > ordered[:, :-1]).all())
+
+
+ROWS, WIDTH, K = 8, 2048, 64
+LENGTHS = [2048, 64, 0, 1000, 5, 1500, 700, 63]  # full, exactly k, empty, short, under k
+STARTS = [0, 100, 7, 1000, 2000, 300, 1348, 0]    # start + length <= WIDTH
+
+
+def _window_args():
+    """int32 ``(lengths, row_starts)`` of the transform tests, on the CPU."""
+    return (torch.tensor(LENGTHS, dtype=torch.int32), torch.tensor(STARTS, dtype=torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_gpu_page_table_transform_matches_the_cpu(page_size, deterministic):
+    """top_k_page_table_transform on CUDA (sentinel-filled out / out_raw_indices) vs the CPU on
+    distinct scores: equal exactly (row by row as sets unless deterministic: the order within a
+    row is unspecified), -1 padding included; no index fault recorded."""
+    g = torch.Generator().manual_seed(32)
+    scores = torch.randperm(ROWS * WIDTH, generator=g).view(ROWS, WIDTH).float() * 1e-3
+    lengths, starts = _window_args()
+    pages = WIDTH if page_size == 1 else 160
+    table = torch.randint(0, 50000, (3, pages), generator=g, dtype=torch.int32)
+    row_to_batch = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1], dtype=torch.int32)
+    pt_starts = (None if page_size == 1 else  # start + ceil(length / 16) <= 160 pages
+                 torch.tensor([0, 10, 3, 50, 100, 20, 116, 156], dtype=torch.int32))
+    args = dict(k=K, deterministic=deterministic, page_size=page_size)
+    want_raw = torch.empty(ROWS, K, dtype=torch.int32)
+    want = flashinfer.topk.top_k_page_table_transform(
+        scores, table, lengths, row_to_batch=row_to_batch, row_starts=starts,
+        page_table_row_starts=pt_starts, out_raw_indices=want_raw, **args)
+    out = torch.full((ROWS, K), SENTINEL, dtype=torch.int32, device=DEV)
+    raw = torch.full((ROWS, K), SENTINEL, dtype=torch.int32, device=DEV)
+    got = flashinfer.topk.top_k_page_table_transform(
+        scores.to(DEV), table.to(DEV), lengths.to(DEV), row_to_batch=row_to_batch.to(DEV),
+        row_starts=starts.to(DEV),
+        page_table_row_starts=None if pt_starts is None else pt_starts.to(DEV),
+        out=out, out_raw_indices=raw, **args)
+    flashinfer.check_errors()
+    assert got is out
+    got, raw = got.cpu(), raw.cpu()
+    if not deterministic:
+        got, raw, want, want_raw = (t.sort(1).values for t in (got, raw, want, want_raw))
+    assert torch.equal(got, want) and torch.equal(raw, want_raw)
+    assert not bool((got == SENTINEL).any())
+    assert (want == -1).sum(1).tolist() == [max(K - n, 0) for n in LENGTHS]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tie_break", [TopKTieBreak.SMALL, TopKTieBreak.LARGE, TopKTieBreak.NONE])
+def test_gpu_ragged_transform_matches_the_cpu(tie_break):
+    """top_k_ragged_transform on CUDA vs the CPU on rows full of ties: equal exactly with a
+    tie-break; without one the selection among equal values is free, so the same -1 padding,
+    distinct positions inside each window and the same multiset of selected values."""
+    scores = _coarse_bf16(ROWS, WIDTH, seed=33)
+    lengths, starts = _window_args()
+    offsets = torch.tensor([0, 5000, 9000, 12000, 20000, 21000, 30000, 40000], dtype=torch.int32)
+    args = dict(k=K, deterministic=True, tie_break=tie_break)
+    want = flashinfer.topk.top_k_ragged_transform(scores, offsets, lengths, row_starts=starts,
+                                                  **args)
+    got = flashinfer.topk.top_k_ragged_transform(scores.to(DEV), offsets.to(DEV),
+                                                 lengths.to(DEV), row_starts=starts.to(DEV),
+                                                 **args)
+    flashinfer.check_errors()
+    got = got.cpu()
+    assert got.dtype == torch.int32 and got.shape == (ROWS, K)
+    if tie_break != TopKTieBreak.NONE:
+        assert torch.equal(got, want)
+        return
+    assert torch.equal(got == -1, want == -1)
+    for i in range(ROWS):
+        kept = got[i][got[i] >= 0].long() - int(offsets[i])
+        want_kept = want[i][want[i] >= 0].long() - int(offsets[i])
+        assert kept.unique().numel() == kept.numel()
+        assert bool(((kept >= 0) & (kept < LENGTHS[i])).all())
+        row = scores[i, STARTS[i]:STARTS[i] + LENGTHS[i]]
+        assert torch.equal(row[kept].sort().values, row[want_kept].sort().values)
