@@ -72,6 +72,9 @@ class BatchWrapperBase:
         self._max_page = -1
         self._fp8_q = None  # the fp8 q dtype run() takes when plan() got one (plan_dtypes)
         self._cache_views = PagedCacheViews()  # paged run(): the caches' checked page views
+        # run()'s last checked q (and ragged k / v) facts, with the plan they were checked for
+        self._checked_q: tuple = (None, None)
+        self._checked_kv: tuple = (None, None)
         self._planned_window_left = -1
         self._replay_args = None
         self._pos_encoding_mode = "NONE"
@@ -249,6 +252,10 @@ class BatchWrapperBase:
                 "fixed buffers (or CUDAGraphBatchDecodeWithPagedKVCacheWrapper)")
         if not isinstance(q, torch.Tensor):
             raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+        facts = (q.shape, q.dtype, q.device, window_left)
+        known, checked = self._checked_q
+        if known is plan and checked == facts:  # the steady state: as the last run() of this plan
+            return plan
         want = (plan.total_qo, plan.num_qo_heads, plan.head_dim_qk)
         if q.shape != want:
             raise ValueError(f"q must have shape [total_qo, num_qo_heads, head_dim_qk] = {list(want)} "
@@ -261,6 +268,7 @@ class BatchWrapperBase:
         if window_left is not None and window_left != self._planned_window_left:
             raise ValueError(f"window_left={window_left} differs from the planned "
                              f"window_left={self._planned_window_left}; pass it to plan()")
+        self._checked_q = (plan, facts)
         return plan
 
     def _check_kv(self, name: str, t, plan: BatchPlan) -> None:

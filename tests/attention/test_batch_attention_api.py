@@ -395,3 +395,30 @@ def test_run_remembers_a_checked_cache_but_rechecks_it_against_each_plan():
     cache.resize_(cache.shape[0] + 1, *cache.shape[1:])  # same object, other geometry
     changed = views.kv(cache, w._plan, w._max_page, lambda *a: None, "indices")
     assert changed is not first and changed.k.shape[0] == n_pages + 1
+
+
+def test_run_checks_again_whatever_differs_from_the_last_checked_call():
+    """run() skips the q / k / v checks for the facts its last call of the same plan passed
+    (shapes, dtypes, devices, window_left), and checks anything else; a new plan checks anew."""
+    torch.manual_seed(5)
+    indptr = torch.tensor([0, 3, 8], dtype=torch.int32)
+    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws(), "NHD")
+    w.plan(indptr, indptr, 4, 2, 16, causal=True, q_data_type=torch.float32)
+    q, k, v = torch.randn(8, 4, 16), torch.randn(8, 2, 16), torch.randn(8, 2, 16)
+    first = w.run(q, k, v)
+    torch.testing.assert_close(w.run(q, k, v), first, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="dtype"):
+        w.run(q, k.double(), v)
+    with pytest.raises(ValueError, match="must be"):
+        w.run(q, k[:, :1], v)
+    with pytest.raises(ValueError, match="shape"):
+        w.run(q[:7], k, v)
+    with pytest.raises(ValueError, match="dtype"):
+        w.run(q.half(), k, v)
+    with pytest.raises(ValueError, match="window_left"):
+        w.run(q, k, v, window_left=2)
+    w.plan(torch.tensor([0, 2, 8], dtype=torch.int32), indptr, 4, 2, 16, causal=True,
+           q_data_type=torch.float32)
+    w.run(q, k, v)
+    with pytest.raises(ValueError, match="shape"):  # the new plan's q, checked
+        w.run(q[:7], k, v)
