@@ -46,7 +46,8 @@ checks for a call whose signature (metadata and scalars, :mod:`flashinfer.checke
 passed them before, keeping the dispatch facts with it as a :class:`KeyedDecision` (the
 Decision and the override state it was made under: a hit compares that state instead of
 hashing the key) and, for single decode, the kernel's prepared form (``kernel.prepare``,
-:mod:`flashinfer.attention.params`); a paged ``run()`` keeps each cache's
+:mod:`flashinfer.attention.params`); a batch ``run()`` skips the checks of the q (and
+ragged k / v) facts its last call of the same plan passed, and a paged one keeps each cache's
 checked page views by identity (``PagedCacheViews``). A new Decision is logged once (at
 ``FLASHINFER_LOGLEVEL>=1``) when it is first made. Wrappers decide in ``plan()``; ``run()`` only
 executes the kernel the Decision names. ``benchmarks/overhead.py`` measures what this costs
