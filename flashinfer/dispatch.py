@@ -39,8 +39,11 @@ source that decided (``argument``, ``context``, ``environment``, ``tuned`` or ``
 the hot path an op asks :func:`decide_keyed` with a tuple of the call's raw facts (device,
 dtypes, bucketed ints, flags) and a function that builds the Problem: a steady-state call is the
 argument checks, one dict lookup (plus the raw override state: the ``use_backend`` context and
-the env strings) and the kernel; no Problem is rebuilt, no view is made to fit a kernel
-signature (kernels take the 2-D forms their ops receive). The public functions on the decode
+the env strings) and the kernel; no Problem is rebuilt, and no view is made to fit a kernel
+signature beyond what the vendor entry itself needs (kernels take the forms their ops receive;
+single decode's q becomes aten FA2's 3-D form, a ``bmm_fp8`` batch entry cuBLASLt's 2-D one:
+the views that keep those rows over direct + 8 us, ``benchmarks/overhead.py``). The public
+functions on the decode
 path (single decode, RMSNorm, the fp8 GEMMs, the probability samplers) also skip their argument
 checks for a call whose signature (metadata and scalars, :mod:`flashinfer.checked_calls`)
 passed them before, keeping the dispatch facts with it as a :class:`KeyedDecision` (the
