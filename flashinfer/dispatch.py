@@ -43,9 +43,8 @@ the env strings) and the kernel; no Problem is rebuilt, and no view is made to f
 signature beyond what the vendor entry itself needs (kernels take the forms their ops receive;
 single decode's q becomes aten FA2's 3-D form, a ``bmm_fp8`` batch entry cuBLASLt's 2-D one:
 the views that keep those rows over direct + 8 us, ``benchmarks/overhead.py``). The public
-functions on the decode
-path (single decode, RMSNorm, the fp8 GEMMs, the probability samplers) also skip their argument
-checks for a call whose signature (metadata and scalars, :mod:`flashinfer.checked_calls`)
+functions on the decode path (single decode, RMSNorm, the fp8 GEMMs, the probability samplers)
+also skip their argument checks for a call whose signature (metadata and scalars, :mod:`flashinfer.checked_calls`)
 passed them before, keeping the dispatch facts with it as a :class:`KeyedDecision` (the
 Decision and the override state it was made under: a hit compares that state instead of
 hashing the key) and, for single decode, the kernel's prepared form (``kernel.prepare``,
