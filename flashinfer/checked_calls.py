@@ -17,7 +17,7 @@ import operator
 
 import torch
 
-__all__ = ["CheckedCalls", "tensor_facts"]
+__all__ = ["CheckedCalls", "tensor_fact", "tensor_facts"]
 
 
 class CheckedCalls:
@@ -56,7 +56,8 @@ class CheckedCalls:
         return len(self._stored)
 
 
-_FACTS = operator.attrgetter("shape", "dtype", "device")  # one C call per tensor
+#: ``tensor_fact(t) -> (t.shape, t.dtype, t.device)``, in one C call
+tensor_fact = operator.attrgetter("shape", "dtype", "device")
 
 
 def tensor_facts(*tensors) -> tuple | None:
@@ -67,7 +68,7 @@ def tensor_facts(*tensors) -> tuple | None:
     facts = []
     for t in tensors:
         if isinstance(t, torch.Tensor):
-            facts.append(_FACTS(t))
+            facts.append(tensor_fact(t))
         elif t is None:
             facts.append(None)
         else:

@@ -67,7 +67,7 @@ import torch
 from . import dispatch
 from .aliasing import check_no_overlap, check_writable
 from .api_logging import flashinfer_api
-from .checked_calls import CheckedCalls, tensor_facts
+from .checked_calls import CheckedCalls, tensor_fact
 from .custom_op import custom_op
 from .dispatch import Problem
 
@@ -236,10 +236,18 @@ _CHECKED_NORMS = CheckedCalls()
 
 
 def _norm_signature(input, weight, eps, out, weight_bias, backend) -> tuple | None:
-    facts = tensor_facts(input, weight, out)
-    if facts is None or facts[0] is None or facts[1] is None:
+    # tensor_facts, unrolled for the three arguments (the hot path of every layer's norm)
+    if (not isinstance(input, torch.Tensor) or not isinstance(weight, torch.Tensor)
+            or torch.compiler.is_compiling()):
         return None
-    return facts, type(eps), eps, weight_bias, type(backend), backend
+    if out is None:
+        out_facts = None
+    elif isinstance(out, torch.Tensor):
+        out_facts = tensor_fact(out)
+    else:
+        return None
+    return (tensor_fact(input), tensor_fact(weight), out_facts, type(eps), eps, weight_bias,
+            type(backend), backend)
 
 
 def _rmsnorm(input, weight, eps, out, weight_bias: float, backend: str) -> torch.Tensor:

@@ -99,7 +99,7 @@ import torch
 
 from .. import dispatch
 from ..api_logging import flashinfer_api
-from ..checked_calls import CheckedCalls, tensor_facts
+from ..checked_calls import CheckedCalls, tensor_fact
 from ..custom_op import custom_op
 from ..dispatch import Problem
 from .args import (
@@ -377,10 +377,9 @@ def _draw_signature(probs, indices, top_k, top_p, min_p, generator, check_nan, s
             or check_nan or type(top_k) not in _SCALARS or type(top_p) not in _SCALARS
             or type(min_p) not in _SCALARS):
         return None
-    facts = tensor_facts(probs)
-    if facts is None or facts[0] is None:
+    if not isinstance(probs, torch.Tensor) or torch.compiler.is_compiling():
         return None
-    return (facts, probs.is_contiguous(), type(top_k), top_k, type(top_p), top_p, type(min_p),
+    return (tensor_fact(probs), probs.is_contiguous(), type(top_k), top_k, type(top_p), top_p, type(min_p),
             min_p, rest, tuple(map(type, rest)))
 
 
@@ -405,8 +404,8 @@ def _unread_valid(device: torch.device, rows: int) -> torch.Tensor:
 def _checked_draw(probs: torch.Tensor, entry: tuple, backend: str, return_valid: bool):
     """A memoised call's draw: outputs, the Decision of its KeyedDecision, the default generator's
     seed and offset, the kernel."""
-    choice, rows, top_k, top_p, min_p, joint, deterministic, increment = entry
-    if probs.dtype != torch.float32 or not probs.is_contiguous():
+    choice, rows, top_k, top_p, min_p, joint, deterministic, increment, widen = entry
+    if widen:  # (the signature holds probs' dtype and contiguity)
         probs = probs.float().contiguous()
     device = probs.device
     out = torch.empty(rows, dtype=torch.int32, device=device)
@@ -444,8 +443,9 @@ def _sample_probs(probs, indices, top_k, top_p, min_p, joint, deterministic, gen
     if signature is not None and count:
         choice = dispatch.KeyedDecision(*_draw_dispatch(probs, count, None, None, k_val, p_val,
                                                         m_val, bool(joint), None))
+        widen = probs.dtype != torch.float32 or not probs.is_contiguous()
         _CHECKED_DRAWS.put(signature, (choice, count, k_val, p_val, m_val, bool(joint),
-                                       bool(deterministic), count * per_row_draws))
+                                       bool(deterministic), count * per_row_draws, widen))
     return (out, valid) if return_valid else out
 
 
