@@ -305,8 +305,10 @@ class BatchWrapperBase:
             check_softmax_scale(plan.sm_scale * scales.q_scale * scales.k_scale,
                                 "sm_scale * q_scale * k_scale")
         o_shape = (plan.total_qo, plan.num_qo_heads, plan.head_dim_vo)
-        if out is None:
-            out = torch.empty(o_shape, dtype=plan.o_dtype, device=plan.device)
+        if out is None:  # (q's own shape and dtype: empty_like, the cheaper allocation)
+            out = (torch.empty_like(q) if plan.head_dim_vo == plan.head_dim_qk
+                   and plan.o_dtype == q.dtype and q.is_contiguous()
+                   else torch.empty(o_shape, dtype=plan.o_dtype, device=plan.device))
         elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != o_shape
               or out.dtype != plan.o_dtype or out.device != plan.device):
             raise ValueError(f"out must be a {plan.o_dtype} tensor of shape {list(o_shape)} on "
