@@ -415,10 +415,11 @@ class _CheckedDecode:
     calls with 16-bit or fp32 K/V and float scales are stored (fp8 K/V and tensor scales are
     rewritten before the checks), so a hit needs none of that handling."""
 
-    __slots__ = ("hnd", "v_scale", "kv_len", "prepared", "choice", "bound")
+    __slots__ = ("hnd", "v_scale", "kv_len", "prepared", "plain", "choice", "bound")
 
     def __init__(self, layout: str, v_scale: float, kv_len: int, prepared: tuple):
         self.hnd, self.v_scale, self.kv_len, self.prepared = layout == "HND", v_scale, kv_len, prepared
+        self.plain = prepared[3] is None and v_scale == 1.0  # no RoPE rewrite, no out scale
         self.choice = dispatch.KeyedDecision(prepared[0], prepared[1])
         self.bound: tuple | None = None  # (Decision, run(q3, k, v)) once bound
 
@@ -426,7 +427,7 @@ class _CheckedDecode:
             backend: str):
         if self.hnd:
             k, v = k.transpose(0, 1), v.transpose(0, 1)
-        if self.prepared[3] is None and self.v_scale == 1.0:  # no RoPE rewrite, no out scale
+        if self.plain:
             decision = self.choice.get(backend)
             bound = self.bound
             if bound is None or bound[0] is not decision:
