@@ -210,10 +210,10 @@ def _bf16_parts(nnz, hq, hk, rope_dim, nope_dim, seed, mla=False):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("is_neox", [True, False])
-@pytest.mark.parametrize("dtype", [E4M3, E5M2])
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
 def test_gpu_rope_quantize_fp8_matches_the_cpu_path(is_neox, dtype):
-    """rope_quantize_fp8 on CUDA into NaN-poisoned outputs vs the CPU reference: rotated parts
-    within one fp8 step, unrotated parts bit-exact (an exact product, then one cast)."""
+    """rope_quantize_fp8 on CUDA vs the CPU reference, into NaN-poisoned outputs."""
+    # rotated parts: within one fp8 step; unrotated parts: bit-exact (an exact product, one cast)
     q, k, qn, kn = _bf16_parts(300, 16, 4, 64, 128, seed=10)
     pos = torch.randint(0, 4096, (300,), generator=torch.Generator().manual_seed(11))
     cache = _cache(64, max_pos=4096)
@@ -237,8 +237,8 @@ def test_gpu_rope_quantize_fp8_matches_the_cpu_path(is_neox, dtype):
 
 @pytest.mark.gpu
 def test_gpu_mla_rope_quantize_fp8_matches_the_cpu_path():
-    """mla_rope_quantize_fp8 (2-D k_rope / k_nope, DeepSeek's 64 + 512 split, interleaved pairs)
-    on CUDA vs the CPU reference: rotated parts within one fp8 step, the rest bit-exact."""
+    """mla_rope_quantize_fp8 (DeepSeek's 64 + 512 split, interleaved) on CUDA vs the CPU path."""
+    # 2-D k_rope / k_nope; rotated parts within one fp8 step, the rest bit-exact
     q, k, qn, kn = _bf16_parts(200, 16, None, 64, 512, seed=12, mla=True)
     pos = torch.randint(0, 4096, (200,), generator=torch.Generator().manual_seed(13),
                         dtype=torch.int32)
@@ -271,9 +271,9 @@ def _gpu_append_layout():
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_gpu_append_form_matches_the_cpu_path(layout):
-    """rope_quantize_fp8_append_paged_kv_cache (GQA) on CUDA vs the CPU reference, both caches NaN
-    bytes first: every slot written on one is written on the other; the keys' rotated half within
-    one fp8 step, their unrotated half, the values and the queries' nope part bit-exact."""
+    """rope_quantize_fp8_append_paged_kv_cache (GQA) on CUDA vs the CPU path, caches NaN first."""
+    # every slot written on one device is written on the other (NaN elsewhere on both); the keys'
+    # rotated half within one fp8 step; their unrotated half, the values, q_nope bit-exact
     indptr, indices, batch, positions = _gpu_append_layout()
     nnz = sum(GPU_KV_LENS)
     q, k, qn, kn = _bf16_parts(nnz, 16, 4, 64, 64, seed=15)
@@ -306,8 +306,8 @@ def test_gpu_append_form_matches_the_cpu_path(layout):
 
 @pytest.mark.gpu
 def test_gpu_append_form_mla_matches_the_cpu_path():
-    """The MLA append form (ckv / kpe caches) on CUDA vs the CPU reference, caches NaN bytes
-    first: ckv (the unrotated k_nope) bit-exact, kpe (the rotated k_rope) within one fp8 step."""
+    """The MLA append form (ckv / kpe caches) on CUDA vs the CPU path, caches NaN first."""
+    # ckv (the unrotated k_nope) bit-exact, kpe (the rotated k_rope) within one fp8 step
     indptr, indices, batch, positions = _gpu_append_layout()
     nnz = sum(GPU_KV_LENS)
     q, k, qn, kn = _bf16_parts(nnz, 16, None, 64, 512, seed=17, mla=True)

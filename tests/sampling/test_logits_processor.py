@@ -148,9 +148,9 @@ def _assert_on_the_gpu(log, *ops):
 
 @pytest.mark.gpu
 def test_gpu_temperature_softmax_top_k_top_p_sample_pipeline():
-    """Temperature -> Softmax -> TopK -> TopP (-> Sample) on CUDA: the filtered probabilities equal
-    the CPU pipeline's (same zeros, values to float32 rounding: rtol 1e-4, atol 1e-7) and every
-    sampled token lies in the float64 keep set."""
+    """Temperature, Softmax, TopK, TopP (, Sample) on CUDA: the CPU's probabilities, kept draws."""
+    # filtered probabilities: the same zeros, values to float32 rounding (rtol 1e-4, atol 1e-7);
+    # every sampled token inside the float64 keep set
     logits = _grid_logits(40)
     params = dict(temperature=0.7, top_k=50, top_p=0.8)
     keep, margin = _keep(logits, [0.7] * 4, [50] * 4, [0.8] * 4, joint=False)
@@ -180,9 +180,9 @@ def test_gpu_temperature_softmax_top_k_top_p_sample_pipeline():
 
 @pytest.mark.gpu
 def test_gpu_fused_joint_top_k_top_p_pipeline():
-    """Softmax -> TopK(joint_topk_topp=True) -> TopP -> Sample, fused into joint top-k / top-p
-    sampling, on CUDA with per-row top_k / top_p tensors: every token in the float64 joint keep
-    set; the row with top_k = 1 always gives its argmax."""
+    """Fused joint top-k / top-p sampling pipeline on CUDA: every draw in the float64 keep set."""
+    # Softmax, TopK(joint_topk_topp=True), TopP, Sample with per-row top_k / top_p tensors; the
+    # row with top_k = 1 always gives its argmax
     logits = _grid_logits(42)
     top_k, top_p = [1, 1000, 300, 50], [0.5, 0.7, 0.6, 0.8]
     keep, margin = _keep(logits, [1.0] * 4, top_k, top_p, joint=True)
@@ -203,9 +203,8 @@ def test_gpu_fused_joint_top_k_top_p_pipeline():
 
 @pytest.mark.gpu
 def test_gpu_top_k_1_pipelines_give_the_argmax():
-    """top_k = 1 with a per-row temperature tensor on CUDA: the probability pipeline (fused TopK +
-    Sample) and the logits one (TopK mask, then sampling from logits) give each row's argmax;
-    the masked logits (top_k = 20) equal the CPU's."""
+    """top_k = 1 pipelines on CUDA, on probabilities and on logits, give each row's argmax."""
+    # a per-row temperature tensor; and the masked logits (top_k = 20) equal the CPU's
     logits = _grid_logits(44)
     temperature = torch.tensor([0.5, 1.0, 1.5, 2.0])
     rows = _draw_rows()

@@ -143,8 +143,8 @@ def _coarse_bf16(rows, width, seed):
                                     dict(tie_break=TopKTieBreak.LARGE),
                                     dict(deterministic=True)], ids=["small", "large", "det"])
 def test_gpu_top_k_tie_breaks_equal_the_cpu(kwargs):
-    """top_k on CUDA with a tie-break or deterministic=True on rows full of ties: values and
-    indices equal the CPU's exactly (the mode fixes which equal values are kept)."""
+    """top_k on CUDA, tie-break or deterministic, rows full of ties: exactly the CPU's output."""
+    # (the mode fixes which of equal values are kept, so indices compare exactly too)
     x = _coarse_bf16(6, 4096, seed=30)
     got_v, got_i = flashinfer.top_k(x.to(DEV), 100, **kwargs)
     want_v, want_i = flashinfer.top_k(x, 100, **kwargs)
@@ -155,9 +155,8 @@ def test_gpu_top_k_tie_breaks_equal_the_cpu(kwargs):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_top_k_sorted_half_precision(dtype):
-    """top_k(sorted=True) of fp16 / bf16 rows on CUDA: the values equal the CPU's exactly and
-    descend; the indices are distinct and point at those values (ties may pick other equal
-    elements than the CPU)."""
+    """top_k(sorted=True) of fp16 / bf16 on CUDA: the CPU's values, descending, indices to them."""
+    # ties may pick other equal elements than the CPU: the indices are checked by what they hold
     g = torch.Generator().manual_seed(31)
     x = torch.randn(8, 32768, generator=g).to(dtype)
     values, indices = flashinfer.top_k(x.to(DEV), 100, sorted=True)
@@ -183,9 +182,8 @@ def _window_args():
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_gpu_page_table_transform_matches_the_cpu(page_size, deterministic):
-    """top_k_page_table_transform on CUDA (sentinel-filled out / out_raw_indices) vs the CPU on
-    distinct scores: equal exactly (row by row as sets unless deterministic: the order within a
-    row is unspecified), -1 padding included; no index fault recorded."""
+    """top_k_page_table_transform on CUDA, sentinel-filled outputs: exactly the CPU's selection."""
+    # distinct scores; rows compared as sets unless deterministic (the order is unspecified then)
     g = torch.Generator().manual_seed(32)
     scores = torch.randperm(ROWS * WIDTH, generator=g).view(ROWS, WIDTH).float() * 1e-3
     lengths, starts = _window_args()
@@ -217,11 +215,12 @@ def test_gpu_page_table_transform_matches_the_cpu(page_size, deterministic):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tie_break", [TopKTieBreak.SMALL, TopKTieBreak.LARGE, TopKTieBreak.NONE])
+@pytest.mark.parametrize("tie_break", [TopKTieBreak.SMALL, TopKTieBreak.LARGE, TopKTieBreak.NONE],
+                         ids=["small", "large", "none"])
 def test_gpu_ragged_transform_matches_the_cpu(tie_break):
-    """top_k_ragged_transform on CUDA vs the CPU on rows full of ties: equal exactly with a
-    tie-break; without one the selection among equal values is free, so the same -1 padding,
-    distinct positions inside each window and the same multiset of selected values."""
+    """top_k_ragged_transform on CUDA on rows full of ties vs the CPU (exact with a tie-break)."""
+    # without a tie-break the choice among equal values is free: the same -1 padding, distinct
+    # positions inside each window and the same multiset of selected values
     scores = _coarse_bf16(ROWS, WIDTH, seed=33)
     lengths, starts = _window_args()
     offsets = torch.tensor([0, 5000, 9000, 12000, 20000, 21000, 30000, 40000], dtype=torch.int32)
