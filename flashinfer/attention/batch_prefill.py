@@ -315,17 +315,20 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         if args or kv_cache_sf is not None or o_scale not in (None, 1.0):
             raise NotImplementedError("extra run() tensors, kv_cache_sf and o_scale are not supported")
         plan = self._check_run(q, window_left)
-        if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
-            facts = (k.shape, k.dtype, k.device, v.shape, v.dtype, v.device)
-            known, checked = self._checked_kv
-            if known is plan and checked == facts:  # the steady state: as the last run()
-                if plan.kv_layout == "HND":
-                    k, v = k.transpose(0, 1), v.transpose(0, 1)
-                return self._execute(plan, q, KVInput(k, v), q_scale, k_scale, v_scale, out, lse,
-                                     return_lse, sinks)
+        facts = ((k.shape, k.dtype, k.device, v.shape, v.dtype, v.device)
+                 if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) else None)
+        known, checked = self._checked_kv
+        if facts is None or known is not plan or checked != facts:  # (else: as the last run())
+            self._check_ragged_kv(k, v, plan)
+            self._checked_kv = (plan, facts)
+        if plan.kv_layout == "HND":
+            k, v = k.transpose(0, 1), v.transpose(0, 1)
+        return self._execute(plan, q, KVInput(k, v), q_scale, k_scale, v_scale, out, lse,
+                             return_lse, sinks)
+
+    def _check_ragged_kv(self, k, v, plan) -> None:
         self._check_kv("k", k, plan)
         self._check_kv("v", v, plan)
-        facts = (k.shape, k.dtype, k.device, v.shape, v.dtype, v.device)
         if k.dim() != 3 or v.dim() != 3:
             raise ValueError(f"k and v must be 3-D, got {tuple(k.shape)} and {tuple(v.shape)}")
         if plan.kv_layout == "HND":
@@ -337,9 +340,6 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             raise ValueError(f"k/v (NHD view {tuple(k.shape)}, {tuple(v.shape)}) must be "
                              f"[>= kv_indptr[-1]={total_kv}, num_kv_heads={plan.num_kv_heads}, "
                              f"{plan.head_dim_qk} / {plan.head_dim_vo}] as planned")
-        self._checked_kv = (plan, facts)
-        return self._execute(plan, q, KVInput(k, v), q_scale, k_scale, v_scale, out, lse,
-                             return_lse, sinks)
 
     def forward(self, q, k, v, causal=False, pos_encoding_mode="NONE",
                 use_fp16_qk_reduction=False, window_left=-1, logits_soft_cap=None, sm_scale=None,

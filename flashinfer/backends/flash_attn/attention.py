@@ -41,7 +41,7 @@ from ...attention.batch_params import BatchPlan, KVInput, RunScales
 from ...optional_packages import import_error
 from ...reasons import Reason
 from ..torch.attention import (
-    aligned, cu_seqlens, fill_empty, finish_lse, store_outputs, window_needs_causal,
+    aligned, aligned_qkv, cu_seqlens, fill_empty, finish_lse, store_outputs, window_needs_causal,
 )
 
 
@@ -222,10 +222,7 @@ def _varlen_runner(variant: str, plan: BatchPlan, cu_k: torch.Tensor, max_k: int
         if (variant == "fa3" and scales.v_scale == 1.0 and out.dtype == q.dtype
                 and out.is_contiguous()):
             direct["out"] = out  # the kernel writes the output in place: no copy
-        if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
-                and (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0):
-            q, k, v = aligned(q), aligned(k), aligned(v)
-        # (else aligned() keeps all three: 16-bit dtypes, head dims multiples of 8)
+        q, k, v = aligned_qkv(q, k, v)
         result, lse_nat = _vendor(variant)(
             q, k, v, cu_q, cu_k, max_q, max_k,
             scale=plan.sm_scale * scales.q_scale * scales.k_scale, causal=causal,

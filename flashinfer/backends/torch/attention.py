@@ -109,6 +109,16 @@ def aligned(t: torch.Tensor) -> torch.Tensor:
     return t if ok else t.clone(memory_format=torch.contiguous_format)
 
 
+def aligned_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
+    """:func:`aligned` of all three, with the steady state checked at once: contiguous tensors
+    at 16-byte aligned addresses are kept (the kernels' 16-bit dtypes and head dims that are
+    multiples of 8 make each of their rows 16-byte aligned)."""
+    if (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+            and (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0):
+        return q, k, v
+    return aligned(q), aligned(k), aligned(v)
+
+
 def finish_lse(lse_nat: torch.Tensor) -> torch.Tensor:
     """Natural-log lse ``[H, qo_len]`` (``+inf`` or ``-inf`` for empty rows) -> base 2 ``[qo_len, H]``."""
     lse = lse_nat.t() * _LOG2E
@@ -162,11 +172,7 @@ class FlashVarlen:
         o_dtype, return_lse = params.o_dtype, params.return_lse
 
         def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-            if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
-                    and (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0):
-                q, k, v = aligned(q), aligned(k), aligned(v)
-            # (else aligned() keeps all three: the record's 16-bit dtypes and head dims that
-            # are multiples of 8 make every row of a contiguous tensor 16-byte aligned)
+            q, k, v = aligned_qkv(q, k, v)
             result = aten_flash(q, k, v, cu_q, cu_k, qo_len, kv_len, 0.0, is_causal, False,
                                 **kwargs)
             out = result[0]  # [qo_len, H, Dv] like q
