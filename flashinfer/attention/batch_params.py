@@ -29,7 +29,10 @@ Runner call (all tensors on ``plan.device``):
   (NHD) or ``[pages, H_kv, page_size, D]`` (HND) views (a 5-D cache arrives split, no copy);
   ragged op: ``k [total_kv, H_kv, D_qk]`` and ``v [total_kv, H_kv, D_vo]`` (NHD views; HND input
   arrives transposed)
-* ``out``: ``[total_qo, num_qo_heads, head_dim_vo]`` in ``plan.o_dtype``, to be fully written
+* ``out``: ``[total_qo, num_qo_heads, head_dim_vo]`` in ``plan.o_dtype``, to be fully written;
+  a runner whose ``makes_output`` attribute is True also takes ``None`` (only when
+  ``plan.o_dtype`` is q's dtype) and returns the contiguous output its kernel allocated (FA2 /
+  FA3 allocate it in C++, cheaper than a Python-side ``torch.empty`` on the hot path)
 * ``lse``: ``[total_qo, num_qo_heads]`` float32 base 2, or ``None`` when not requested
 * ``scales``: :class:`RunScales` (floats, already validated)
 
@@ -153,8 +156,11 @@ class Prepared:
 
 
 class Runner(Protocol):
-    def __call__(self, q: torch.Tensor, kv: KVInput, out: torch.Tensor,
-                 lse: torch.Tensor | None, scales: RunScales) -> None: ...
+    """Writes ``out`` (returns nothing, or ``out``); one with ``makes_output = True`` also
+    takes ``out=None`` and returns the output it made (see the module note)."""
+
+    def __call__(self, q: torch.Tensor, kv: KVInput, out: torch.Tensor | None,
+                 lse: torch.Tensor | None, scales: RunScales) -> torch.Tensor | None: ...
 
 
 class Tail(NamedTuple):

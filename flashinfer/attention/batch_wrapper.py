@@ -304,11 +304,18 @@ class BatchWrapperBase:
                                scale_arg("v_scale", v_scale), self._sinks(sinks, plan))
             check_softmax_scale(plan.sm_scale * scales.q_scale * scales.k_scale,
                                 "sm_scale * q_scale * k_scale")
+        features = (_NO_FEATURES if not return_lse and sinks is None else
+                    frozenset(f for f, on in (("lse", return_lse), ("sinks", sinks is not None)) if on))
+        runner = self._runner_for(features)
         o_shape = (plan.total_qo, plan.num_qo_heads, plan.head_dim_vo)
-        if out is None:  # (q's own shape and dtype: empty_like, the cheaper allocation)
-            out = (torch.empty_like(q) if plan.head_dim_vo == plan.head_dim_qk
-                   and plan.o_dtype == q.dtype and q.is_contiguous()
-                   else torch.empty(o_shape, dtype=plan.o_dtype, device=plan.device))
+        if out is None:
+            if plan.o_dtype == q.dtype and getattr(runner, "makes_output", False):
+                out = None  # the runner returns its kernel's own output (batch_params)
+            elif (plan.head_dim_vo == plan.head_dim_qk and plan.o_dtype == q.dtype
+                  and q.is_contiguous()):  # (q's own shape and dtype: the cheaper allocation)
+                out = torch.empty_like(q)
+            else:
+                out = torch.empty(o_shape, dtype=plan.o_dtype, device=plan.device)
         elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != o_shape
               or out.dtype != plan.o_dtype or out.device != plan.device):
             raise ValueError(f"out must be a {plan.o_dtype} tensor of shape {list(o_shape)} on "
@@ -324,9 +331,9 @@ class BatchWrapperBase:
                                  f"{plan.device}, got {getattr(lse, 'dtype', None)} {tuple(getattr(lse, 'shape', ()))}")
             else:
                 lse_buf = lse
-        features = (_NO_FEATURES if not return_lse and sinks is None else
-                    frozenset(f for f, on in (("lse", return_lse), ("sinks", sinks is not None)) if on))
-        self._runner_for(features)(q, kv, out, lse_buf, scales)
+        made = runner(q, kv, out, lse_buf, scales)
+        if out is None:
+            out = made
         return (out, lse_buf) if return_lse else out
 
     @staticmethod

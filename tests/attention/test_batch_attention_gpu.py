@@ -147,3 +147,23 @@ def test_device_page_ids_are_checked_unless_trusted(monkeypatch):
     monkeypatch.setenv("FLASHINFER_TRUST_DEVICE_PAGE_IDS", "1")  # no synchronisation, no check
     w.plan(indptr, torch.tensor([0, -2], dtype=torch.int32, device="cuda"), last, *args)
     assert w._max_page == -1
+
+
+@pytest.mark.parametrize("op,backend", [c for c in gpu_kernels() if c[0] != "batch_decode"])
+def test_run_with_and_without_out(op, backend):
+    """run() without out (FA2 / FA3 then return their kernels' own output) equals run() into a
+    given out, which is the tensor returned; with a v_scale and the lse too."""
+    make, q, kv = _setup(op, backend, torch.bfloat16, "NHD", [40, 300], [17, 37])
+    try:
+        w = make(backend)
+    except (BackendUnavailableError, NoBackendError, NotImplementedError) as err:
+        pytest.skip(f"{backend} rejects this case: {err}")
+    for kw in ({}, dict(v_scale=0.5, return_lse=True)):
+        made = w.run(q, *kv, **kw)
+        out = torch.full_like(q, float("nan"))
+        given = w.run(q, *kv, out=out, **kw)
+        if kw:
+            (made, made_lse), (given, given_lse) = made, given
+            assert torch.equal(made_lse, given_lse)
+        assert given is out and made.is_contiguous() and made.dtype == q.dtype
+        assert torch.equal(made, out)

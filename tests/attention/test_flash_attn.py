@@ -104,6 +104,46 @@ def test_fa3_head_dim_differs(calls):
 
 
 @pytest.mark.parametrize("variant", ["fa3", "fa2"])
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("v_scale", [1.0, 0.5])
+def test_runner_makes_its_output(variant, paged, v_scale, calls, monkeypatch):
+    """out=None (the runners' makes_output): the kernel's own output is returned, in q's dtype,
+    no buffer is passed to the kernel; lse and v_scale are applied as with a given out."""
+    given_out, emulated = [], getattr(fa, f"{variant}_varlen")
+    monkeypatch.setattr(fa, f"{variant}_varlen", lambda *a, **kw: (
+        given_out.append(kw.get("out") is not None), emulated(*a, **kw))[1])
+    qo_lens, kv_lens = [3, 5, 2], [4, 9, 0]
+    if paged:
+        plan, q, k_cache, v_cache, k, v = make_paged(qo_lens, kv_lens, page_size=4)
+        kv = KVInput(k_cache, v_cache)
+    else:
+        plan = make_plan(qo_lens, kv_lens, causal=True)
+        q, k, v = ragged_inputs(plan, seed=9)
+        kv = KVInput(k, v)
+    runner = kernel_for("flash_attn", "batch_prefill_paged" if paged else "batch_prefill_ragged",
+                        variant)(plan)
+    assert runner.makes_output is True
+    lse = poison(torch.empty(plan.total_qo, plan.num_qo_heads))
+    out = runner(q, kv, None, lse, RunScales(v_scale=v_scale))
+    want_out, want_lse = naive_batch(q, k, v, qo_lens, kv_lens, sm_scale=plan.sm_scale,
+                                     causal=plan.causal, v_scale=v_scale)
+    assert out.dtype == q.dtype and out.shape == (plan.total_qo, plan.num_qo_heads, plan.head_dim_vo)
+    assert rel_error(out, want_out) < TOLERANCE[torch.float32]
+    assert_lse_close(lse, want_lse, TOLERANCE[torch.float32])
+    assert given_out == [False]  # the kernel allocated the output
+
+
+def test_runner_makes_output_with_no_rows_or_keys(calls):
+    """out=None where no kernel runs: an output is still made (empty, or 0 for keyless rows)."""
+    plan = make_plan([2, 1], [0, 0])
+    q, k, v = ragged_inputs(plan, seed=10)
+    out = kernel_for("flash_attn", "batch_prefill_ragged", "fa3")(plan)(
+        q, KVInput(k, v), None, None, RunScales())
+    assert out.shape == (3, plan.num_qo_heads, plan.head_dim_vo) and torch.equal(out, torch.zeros_like(out))
+    assert calls == []
+
+
+@pytest.mark.parametrize("variant", ["fa3", "fa2"])
 @pytest.mark.parametrize("op, qo_len, causal, window_left", [
     ("single_prefill", 7, True, -1), ("single_prefill", 5, False, -1),
     ("single_prefill", 6, True, 2), ("single_decode", 1, False, -1), ("single_decode", 1, False, 3),

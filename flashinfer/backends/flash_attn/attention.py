@@ -203,31 +203,38 @@ def _single(variant: str):
 
 def _varlen_runner(variant: str, plan: BatchPlan, cu_k: torch.Tensor, max_k: int,
                    block_table: torch.Tensor | None = None):
-    """``run(q, k, v, out, lse, scales)``: one varlen launch, ``cu_seqlens_q = plan.qo_indptr``,
-    outputs stored per the contract. Nothing host-synchronising, nothing data-sized allocated.
+    """``run(q, k, v, out, lse, scales) -> out``: one varlen launch, ``cu_seqlens_q =
+    plan.qo_indptr``, outputs stored per the contract; ``out`` None: the kernel's own output
+    (q's dtype) is returned (the contract's ``makes_output``). Nothing host-synchronising,
+    nothing data-sized allocated but that output.
     ``block_table``: FA2 only, ``k`` / ``v`` are then paged caches (see :func:`fa2_varlen`)."""
     causal = plan.causal
     cu_q, max_q = plan.qo_indptr, plan.max_qo_len
     window = _window(plan.window_left, max_k, causal)
     paged = {} if block_table is None else {"block_table": block_table}
 
-    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-            lse: torch.Tensor | None, scales: RunScales) -> None:
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None,
+            lse: torch.Tensor | None, scales: RunScales) -> torch.Tensor:
+        if out is None and (q.shape[0] == 0 or max_k == 0):
+            out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
         if q.shape[0] == 0:
-            return
+            return out
         if max_k == 0:
             fill_empty(out, lse)
-            return
+            return out
         direct = {}
-        if (variant == "fa3" and scales.v_scale == 1.0 and out.dtype == q.dtype
-                and out.is_contiguous()):
+        if (out is not None and variant == "fa3" and scales.v_scale == 1.0
+                and out.dtype == q.dtype and out.is_contiguous()):
             direct["out"] = out  # the kernel writes the output in place: no copy
         q, k, v = aligned_qkv(q, k, v)
         result, lse_nat = _vendor(variant)(
             q, k, v, cu_q, cu_k, max_q, max_k,
             scale=plan.sm_scale * scales.q_scale * scales.k_scale, causal=causal,
             window=window, softcap=plan.logits_soft_cap, **direct, **paged)
+        if out is None:  # the kernel's own output, in q's dtype (the wrapper asked for it)
+            out = result
         store_outputs(out, lse, result, lse_nat, scales.v_scale)
+        return out
 
     return run
 
@@ -237,10 +244,11 @@ def _ragged_planner(variant: str):
         """One varlen launch per run(); cu_seqlens are the plan's device buffers."""
         varlen = _varlen_runner(variant, plan, plan.kv_indptr, plan.max_kv_len)
 
-        def run(q: torch.Tensor, kv: KVInput, out: torch.Tensor, lse: torch.Tensor | None,
-                scales: RunScales) -> None:
-            varlen(q, kv.k, kv.v, out, lse, scales)
+        def run(q: torch.Tensor, kv: KVInput, out: torch.Tensor | None,
+                lse: torch.Tensor | None, scales: RunScales) -> torch.Tensor:
+            return varlen(q, kv.k, kv.v, out, lse, scales)
 
+        run.makes_output = True
         return run
     plan_ragged.__name__ = f"{variant}_plan_ragged"
     return plan_ragged
@@ -328,13 +336,14 @@ def _paged_planner(variant: str):
             else:
                 buf.copy_(rows.index_select(0, row_index[pitch]))
 
-        def run(q: torch.Tensor, kv: KVInput, out: torch.Tensor, lse: torch.Tensor | None,
-                scales: RunScales) -> None:
+        def run(q: torch.Tensor, kv: KVInput, out: torch.Tensor | None,
+                lse: torch.Tensor | None, scales: RunScales) -> torch.Tensor:
             if total_kv and q.shape[0]:
                 gather(kv.k, k_buf)
                 gather(kv.v, v_buf)
-            varlen(q, k_buf, v_buf, out, lse, scales)
+            return varlen(q, k_buf, v_buf, out, lse, scales)
 
+        run.makes_output = True
         return run
     plan_paged.__name__ = f"{variant}_plan_paged"
     return plan_paged
