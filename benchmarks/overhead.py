@@ -7,7 +7,9 @@ Decision names called directly, and through upstream FlashInfer 0.7.2 (a separat
     python benchmarks/overhead.py --profile --rows bmm_fp8           # where our time goes
 
 Targets (issue 22): ours <= direct + 8 us on every row; eager batch-1 decode run() <= 1.05x
-upstream's. Each case: 30 warm-up calls, then 9 repeats of 300 back-to-back calls timed by the
+upstream's. "Direct" is the vendor kernel called on the public call's own arguments, giving its
+result: the views its signature needs and the tensors the public call returns are made per call
+(see ``_direct_call``); the launch alone, those made once, is recorded as ``direct_hoisted_us``. Each case: 30 warm-up calls, then 9 repeats of 300 back-to-back calls timed by the
 host clock around a synchronize, ours and direct taking turns repeat by repeat (so a drift of
 the host's speed hits both alike); the median repeat's time per call. At these sizes the GPU
 finishes each kernel before the host issues the next one, so the figure is the host's cost.
@@ -121,7 +123,7 @@ def _public_call(flashinfer, row: str, t: dict, upstream: bool):
     if row == "single_decode":
         return lambda: flashinfer.single_decode_with_kv_cache(t["q"], t["k"], t["v"])
     if row == "bmm_fp8":
-        A, B, out = t["a"][None], t["w"].t()[None], t["out"][None]  # B column-major [1, k, n]
+        A, B, out = _bmm_arguments(t)
         return lambda: flashinfer.bmm_fp8(A, B, t["a_scale"], t["b_scale"], torch.bfloat16, out)
     if row == "mm_fp8":
         if upstream:
@@ -142,49 +144,78 @@ def _public_call(flashinfer, row: str, t: dict, upstream: bool):
 # ---------------------------------------------------------------- the vendor kernels, directly
 
 def _direct_call(flashinfer, row: str, t: dict):
-    """``(what, fn)``: the kernel the Decision names, called without this library's layers."""
+    """``(what, same_args, hoisted)``: the kernel the Decision names, called without this
+    library's layers. ``same_args`` starts from the public call's own arguments and gives its
+    result: it makes per call the views the vendor signature needs (``q[None]`` of a ``[H, D]``
+    query, ``A[0]`` of a batch-1 bmm, ``w.t()`` of an ``[n, k]`` weight) and allocates what the
+    public call returns (a sampler's draws, a cuDNN output), as a caller of the vendor kernel
+    must; the target is judged on it. ``hoisted`` makes those once, outside the timed loop (the
+    kernel launch alone), for the record."""
     from flashinfer import dispatch
 
-    if row == "rmsnorm":  # our own Triton kernel: its launcher
+    if row == "rmsnorm":  # our own Triton kernel: its launcher, which takes [1, rows, hidden]
         kernel = dispatch.kernel_for("triton", "rmsnorm")
-        x, out = t["x"][None], t["out"][None]
-        return "triton rmsnorm launcher", lambda: kernel(x, t["w"], out, None, 1e-6, 0.0)
-    if row == "single_decode":
-        q, k, v = t["q"][None], t["k"], t["v"]  # [1, H, D]: one query token
+        x, w, out = t["x"], t["w"], t["out"]
+        x3, out3 = x[None], out[None]
+        return ("triton rmsnorm launcher", lambda: kernel(x[None], w, out[None], None, 1e-6, 0.0),
+                lambda: kernel(x3, w, out3, None, 1e-6, 0.0))
+    if row == "single_decode":  # aten's varlen entry takes [tokens, H, D] and makes the output
+        q, k, v = t["q"], t["k"], t["v"]
+        q3 = q[None]
         cu_q = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
         cu_k = torch.tensor([0, 128], dtype=torch.int32, device="cuda")
         aten = torch.ops.aten._flash_attention_forward.default  # the overload ours calls
-        return "torch.ops.aten._flash_attention_forward.default", lambda: aten(
-            q, k, v, cu_q, cu_k, 1, 128, 0.0, True, False, scale=HEAD_DIM ** -0.5)
-    if row in ("bmm_fp8", "mm_fp8"):
-        a, b, out = t["a"], t["w"].t(), t["out"]
-        if row == "mm_fp8":
-            alpha, one = t["a_scale"] * t["b_scale"], torch.ones((), device="cuda")
-            return "torch._scaled_mm", lambda: torch._scaled_mm(a, b, alpha, one,
-                                                                out_dtype=torch.bfloat16, out=out)
-        return "torch._scaled_mm", lambda: torch._scaled_mm(
-            a, b, t["a_scale"], t["b_scale"], out_dtype=torch.bfloat16, out=out)
-    if row == "sampling":
+        scale = HEAD_DIM ** -0.5
+        return ("torch.ops.aten._flash_attention_forward.default",
+                lambda: aten(q[None], k, v, cu_q, cu_k, 1, 128, 0.0, True, False, scale=scale)[0][0],
+                lambda: aten(q3, k, v, cu_q, cu_k, 1, 128, 0.0, True, False, scale=scale))
+    if row == "mm_fp8":  # the public call's b is the [n, k] weight; _scaled_mm wants [k, n]
+        a, w, out = t["a"], t["w"], t["out"]
+        b = w.t()
+        alpha, one = t["a_scale"] * t["b_scale"], torch.ones((), device="cuda")
+        return ("torch._scaled_mm",
+                lambda: torch._scaled_mm(a, w.t(), alpha, one, out_dtype=torch.bfloat16, out=out),
+                lambda: torch._scaled_mm(a, b, alpha, one, out_dtype=torch.bfloat16, out=out))
+    if row == "bmm_fp8":  # the public call's [1, m, k], [1, k, n], [1, m, n]; _scaled_mm is 2-D
+        A, B, out = _bmm_arguments(t)
+        a, b, out2 = A[0], B[0], out[0]
+        sa, sb = t["a_scale"], t["b_scale"]
+        return ("torch._scaled_mm",
+                lambda: torch._scaled_mm(A[0], B[0], sa, sb, out_dtype=torch.bfloat16, out=out[0]),
+                lambda: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, out=out2))
+    if row == "sampling":  # the draws are a new tensor per call (the valid flags are not)
         kernel = dispatch.kernel_for("triton", "sampling_from_probs", "two_pass")
-        out = torch.empty(1, dtype=torch.int32, device="cuda")
+        probs = t["probs"]
+        drawn = torch.empty(1, dtype=torch.int32, device="cuda")
         valid = torch.empty(1, dtype=torch.bool, device="cuda")
-        return "triton two-pass sampler launcher", lambda: kernel(
-            t["probs"], out, valid, None, 50, 0.9, None, False, True, 1234, 0)
+        return ("triton two-pass sampler launcher",
+                lambda: kernel(probs, torch.empty(1, dtype=torch.int32, device="cuda"), valid,
+                               None, 50, 0.9, None, False, True, 1234, 0),
+                lambda: kernel(probs, drawn, valid, None, 50, 0.9, None, False, True, 1234, 0))
     wrapper = _planned(flashinfer, row, t, False)
     if row.startswith("decode_run"):
         return _captured_cudnn_execute(wrapper, t)
     from flashinfer.backends.flash_attn.attention import fa3_varlen
 
     indptr, scale = t["indptr"], HEAD_DIM ** -0.5
-    return "FA3 varlen forward op", lambda: fa3_varlen(
-        t["q"], t["k"], t["v"], indptr, indptr, 128, 128, scale=scale, causal=True,
-        window=(-1, -1), softcap=0.0)
+    q, k, v = t["q"], t["k"], t["v"]
+    call = lambda: fa3_varlen(q, k, v, indptr, indptr, 128, 128, scale=scale,  # noqa: E731
+                              causal=True, window=(-1, -1), softcap=0.0)
+    return "FA3 varlen forward op (it makes the output)", call, call
+
+
+def _bmm_arguments(t: dict) -> tuple:
+    """bmm_fp8's ``A [1, m, k]``, ``B [1, k, n]`` (column-major) and ``out [1, m, n]``."""
+    return t["a"][None], t["w"].t()[None], t["out"][None]
 
 
 def _captured_cudnn_execute(wrapper, t: dict):
-    """The cuDNN graph execute one run() makes, captured with its variant pack and replayed."""
+    """The cuDNN graph execute one run() makes, captured with its variant pack and replayed:
+    ``same_args`` puts the call's q and a new output into the pack each time (what a caller of
+    the graph must do per step), ``hoisted`` replays the captured pack as is."""
     if wrapper.decision is None or wrapper.decision.backend != "cudnn":
-        return f"(the decision is {getattr(wrapper.decision, 'name', None)}, not cudnn)", None
+        what = f"(the decision is {getattr(wrapper.decision, 'name', None)}, not cudnn)"
+        return what, None, None
     seen = {}
     runner = next(iter(wrapper._runners.values()))
     wrapper.run(t["q"], t["cache"])  # builds the graph entry
@@ -205,7 +236,16 @@ def _captured_cudnn_execute(wrapper, t: dict):
     finally:
         object.__setattr__(entry, "graph", entry_graph)
     pack, ws, handle = seen["pack"], seen["workspace"], seen["handle"]
-    return "cudnn graph.execute", lambda: entry_graph.execute(pack, ws, handle=handle)
+    fresh = dict(pack)
+    q, q_handle, o_handle = t["q"], entry.handles["q"], entry.handles["o"]
+
+    def same_args():
+        fresh[q_handle], fresh[o_handle] = q, torch.empty_like(q)
+        entry_graph.execute(fresh, ws, handle=handle)
+        return fresh[o_handle]
+
+    return ("cudnn graph.execute", same_args,
+            lambda: entry_graph.execute(pack, ws, handle=handle))
 
 
 # ---------------------------------------------------------------- driver and report
@@ -244,12 +284,15 @@ def measure(upstream: bool, rows: list[str], out_path: str) -> None:
                     decision = getattr(getattr(fn, "wrapper", None), "decision", None) or (
                         log[-1] if log else None)
                     record["decision"] = decision.name if decision else None
-                    what, direct = _direct_call(flashinfer, row, t)
+                    what, direct, hoisted = _direct_call(flashinfer, row, t)
                     record["direct"] = what
-                    ours, direct_us = per_call_us(fn, direct) if direct is not None else (
-                        per_call_us(fn)[0], None)
-                    record["ours_us"] = round(ours, 2)
-                    record["direct_us"] = None if direct_us is None else round(direct_us, 2)
+                    if direct is None:
+                        record["ours_us"] = round(per_call_us(fn)[0], 2)
+                    else:
+                        ours, direct_us, hoisted_us = per_call_us(fn, direct, hoisted)
+                        record["ours_us"] = round(ours, 2)
+                        record["direct_us"] = round(direct_us, 2)
+                        record["direct_hoisted_us"] = round(hoisted_us, 2)
                     if row.startswith("decode_run"):  # cuDNN's dict form of execute, for the record
                         from flashinfer.backends.cudnn import _batch_graphs
 
@@ -271,13 +314,20 @@ def report(path: str) -> int:
         if "row" in rec:
             rows.setdefault(rec["row"], {}).update(rec)
     misses = 0
-    print(f"{'row':<20} {'decision':<22} {'ours':>8} {'direct':>8} {'upstream':>9}  verdict")
+    print(f"{'row':<20} {'decision':<22} {'ours':>8} {'direct':>8} {'hoisted':>8} "
+          f"{'upstream':>9}  verdict")
     for name, rec in rows.items():
-        ours, direct, up = rec.get("ours_us"), rec.get("direct_us"), rec.get("upstream_us")
+        ours, up = rec.get("ours_us"), rec.get("upstream_us")
+        if "direct_hoisted_us" in rec:
+            direct, hoisted, basis = rec.get("direct_us"), rec["direct_hoisted_us"], "direct"
+        else:  # a run from before 2026-12-02 15:00 UTC: its direct_us was the launch alone
+            direct, hoisted = None, rec.get("direct_us")
+            basis = "launch-only direct"
         verdict = []
-        if ours is not None and direct is not None:
-            ok = ours <= direct + DIRECT_SLACK_US
-            verdict.append(f"{'ok' if ok else 'MISS'} vs direct (+{ours - direct:.1f} us)")
+        judged = direct if direct is not None else hoisted
+        if ours is not None and judged is not None:
+            ok = ours <= judged + DIRECT_SLACK_US
+            verdict.append(f"{'ok' if ok else 'MISS'} vs {basis} (+{ours - judged:.1f} us)")
             misses += not ok
         if name.startswith("decode_run") and ours is not None and up is not None:
             ok = ours <= UPSTREAM_RATIO * up
@@ -287,7 +337,7 @@ def report(path: str) -> int:
             verdict.append("error: " + rec["error"][:80])
         fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
         print(f"{name:<20} {str(rec.get('decision')):<22} {fmt(ours):>8} {fmt(direct):>8} "
-              f"{fmt(up):>9}  {'; '.join(verdict)}")
+              f"{fmt(hoisted):>8} {fmt(up):>9}  {'; '.join(verdict)}")
     return 1 if misses else 0
 
 

@@ -17,7 +17,7 @@ import operator
 
 import torch
 
-__all__ = ["CheckedCalls", "tensor_fact", "tensor_facts"]
+__all__ = ["CheckedCalls", "tensor_fact"]
 
 
 class CheckedCalls:
@@ -56,21 +56,7 @@ class CheckedCalls:
         return len(self._stored)
 
 
-#: ``tensor_fact(t) -> (t.shape, t.dtype, t.device)``, in one C call
+#: ``tensor_fact(t) -> (t.shape, t.dtype, t.device)``, in one C call: a signature holds one per
+#: tensor argument (after an ``isinstance`` check: a non-tensor makes the signature None, the
+#: checks then run and name it), and is None while compiling
 tensor_fact = operator.attrgetter("shape", "dtype", "device")
-
-
-def tensor_facts(*tensors) -> tuple | None:
-    """``(shape, dtype, device)`` of each tensor (``None`` for a ``None``), or None when an
-    argument is neither (the checks then run and name it) or while compiling."""
-    if torch.compiler.is_compiling():
-        return None
-    facts = []
-    for t in tensors:
-        if isinstance(t, torch.Tensor):
-            facts.append(tensor_fact(t))
-        elif t is None:
-            facts.append(None)
-        else:
-            return None
-    return tuple(facts)

@@ -550,24 +550,31 @@ def _keyed(key: tuple, make_problem: Callable[[], Problem], backend: str | None,
 class KeyedDecision:
     """:func:`decide_keyed` for one key that a caller's memo keeps (the steady-state memos of
     :mod:`flashinfer.checked_calls`): the slot remembers the Decision it last handed out with the
-    override state, the ``backend`` argument and the cache generation it was made under, so a
-    call under the same state compares that state instead of hashing the key again."""
+    override state it was made under — the ``use_backend`` context (by identity:
+    :data:`overrides.current_context`), the family's environment variables, the ``backend``
+    argument and the cache generation — so a call under the same state compares that state
+    instead of hashing the key again."""
 
-    __slots__ = ("key", "make_problem", "_last")
+    __slots__ = ("key", "make_problem", "_last", "_env_keys")
 
     def __init__(self, key: tuple, make_problem: Callable[[], Problem]):
         self.key, self.make_problem = key, make_problem
-        self._last: tuple | None = None  # (state, backend, generation, decision)
+        self._last: tuple | None = None  # (context, env values, backend, generation, decision)
+        self._env_keys: tuple = ()
 
     def get(self, backend: str | None = "auto") -> Decision:
-        family_state = _override_state(self.key[0])
+        context = overrides.current_context()
+        env = tuple(map((_ENV_DATA if _ENV_BYTES else os.environ).get, self._env_keys))
         last = self._last
-        if (last is not None and last[0] == family_state[1] and last[1] == backend
-                and last[2] == _GENERATION[0]):
-            decision = last[3]
+        if (last is not None and last[0] is context and last[1] == env and last[2] == backend
+                and last[3] == _GENERATION[0]):
+            decision = last[4]
         else:
+            family_state = _override_state(self.key[0])
             decision = _keyed(self.key, self.make_problem, backend, family_state)
-            self._last = (family_state[1], backend, _GENERATION[0], decision)
+            self._env_keys = _FAMILY_OF[self.key[0]][1]
+            env = tuple(map((_ENV_DATA if _ENV_BYTES else os.environ).get, self._env_keys))
+            self._last = (context, env, backend, _GENERATION[0], decision)
         recorder = _RECORDER.get()
         return decision if recorder is None else recorder.see(decision)
 

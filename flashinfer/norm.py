@@ -236,7 +236,7 @@ _CHECKED_NORMS = CheckedCalls()
 
 
 def _norm_signature(input, weight, eps, out, weight_bias, backend) -> tuple | None:
-    # tensor_facts, unrolled for the three arguments (the hot path of every layer's norm)
+    # (the hot path of every layer's norm: one tensor_fact per tensor, unrolled)
     if (not isinstance(input, torch.Tensor) or not isinstance(weight, torch.Tensor)
             or torch.compiler.is_compiling()):
         return None

@@ -92,6 +92,11 @@ def use_backend(default: str | None = None, **per_family: str) -> Iterator[None]
         _CONTEXT.reset(token)
 
 
+#: the active overrides' dict itself (a new dict per ``use_backend`` block, never mutated, so
+#: its identity tells whether the overrides changed): the hot path's cheap comparison
+current_context = _CONTEXT.get
+
+
 def context_key() -> tuple:
     """A hashable snapshot of the active ``use_backend`` overrides (``()`` outside any)."""
     context = _CONTEXT.get()

@@ -31,7 +31,7 @@ import torch
 
 from .. import dispatch
 from ..api_logging import flashinfer_api
-from ..checked_calls import CheckedCalls, tensor_facts
+from ..checked_calls import CheckedCalls, tensor_fact
 from ..custom_op import custom_op
 from . import fp8_single, positions
 from .checks import check_common, check_kv_layout, check_mask, check_o_dtype, check_qkv, float_arg
@@ -460,7 +460,7 @@ def _decode_signature(q, k, v, *args) -> tuple | None:
     and the scalars with their types (``True == 1 == 1.0`` as dict keys); None when an argument
     is not a tensor (the checks then run and name it). An unhashable scalar makes the memo
     miss (:class:`~flashinfer.checked_calls.CheckedCalls`)."""
-    facts = tensor_facts(q, k, v)
-    if facts is None or None in facts:
+    if (not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor)
+            or not isinstance(v, torch.Tensor) or torch.compiler.is_compiling()):
         return None
-    return facts, args, tuple(map(type, args))
+    return tensor_fact(q), tensor_fact(k), tensor_fact(v), args, tuple(map(type, args))

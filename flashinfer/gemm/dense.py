@@ -82,7 +82,7 @@ import torch
 from .. import dispatch
 from ..aliasing import check_no_overlap, in_storage_of
 from ..api_logging import flashinfer_api
-from ..checked_calls import CheckedCalls, tensor_facts
+from ..checked_calls import CheckedCalls, tensor_fact
 from ..custom_op import custom_op
 from ..dispatch import Problem
 from .checks import (
@@ -149,10 +149,20 @@ _CHECKED_FP8 = CheckedCalls()
 
 
 def _fp8_signature(a, b, scale_a, scale_b, dtype, out, backend) -> tuple | None:
-    facts = tensor_facts(a, b, scale_a, scale_b, out)
-    if facts is None or facts[0] is None or facts[1] is None:
+    """bmm_fp8 / mm_fp8's memo key (a and b tensors; the scales and out a tensor or None), or
+    None."""
+    if (not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor)
+            or torch.compiler.is_compiling()):
         return None
-    return (facts, out is None or out.is_contiguous(), dtype, type(backend), backend)
+    facts = [tensor_fact(a), tensor_fact(b)]
+    for t in (scale_a, scale_b, out):
+        if t is None:
+            facts.append(None)
+        elif isinstance(t, torch.Tensor):
+            facts.append(tensor_fact(t))
+        else:
+            return None
+    return (*facts, out is None or out.is_contiguous(), dtype, type(backend), backend)
 
 
 def _checked_fp8(function: str, hit: tuple, a, b_kn, scale_a, scale_b, out, names: tuple):
