@@ -147,8 +147,9 @@ def _direct_call(flashinfer, row: str, t: dict):
     """``(what, same_args, hoisted)``: the kernel the Decision names, called without this
     library's layers. ``same_args`` starts from the public call's own arguments and gives its
     result: it makes per call the views the vendor signature needs (``q[None]`` of a ``[H, D]``
-    query, ``A[0]`` of a batch-1 bmm, ``w.t()`` of an ``[n, k]`` weight) and allocates what the
-    public call returns (a sampler's draws, a cuDNN output), as a caller of the vendor kernel
+    query, ``A[0]`` of a batch-1 bmm, ``w.t()`` of an ``[n, k]`` weight), allocates what the
+    public call returns (a sampler's draws, a cuDNN output) and, for a sampler, reads and
+    advances the default generator (a fresh draw per call), as a caller of the vendor kernel
     must; the target is judged on it. ``hoisted`` makes those once, outside the timed loop (the
     kernel launch alone), for the record."""
     from flashinfer import dispatch
@@ -183,14 +184,21 @@ def _direct_call(flashinfer, row: str, t: dict):
         return ("torch._scaled_mm",
                 lambda: torch._scaled_mm(A[0], B[0], sa, sb, out_dtype=torch.bfloat16, out=out[0]),
                 lambda: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, out=out2))
-    if row == "sampling":  # the draws are a new tensor per call (the valid flags are not)
-        kernel = dispatch.kernel_for("triton", "sampling_from_probs", "two_pass")
-        probs = t["probs"]
+    if row == "sampling":  # a fresh draw per call: new draws tensor, the default generator's
+        kernel = dispatch.kernel_for("triton", "sampling_from_probs", "two_pass")  # state read
+        probs = t["probs"]                                       # and advanced (32 numbers)
         drawn = torch.empty(1, dtype=torch.int32, device="cuda")
         valid = torch.empty(1, dtype=torch.bool, device="cuda")
-        return ("triton two-pass sampler launcher",
-                lambda: kernel(probs, torch.empty(1, dtype=torch.int32, device="cuda"), valid,
-                               None, 50, 0.9, None, False, True, 1234, 0),
+        generator = torch.cuda.default_generators[probs.device.index]
+
+        def same_args():
+            seed, offset = generator.initial_seed(), generator.get_offset()
+            generator.set_offset(offset + 32)
+            out = torch.empty(1, dtype=torch.int32, device="cuda")
+            kernel(probs, out, valid, None, 50, 0.9, None, False, True, seed, offset)
+            return out
+
+        return ("triton two-pass sampler launcher", same_args,
                 lambda: kernel(probs, drawn, valid, None, 50, 0.9, None, False, True, 1234, 0))
     wrapper = _planned(flashinfer, row, t, False)
     if row.startswith("decode_run"):

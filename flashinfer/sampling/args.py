@@ -32,7 +32,7 @@ def get_seed_and_offset(increment: int, generator: Optional[torch.Generator] = N
     """``(seed, offset)`` for a call consuming ``increment`` random numbers; advances the
     generator (CUDA: offset += ceil4(increment); CPU: one draw, offset 0 — module docstring)."""
     if generator is None:
-        generator = _DEFAULT_GENERATORS.get(device) or _default_generator(device)
+        generator = default_generator(device)
     if generator.device.type == "cpu":
         seed = int(torch.randint(0, 1 << 62, (1,), generator=generator).item())
         return seed, 0
@@ -45,6 +45,13 @@ def get_seed_and_offset(increment: int, generator: Optional[torch.Generator] = N
 #: torch.device -> its default generator (the same object for the process's life: manual_seed
 #: reseeds it in place)
 _DEFAULT_GENERATORS: dict = {}
+
+
+def default_generator(device) -> torch.Generator:
+    """``device``'s default generator (CUDA: that GPU's, the current one for an index-less
+    ``"cuda"``; the CPU's for None without CUDA)."""
+    found = _DEFAULT_GENERATORS.get(device)
+    return found if found is not None else _default_generator(device)
 
 
 def _default_generator(device) -> torch.Generator:

@@ -105,7 +105,7 @@ from ..dispatch import Problem
 from .args import (
     INDEX_DTYPES, check_backend, check_index_rows, check_nan_arg, check_rows, distribution,
     fraction_arg, index_map, resolve_seed, seed_kind, temperature_arg, top_k_arg, vector_arg,
-    get_seed_and_offset,
+    default_generator, get_seed_and_offset,
 )
 
 __all__ = [
@@ -364,8 +364,8 @@ _ORDERS = ("top_k_first", "joint")
 
 
 #: eager sampling_from_probs-family calls with scalar (or no) thresholds and no indices,
-#: generator or seed that passed every check -> what the op computed from them
-#: (:func:`_checked_draw`); the Decision and the default generator are read per call
+#: generator or seed that passed every check -> :class:`_CheckedDraw`; the Decision and the
+#: default generator's state are read per call
 _CHECKED_DRAWS = CheckedCalls()
 _SCALARS = (type(None), int, float)
 
@@ -383,39 +383,45 @@ def _draw_signature(probs, indices, top_k, top_p, min_p, generator, check_nan, s
             min_p, rest, tuple(map(type, rest)))
 
 
-#: (device, rows) -> a bool [rows] buffer for the valid flags of calls that do not return them:
-#: kernels write it, nobody reads it (concurrent writers race on unread bytes only)
-_UNREAD_VALID: dict = {}
+class _CheckedDraw:
+    """What a sampling_from_probs-family signature that passed every check keeps: the call's
+    KeyedDecision, its checked thresholds and flags, the device's default generator (the same
+    object for the process's life: ``manual_seed`` reseeds it in place) and, for calls that do
+    not return the valid flags, a ``bool [rows]`` buffer they are written into and nobody reads
+    (concurrent writers race on unread bytes only)."""
 
+    __slots__ = ("choice", "rows", "top_k", "top_p", "min_p", "joint", "deterministic",
+                 "increment", "widen", "device", "generator", "_unread")
 
-def _unread_valid(device: torch.device, rows: int) -> torch.Tensor:
-    key = (device, rows)
-    buf = _UNREAD_VALID.get(key)
-    if buf is None:
-        buf = torch.empty(rows, dtype=torch.bool, device=device)
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return buf  # made during capture it lives in the graph's pool: not kept
-        if len(_UNREAD_VALID) >= 256:
-            _UNREAD_VALID.clear()
-        _UNREAD_VALID[key] = buf
-    return buf
+    def __init__(self, choice, rows: int, top_k, top_p, min_p, joint: bool, deterministic: bool,
+                 increment: int, widen: bool, device: torch.device):
+        self.choice, self.rows, self.increment, self.widen = choice, rows, increment, widen
+        self.top_k, self.top_p, self.min_p = top_k, top_p, min_p
+        self.joint, self.deterministic, self.device = joint, deterministic, device
+        self.generator = default_generator(device)
+        self._unread: torch.Tensor | None = None
 
+    def draw(self, probs: torch.Tensor, backend: str, return_valid: bool):
+        """The memoised call: outputs, the Decision, the generator's seed and offset, the
+        kernel (``probs``: the signature holds its dtype and contiguity)."""
+        if self.widen:
+            probs = probs.float().contiguous()
+        out = torch.empty(self.rows, dtype=torch.int32, device=self.device)
+        if return_valid:
+            valid = torch.empty(self.rows, dtype=torch.bool, device=self.device)
+        else:
+            valid = self._unread if self._unread is not None else self._unread_valid()
+        decision = self.choice.get(backend)
+        seed, offset = get_seed_and_offset(self.increment, self.generator)
+        decision.kernel(probs, out, valid, None, self.top_k, self.top_p, self.min_p, self.joint,
+                        self.deterministic, seed, offset)
+        return (out, valid) if return_valid else out
 
-def _checked_draw(probs: torch.Tensor, entry: tuple, backend: str, return_valid: bool):
-    """A memoised call's draw: outputs, the Decision of its KeyedDecision, the default generator's
-    seed and offset, the kernel."""
-    choice, rows, top_k, top_p, min_p, joint, deterministic, increment, widen = entry
-    if widen:  # (the signature holds probs' dtype and contiguity)
-        probs = probs.float().contiguous()
-    device = probs.device
-    out = torch.empty(rows, dtype=torch.int32, device=device)
-    valid = (torch.empty(rows, dtype=torch.bool, device=device) if return_valid
-             else _unread_valid(device, rows))
-    decision = choice.get(backend)
-    seed, offset = get_seed_and_offset(increment, None, device)
-    decision.kernel(probs, out, valid, None, top_k, top_p, min_p, joint, deterministic, seed,
-                    offset)
-    return (out, valid) if return_valid else out
+    def _unread_valid(self) -> torch.Tensor:
+        buf = torch.empty(self.rows, dtype=torch.bool, device=self.device)
+        if not (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            self._unread = buf  # (made during a capture it lives in the graph's pool: not kept)
+        return buf
 
 
 def _sample_probs(probs, indices, top_k, top_p, min_p, joint, deterministic, generator,
@@ -425,7 +431,7 @@ def _sample_probs(probs, indices, top_k, top_p, min_p, joint, deterministic, gen
                                 offset, rest)
     entry = _CHECKED_DRAWS.get(signature)
     if entry is not None:  # the steady state of a decode step
-        return _checked_draw(probs, entry, backend, return_valid)
+        return entry.draw(probs, backend, return_valid)
     distribution("probs", probs)
     check_backend(backend)
     rows, device = probs.shape[0], probs.device
@@ -444,8 +450,9 @@ def _sample_probs(probs, indices, top_k, top_p, min_p, joint, deterministic, gen
         choice = dispatch.KeyedDecision(*_draw_dispatch(probs, count, None, None, k_val, p_val,
                                                         m_val, bool(joint), None))
         widen = probs.dtype != torch.float32 or not probs.is_contiguous()
-        _CHECKED_DRAWS.put(signature, (choice, count, k_val, p_val, m_val, bool(joint),
-                                       bool(deterministic), count * per_row_draws, widen))
+        _CHECKED_DRAWS.put(signature, _CheckedDraw(choice, count, k_val, p_val, m_val, bool(joint),
+                                                   bool(deterministic), count * per_row_draws,
+                                                   widen, device))
     return (out, valid) if return_valid else out
 
 
