@@ -119,3 +119,36 @@ def test_the_ragged_wrapper_refuses_it():
     ip = torch.tensor([0, 4], dtype=I32)
     with pytest.raises(NotImplementedError, match="BatchPrefillWithPagedKVCacheWrapper"):
         w.plan(ip, ip, 2, 2, 16, prefix_len_ptr=torch.tensor([1], dtype=U32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ids_on_device", [False, True])
+def test_gpu_multi_item_scoring_matches_the_cpu_result(ids_on_device):
+    """Serving sizes on CUDA (bf16, upstream's four arguments as device tensors, as SGLang
+    passes them, or host tensors): the result equals the CPU wrapper's on the same mask."""
+    torch.manual_seed(2)
+    hq, hk, d, ps = 8, 2, 128, 16
+    prefix, n_items, item_len = [120, 37], [5, 9], [20, 7]
+    kv_lens = [p + n * (l + 1) for p, n, l in zip(prefix, n_items, item_len)]
+    qo_lens = [kv_lens[0] - 64, kv_lens[1]]  # request 0: 64 prefix tokens already cached
+    width = max(k - p for k, p in zip(kv_lens, prefix))
+    table = torch.zeros(2, width, dtype=torch.int64)
+    for b in range(2):
+        table[b, :kv_lens[b] - prefix[b]] = torch.arange(item_len[b] + 1).repeat(n_items[b])
+    cache, indptr, indices, last, _, _ = make_paged(kv_lens, ps, hk, d, "NHD")
+    qo_indptr = torch.tensor([0, qo_lens[0], sum(qo_lens)], dtype=I32)
+    q = torch.randn(sum(qo_lens), hq, d)
+    dev = "cuda" if ids_on_device else "cpu"
+    args = dict(prefix_len_ptr=torch.tensor(prefix, dtype=U32, device=dev),
+                token_pos_in_items_ptr=table.flatten().to(U16).to(dev), token_pos_in_items_len=width,
+                max_item_len_ptr=torch.tensor(item_len, dtype=U16, device=dev))
+    results = []
+    for device, dtype in (("cpu", torch.float32), ("cuda", torch.bfloat16)):
+        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            torch.empty(128 << 20, dtype=torch.uint8, device=device))
+        w.plan(qo_indptr.to(device), indptr.to(device), indices.to(device), last.to(device), hq,
+               hk, d, ps, q_data_type=dtype, kv_data_type=dtype, **args)
+        out = torch.full((sum(qo_lens), hq, d), float("nan"), dtype=dtype, device=device)
+        w.run(q.to(device, dtype), cache.to(device, dtype), out=out)
+        results.append(out.float().cpu())
+    torch.testing.assert_close(results[1], results[0], rtol=2e-2, atol=2e-2)
