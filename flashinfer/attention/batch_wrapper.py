@@ -238,7 +238,8 @@ class BatchWrapperBase:
         return runner
 
     def _capturing(self) -> bool:
-        return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        # (torch.cuda.is_current_stream_capturing, unwrapped: every run() asks)
+        return self.device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing()
 
     def _check_run(self, q: torch.Tensor, window_left) -> BatchPlan:
         plan = self._plan
