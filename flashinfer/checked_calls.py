@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import operator
 
-import torch
-
 __all__ = ["CheckedCalls", "tensor_fact"]
 
 

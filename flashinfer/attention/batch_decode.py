@@ -23,7 +23,7 @@ from .batch_checks import (
 )
 from .batch_params import BatchPlan
 from .batch_prefill import BatchPrefillWithRaggedKVCacheWrapper
-from ..backends.triton.batch_decode import workspace_bound
+from ..backends.triton.batch_attention import workspace_bound
 from .batch_rope import adopt, plan_rotation
 from .batch_wrapper import BatchWrapperBase, batch_pos_encoding, set_plan_attributes
 from .params import check_rope_scalars

@@ -58,7 +58,6 @@ def append_checks(batch_indices: torch.Tensor, positions: torch.Tensor, kv_indic
     len(kv_indices)``; ``0 <= p < (kv_indptr[b + 1] - kv_indptr[b]) * page_size`` (a position past
     the request's own pages would write into the next request's KV); ``0 <= kv_indices[j] <
     num_pages`` for ``j = kv_indptr[b] + p // page_size``."""
-    device = batch_indices.device
     batch, n_ids = kv_indptr.shape[0] - 1, kv_indices.shape[0]
     b, pos = batch_indices.long(), positions.long()
     b_bad = (b < 0) | (b >= batch)

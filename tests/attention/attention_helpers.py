@@ -220,7 +220,7 @@ def ragged_problem(sm, dtype="bfloat16", features=("causal", "gqa", "lse"), head
              "num_qo_heads": 32, "num_kv_heads": 8}
     if op.startswith("batch"):
         shape.update(batch_size=4, max_qo_len=4096, max_kv_len=4096, total_qo_len=16384,
-                     page_size=0, q_len_per_req=0)
+                     page_size=0 if op == "batch_prefill_ragged" else 16, q_len_per_req=0)
     else:
         shape.update(qo_len=1 if op == "single_decode" else 64, kv_len=1024)
     return Problem.make(op, simulated(sm), dtypes={"q": dtype, "kv": dtype, "o": dtype},

@@ -148,6 +148,8 @@ def test_gpu_multi_item_scoring_matches_the_cpu_result(ids_on_device):
             torch.empty(128 << 20, dtype=torch.uint8, device=device))
         w.plan(qo_indptr.to(device), indptr.to(device), indices.to(device), last.to(device), hq,
                hk, d, ps, q_data_type=dtype, kv_data_type=dtype, **args)
+        if device == "cuda":  # the custom mask it defines: the Triton prefill kernel
+            assert w.decision.backend == "triton", w.decision.explain()
         out = torch.full((sum(qo_lens), hq, d), float("nan"), dtype=dtype, device=device)
         w.run(q.to(device, dtype), cache.to(device, dtype), out=out)
         results.append(out.float().cpu())

@@ -1,4 +1,4 @@
-"""Triton split-K paged decode planner (flashinfer/backends/triton/batch_decode.py).
+"""Triton split-K paged decode planner (flashinfer/backends/triton/batch_attention.py).
 
 The planner is driven directly through BatchPlan objects built here from python lists, and
 compared with a float64 oracle written in this file. CPU runs use TRITON_INTERPRET=1 (conftest)
@@ -19,7 +19,7 @@ from flashinfer.attention.params import get_alibi_slopes
 from flashinfer.capability_db import database
 from flashinfer.dispatch import Problem
 from flashinfer.dispatch import adapter_reasons
-from flashinfer.backends.triton import batch_decode as bd
+from flashinfer.backends.triton import batch_attention as bd
 
 DEV = "cuda:0" if HAS_CUDA else "cpu"  # indexed, as a wrapper's plan.device (its workspace's)
 

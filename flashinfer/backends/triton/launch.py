@@ -21,6 +21,22 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+#: SM count assumed when the tensors are not on a GPU (an H200).
+DEFAULT_SM_COUNT = 132
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (:data:`DEFAULT_SM_COUNT` off the GPU)."""
+    if device.type == "cuda":
+        return _cuda_sm_count(torch.cuda.current_device() if device.index is None else device.index)
+    return DEFAULT_SM_COUNT
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def device_of(t: torch.Tensor):
     """A context that makes ``t``'s GPU current for a launch (Triton launches on the current
     device); a no-op on the CPU (the interpreter) and when it is current already."""

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .batch_decode import sm_count
-from .launch import device_of, fast, pow2
+from .launch import device_of, fast, pow2, sm_count
 
 #: elements per loop step and warps of a program, one program per row
 ROW_BLOCK, ROW_WARPS = 4096, 8

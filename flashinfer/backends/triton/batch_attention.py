@@ -1,28 +1,30 @@
-"""Triton split-K paged decode (flash-decoding): the ``batch_decode`` planner and its runner.
+"""Triton split-K batch attention (flash-decoding): the ``batch_decode``, ``batch_prefill_paged``
+and ``batch_prefill_ragged`` planners and their runner.
 
 Contract: :mod:`flashinfer.attention.batch_params`. The planner fixes the launch shape and
-allocates (or carves from ``plan.workspace``) the fp32 split scratch; the runner launches two
-kernels (``_paged_decode_kernels.py``) and does nothing else: no host sync, no allocation, so it
-can be captured in a CUDA graph.
+allocates (or carves from ``plan.workspace``) the fp32 split scratch; the runner launches one
+kernel (``_batch_attention_kernels.py``), or two when the keys are split (the merge), and does
+nothing else: no host sync, no allocation, so it can be captured in a CUDA graph.
 
 Launch shape, from the plan:
 
-* query rows: the ``q_len_per_req * group`` rows of a request that share one KV head form one
-  tile of ``BLOCK_M`` (a power of two, at least 16 so ``tl.dot`` runs on tensor cores, at most
-  ``MAX_BLOCK_M``; more rows take several tiles);
+* query rows: the ``q_len * group`` rows of a request that share one KV head (``q_len``: decode's
+  ``q_len_per_req``, prefill's longest request) form tiles of ``BLOCK_M`` (a power of two, at
+  least 16 so ``tl.dot`` runs on tensor cores, at most ``MAX_BLOCK_M``);
 * splits: enough ``(request, kv head, row tile, split)`` programs to give every SM
   ``PROGRAMS_PER_SM`` of them, each split covering at least ``MIN_KEYS_PER_SPLIT`` keys of the
-  longest request (at most ``MAX_SPLITS``). A CUDA-graph plan ignores the lengths (the graph is
-  replayed with other ones): it takes the SM-filling count. Every launch cuts each request's
-  visible keys into that many chunks on the device, from the ``kv_lens`` buffer.
+  longest request (at most ``MAX_SPLITS``; prefill: as many as the workspace holds the scratch
+  of). A CUDA-graph plan ignores the lengths (the graph is replayed with other ones): it takes
+  the SM-filling count. Every launch cuts the keys each row tile can see into that many chunks
+  on the device, from the ``kv_lens`` and ``qo_indptr`` buffers.
 
-Semantics beyond the contract: with ``q_len_per_req > 1`` the mask is causal inside each request
+Semantics beyond the contract: a decode with ``q_len_per_req > 1`` is causal inside each request
 (query ``r`` of ``L`` sees keys ``j <= kv_len - L + r``) whether or not ``plan.causal`` is set.
+Prefill follows the plan (causal or not; a custom mask replaces causal).
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +32,7 @@ import torch
 from ...attention.batch_params import BatchPlan, KVInput, RunScales
 from ...attention.params import cached_alibi_slopes
 from ...reasons import Reason
-from .launch import cdiv, device_of, fast, pow2
+from .launch import cdiv, device_of, fast, pow2, sm_count
 
 #: programs per SM the split count aims for.
 PROGRAMS_PER_SM = 2
@@ -40,8 +42,6 @@ MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 64
 #: largest query-row tile.
 MAX_BLOCK_M = 64
-#: SM count assumed when the plan is not on a GPU (an H200).
-DEFAULT_SM_COUNT = 132
 #: byte alignment of each scratch buffer carved from the workspace.
 ALIGN = 256
 
@@ -63,21 +63,10 @@ class LaunchConfig:
     num_stages: int
 
 
-def sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return _cuda_sm_count(torch.cuda.current_device() if device.index is None else device.index)
-    return DEFAULT_SM_COUNT
-
-
-@functools.lru_cache(maxsize=None)
-def _cuda_sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def launch_config(plan: BatchPlan, num_splits: int | None = None) -> LaunchConfig:
     """The launch shape for ``plan``; ``num_splits`` forces the split count (tests, tuning)."""
     group = plan.num_qo_heads // plan.num_kv_heads
-    rows = max(1, plan.q_len_per_req) * group
+    rows = _q_len(plan) * group
     block_m = min(MAX_BLOCK_M, max(16, pow2(rows)))
     row_tiles = cdiv(rows, block_m)
     block_dqk = max(16, pow2(plan.head_dim_qk))
@@ -85,13 +74,39 @@ def launch_config(plan: BatchPlan, num_splits: int | None = None) -> LaunchConfi
     widest = max(block_dqk, block_dvo)
     block_n = 64 if widest <= 128 else 32
     if num_splits is None:
-        programs = plan.batch_size * plan.num_kv_heads * row_tiles
+        programs = plan.num_kv_heads * (
+            plan.batch_size * row_tiles if plan.op == "batch_decode"
+            else sum(cdiv(int(n) * group, block_m) for n in _qo_lens(plan)))
         num_splits = cdiv(PROGRAMS_PER_SM * sm_count(plan.device), max(1, programs))
         if not plan.cuda_graph:
             num_splits = min(num_splits, cdiv(max(1, plan.max_kv_len), MIN_KEYS_PER_SPLIT))
+        if plan.op != "batch_decode":  # prefill: as many splits as the workspace holds
+            num_splits = min(num_splits, _splits_fitting(plan))
     num_splits = max(1, min(MAX_SPLITS, int(num_splits)))
     return LaunchConfig(block_m, row_tiles, block_n, block_dqk, block_dvo, num_splits,
                         num_warps=4, num_stages=2 if widest > 128 else 3)
+
+
+def _q_len(plan: BatchPlan) -> int:
+    """Query tokens of the longest request (decode: ``q_len_per_req``)."""
+    return max(1, plan.q_len_per_req if plan.op == "batch_decode" else plan.max_qo_len)
+
+
+def _qo_lens(plan: BatchPlan):
+    host = plan.qo_indptr_host
+    return (host[1:] - host[:-1]).tolist()
+
+
+def _splits_fitting(plan: BatchPlan) -> int:
+    """The most splits whose scratch fits the plan's workspace (1 needs none: no workspace, or
+    one too small, keeps a prefill to one split)."""
+    ws = plan.workspace
+    if ws is None:
+        return 1
+    fits = 1
+    while fits < MAX_SPLITS and scratch_bytes(plan, fits + 1) + ALIGN <= ws.numel():
+        fits += 1
+    return fits
 
 
 def scratch_bytes(plan: BatchPlan, num_splits: int) -> int:
@@ -106,7 +121,7 @@ def workspace_bound(batch_size: int, q_len_per_req: int, num_qo_heads: int, num_
     at the split count :func:`launch_config` picks without the key-length cap (the most it
     picks), plus the alignment shift."""
     facts = BatchPlan.__new__(BatchPlan)
-    for name, value in dict(batch_size=batch_size, q_len_per_req=q_len_per_req,
+    for name, value in dict(op="batch_decode", batch_size=batch_size, q_len_per_req=q_len_per_req,
                             num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
                             head_dim_qk=head_dim, head_dim_vo=head_dim, device=device,
                             cuda_graph=True, max_kv_len=0,
@@ -135,7 +150,7 @@ def _scratch(plan: BatchPlan, num_splits: int) -> tuple[torch.Tensor, torch.Tens
         shift = -ws.data_ptr() % ALIGN  # start the scratch on an ALIGN-byte boundary
         if ws.numel() < shift + need:
             raise ValueError(
-                f"workspace too small for the triton batch_decode split-K scratch: needs "
+                f"workspace too small for the triton {plan.op} split-K scratch: needs "
                 f"{shift + need} bytes (total_qo={plan.total_qo} x heads={plan.num_qo_heads} x "
                 f"splits={num_splits} x (head_dim_vo={plan.head_dim_vo} + 1) fp32 values, "
                 f"{ALIGN}-byte aligned), workspace has {ws.numel()} bytes")
@@ -151,24 +166,34 @@ def _require_unit_stride(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} must have a unit-stride last dim, got strides {tuple(t.stride())}")
 
 
-class PagedDecodeRunner:
+class BatchAttentionRunner:
     """``runner(q, kv, out, lse, scales)`` for one :class:`BatchPlan` (see the module note)."""
 
     def __init__(self, plan: BatchPlan, config: LaunchConfig):
-        if plan.op != "batch_decode":
-            raise ValueError(f"plan.op is {plan.op!r}; this planner serves 'batch_decode'")
+        if plan.op not in _OPS:
+            raise ValueError(f"plan.op is {plan.op!r}; this planner serves {', '.join(_OPS)}")
         if plan.num_qo_heads % plan.num_kv_heads:
             raise ValueError(f"num_qo_heads={plan.num_qo_heads} is not a multiple of "
                              f"num_kv_heads={plan.num_kv_heads}")
         if plan.kv_layout not in ("NHD", "HND"):
             raise ValueError(f"kv_layout must be 'NHD' or 'HND', got {plan.kv_layout!r}")
-        if not 1 <= plan.page_size:
+        self.ragged = plan.op == "batch_prefill_ragged"
+        if not self.ragged and not 1 <= plan.page_size:
             raise ValueError(f"page_size must be >= 1, got {plan.page_size}")
         self.plan = plan
         self.config = config
-        self.part_o, self.part_lse = _scratch(plan, config.num_splits)
+        self.part_o, self.part_lse = (_scratch(plan, config.num_splits) if config.num_splits > 1
+                                      else (None, None))
         self.group = plan.num_qo_heads // plan.num_kv_heads
-        self.causal = plan.causal or plan.q_len_per_req > 1
+        mask = plan.custom_mask
+        if plan.op == "batch_decode":
+            self.causal = plan.causal or plan.q_len_per_req > 1
+        else:
+            self.causal = plan.causal and mask is None  # a custom mask replaces causal
+        # custom mask bytes (a bool tensor's storage read as uint8: no copy) and their offsets
+        self.mask = None if mask is None else mask.view(torch.uint8)
+        self.mask_indptr = (None if mask is None else
+                            plan.mask_indptr_host.to(plan.device, torch.int64, non_blocking=True))
         self.kv_indices = plan.kv_indices if plan.kv_indices is not None else plan.kv_indptr
         # ALiBi: float32 slope per query head (upstream's), made once
         self.alibi = (cached_alibi_slopes(plan.num_qo_heads, plan.device).float().contiguous()
@@ -176,41 +201,52 @@ class PagedDecodeRunner:
 
     def __call__(self, q: torch.Tensor, kv: KVInput, out: torch.Tensor,
                  lse: torch.Tensor | None, scales: RunScales) -> None:
-        from . import _paged_decode_kernels as K
+        from . import _batch_attention_kernels as K
 
         plan, cfg = self.plan, self.config
-        for name, t in (("q", q), ("k_cache", kv.k), ("v_cache", kv.v), ("out", out)):
+        for name, t in (("q", q), ("k", kv.k), ("v", kv.v), ("out", out)):
             _require_unit_stride(name, t)
         if lse is not None and lse.stride() != (plan.num_qo_heads, 1):
             raise ValueError(f"lse must be contiguous [total_qo, num_qo_heads], got strides "
                              f"{tuple(lse.stride())}")
-        # page views: NHD [pages, page, H, D], HND [pages, H, page, D]
-        tok_dim, head_dim = (1, 2) if plan.kv_layout == "NHD" else (2, 1)
         k, v = kv.k, kv.v
+        if self.ragged:  # [rows, H, D] (an HND input arrives transposed): no page stride
+            k_strides, v_strides = (0, k.stride(0), k.stride(1)), (0, v.stride(0), v.stride(1))
+        else:  # page views: NHD [pages, page, H, D], HND [pages, H, page, D]
+            tok_dim, head_dim = (1, 2) if plan.kv_layout == "NHD" else (2, 1)
+            k_strides = (k.stride(0), k.stride(tok_dim), k.stride(head_dim))
+            v_strides = (v.stride(0), v.stride(tok_dim), v.stride(head_dim))
         qk_scale = plan.sm_scale * scales.q_scale * scales.k_scale
         cap = plan.logits_soft_cap
         window = plan.window_left
+        sinks = scales.sinks
+        single = cfg.num_splits == 1
+        unused = q  # a pointer argument its constexpr switches off
         with device_of(q):
-            fast(K.decode_split_kernel)[(plan.batch_size, plan.num_kv_heads * cfg.row_tiles,
-                                   cfg.num_splits)](
-                q, k, v, self.part_o, self.part_lse,
+            fast(K.attention_split_kernel)[(plan.batch_size, plan.num_kv_heads * cfg.row_tiles,
+                                           cfg.num_splits)](
+                q, k, v, unused if single else self.part_o, unused if single else self.part_lse,
+                out, unused if lse is None else lse, unused if sinks is None else sinks,
                 plan.qo_indptr, plan.kv_indptr, self.kv_indices, plan.kv_lens,
-                q.stride(0), q.stride(1),
-                k.stride(0), k.stride(tok_dim), k.stride(head_dim),
-                v.stride(0), v.stride(tok_dim), v.stride(head_dim),
+                unused if self.mask is None else self.mask,
+                unused if self.mask is None else self.mask_indptr,
+                unused if self.alibi is None else self.alibi,
+                q.stride(0), q.stride(1), *k_strides, *v_strides, out.stride(0), out.stride(1),
                 qk_scale * _LOG2E, cap if cap > 0 else 1.0, (cap if cap > 0 else 1.0) * _LOG2E,
-                max(window, 0), self.part_lse if self.alibi is None else self.alibi,
+                max(window, 0), scales.v_scale,
                 NUM_QO_HEADS=plan.num_qo_heads, GROUP=self.group,
-                ROWS=max(1, plan.q_len_per_req) * self.group, ROW_TILES=cfg.row_tiles,
-                NUM_SPLITS=cfg.num_splits, PAGE=plan.page_size,
+                ROWS=_q_len(plan) * self.group, ROW_TILES=cfg.row_tiles,
+                NUM_SPLITS=cfg.num_splits, PAGE=0 if self.ragged else plan.page_size,
                 D_QK=plan.head_dim_qk, D_VO=plan.head_dim_vo,
                 BLOCK_DQK=cfg.block_dqk, BLOCK_DVO=cfg.block_dvo,
                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 CAUSAL=self.causal, HAS_WINDOW=window >= 0, HAS_SOFT_CAP=cap > 0,
-                HAS_ALIBI=self.alibi is not None, DOT_F32=not q.is_cuda,
+                HAS_ALIBI=self.alibi is not None, HAS_MASK=self.mask is not None,
+                HAS_SINKS=sinks is not None, WRITE_LSE=lse is not None, DOT_F32=not q.is_cuda,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )
-            sinks = scales.sinks
+            if single:
+                return
             fast(K.decode_merge_kernel)[(plan.total_qo, plan.num_qo_heads)](
                 self.part_o, self.part_lse, out, self.part_lse if lse is None else lse,
                 self.part_lse if sinks is None else sinks,
@@ -223,12 +259,20 @@ class PagedDecodeRunner:
             )
 
 
-def make_runner(plan: BatchPlan, num_splits: int | None = None) -> PagedDecodeRunner:
+_OPS = ("batch_decode", "batch_prefill_paged", "batch_prefill_ragged")
+
+
+def make_runner(plan: BatchPlan, num_splits: int | None = None) -> BatchAttentionRunner:
     """The runner for ``plan``; ``num_splits`` forces the split count (tests, tuning)."""
-    return PagedDecodeRunner(plan, launch_config(plan, num_splits))
+    return BatchAttentionRunner(plan, launch_config(plan, num_splits))
 
 
-def batch_decode(plan: BatchPlan) -> PagedDecodeRunner:
+def batch_decode(plan: BatchPlan) -> BatchAttentionRunner:
+    return make_runner(plan)
+
+
+def batch_prefill(plan: BatchPlan) -> BatchAttentionRunner:
+    """The paged and ragged prefill planner (one function: the op is in the plan)."""
     return make_runner(plan)
 
 
@@ -241,5 +285,5 @@ def reasons(problem) -> list[Reason]:
     return []
 
 
-__all__ = ["LaunchConfig", "PagedDecodeRunner", "launch_config", "make_runner", "scratch_bytes",
-           "sm_count"]
+__all__ = ["BatchAttentionRunner", "LaunchConfig", "batch_decode", "batch_prefill",
+           "launch_config", "make_runner", "scratch_bytes"]
