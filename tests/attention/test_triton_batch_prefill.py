@@ -188,8 +188,8 @@ def test_gpu_prefill_vs_reference(op, case):
     qo, kv = cfg.pop("qo"), cfg.pop("kv")
     if cfg.pop("mask", False):
         torch.manual_seed(9)
-        cfg["custom_mask"] = torch.cat([torch.rand(q, k) < 0.5 for q, k in zip(qo, kv)]
-                                       ).flatten().to(DEV)
+        cfg["custom_mask"] = torch.cat([(torch.rand(q, k) < 0.5).flatten()
+                                        for q, k in zip(qo, kv)]).to(DEV)
     make, q, kv_in = _setup(op, qo, kv, hq=32, hk=8, d=cfg.pop("d", 128), dvo=cfg.pop("dvo", None),
                             ps=16, dtype=torch.bfloat16, seed=8, **cfg)
     run_kw = dict(sinks=torch.randn(32, device=DEV), v_scale=0.5) if case == "alibi_causal" else {}
