@@ -51,15 +51,19 @@ DECODE = [(b, kv) for b in (1, 16, 64, 256) for kv in (512, 4096, 16384)]
 DECODE_FP8 = [(16, 4096), (64, 4096)]
 #: paged and ragged causal prefill: (requests, tokens each), query length = kv length
 PREFILL = [(1, 16384), (4, 4096), (32, 1024)]
+#: the same with ALiBi (paged and ragged): (requests, tokens each)
+PREFILL_ALIBI = [(4, 1024)]
 QUICK = {"single_decode": [(32768, "NHD")], "single_prefill": [(4096, 4096, 8)],
          "decode": [(64, 4096)], "decode_fp8": [], "prefill": [(4, 4096)]}
 TINY = {"single_decode": [(64, "NHD")], "single_prefill": [(16, 32, 2)],
-        "decode": [(2, 40)], "decode_fp8": [], "prefill": [(2, 24)]}
+        "decode": [(2, 40)], "decode_fp8": [], "prefill": [(2, 24)], "prefill_alibi": [(2, 24)]}
 
 #: the batch backends timed: ours, and upstream's (``tensor_cores``: its decode wrapper with
 #: use_tensor_cores=True, what vLLM passes, 0.26 against 0.40 ms at B=64 kv 4096 on the H200)
-OURS = {"decode": ["auto", "cudnn", "triton"], "paged": ["auto", "fa3", "cudnn"],
-        "ragged": ["auto", "fa3", "cudnn", "torch:flash_varlen"]}
+OURS = {"decode": ["auto", "cudnn", "triton"], "paged": ["auto", "fa3", "cudnn", "triton"],
+        "ragged": ["auto", "fa3", "cudnn", "torch:flash_varlen", "triton"]}
+#: ALiBi prefill, which no vendor kernel serves: our Triton kernel against the reference
+OURS_ALIBI = ["auto", "triton", "reference"]
 UPSTREAM = {"decode": ["auto", "tensor_cores"], "paged": ["fa2", "fa3"], "ragged": ["fa2", "fa3"]}
 SINGLE_OP = {"single_decode": "single_decode", "single_prefill": "single_prefill"}
 
@@ -68,7 +72,7 @@ def cases(args) -> list[dict]:
     """The shape tables of ``args.shapes``: single-request cases (ours only), then decode, paged
     and ragged prefill."""
     full = {"single_decode": SINGLE_DECODE, "single_prefill": SINGLE_PREFILL, "decode": DECODE,
-            "decode_fp8": DECODE_FP8, "prefill": PREFILL}
+            "decode_fp8": DECODE_FP8, "prefill": PREFILL, "prefill_alibi": PREFILL_ALIBI}
     table = {"full": full, "quick": QUICK, "tiny": TINY}[args.shapes]
     heads = TINY_HEADS if args.shapes == "tiny" else HEADS
     out = []
@@ -84,6 +88,9 @@ def cases(args) -> list[dict]:
                  "kv_dtype": dtype, **heads} for b, kv in grid]
     out += [{"case": f"{kind} causal {r}x{t}", "kind": kind, "batch": r, "kv": t, **heads}
             for kind in ("paged", "ragged") for r, t in table["prefill"]]
+    out += [{"case": f"{kind} causal alibi {r}x{t}", "kind": kind, "batch": r, "kv": t,
+             "alibi": True, **heads}
+            for kind in ("paged", "ragged") for r, t in table.get("prefill_alibi", [])]
     return out
 
 
@@ -94,6 +101,8 @@ def backends(case: dict, args) -> list[str]:
         return harness.pick(args, ["auto", "reference"])
     if case["kind"] in SINGLE_OP:
         return harness.pick(args, ["auto"] + harness.declared_kernels(SINGLE_OP[case["kind"]]))
+    if case.get("alibi"):
+        return harness.pick(args, OURS_ALIBI if args.impl != "upstream" else [])
     return harness.pick(args, (UPSTREAM if args.impl == "upstream" else OURS)[case["kind"]])
 
 
@@ -205,6 +214,7 @@ def bench_prefill(case: dict, backend: str, iters: int, device: str) -> dict:
     TFLOP/s, ``plan()`` host time."""
     requests, tokens, hq, hkv, d = case["batch"], case["kv"], case["hq"], case["hkv"], case["d"]
     total = requests * tokens
+    mode = "ALIBI" if case.get("alibi") else "NONE"
     q = torch.randn(total, hq, d, device=device, dtype=torch.bfloat16)
     qo_indptr = torch.arange(requests + 1, dtype=torch.int32) * tokens
     if case["kind"] == "paged":
@@ -213,7 +223,8 @@ def bench_prefill(case: dict, backend: str, iters: int, device: str) -> dict:
 
         def plan():
             w.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, case["page"], causal=True,
-                   q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+                   q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
+                   pos_encoding_mode=mode)
         run = lambda: w.run(q, cache)  # noqa: E731
     else:
         k = torch.randn(total, hkv, d, device=device, dtype=torch.bfloat16)
@@ -221,7 +232,8 @@ def bench_prefill(case: dict, backend: str, iters: int, device: str) -> dict:
         w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(_workspace(device), "NHD", backend=backend)
 
         def plan():
-            w.plan(qo_indptr, qo_indptr, hq, hkv, d, causal=True, q_data_type=torch.bfloat16)
+            w.plan(qo_indptr, qo_indptr, hq, hkv, d, causal=True, q_data_type=torch.bfloat16,
+                   pos_encoding_mode=mode)
         run = lambda: w.run(q, k, v)  # noqa: E731
     t0 = time.perf_counter()
     plan()
