@@ -29,8 +29,10 @@ pays a plan per call; a serving loop that calls it every step is better served b
 wrapper. Not served (``NotImplementedError`` naming the argument): NVFP4 output
 (``o_sf_scale``, ``o_sf_vec_size``, ``out_dtype="nvfp4"``), ``kv_cache_sf``, ``mask``, ragged
 decode queries (``cum_seq_lens_q`` / ``max_q_len`` in decode), skip-softmax, block-sparse
-tables, ``uses_shared_paged_kv_idx=False``, ``o_scale != 1``, and ``return_lse`` (upstream's
-trtllm-gen LSE convention is not matched yet).
+tables, ``uses_shared_paged_kv_idx=False`` and ``o_scale != 1``. With ``return_lse`` (or an
+``lse`` buffer, written either way, as upstream's trtllm-gen path does) the lse is the wrappers'
+own: float32 ``[num_tokens, num_qo_heads]``, base 2 (upstream's tests compare its trtllm-gen lse
+with the paged wrapper's).
 """
 
 from __future__ import annotations
@@ -135,8 +137,7 @@ def trtllm_batch_decode_with_kv_cache(
             skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
             multi_ctas_kv_counter_buffer=multi_ctas_kv_counter_buffer,
             enable_block_sparse_attention=enable_block_sparse_attention,
-            bf16q_fp8kv_transform_mode=bf16q_fp8kv_transform_mode, return_lse=return_lse,
-            lse=lse, o_scale=o_scale)
+            bf16q_fp8kv_transform_mode=bf16q_fp8kv_transform_mode, o_scale=o_scale)
     _shared_page_ids(uses_shared_paged_kv_idx)
     if isinstance(out_dtype, str):
         _refuse(out_dtype=out_dtype)
@@ -149,8 +150,17 @@ def trtllm_batch_decode_with_kv_cache(
     wrapper.plan(indptr, indices, last, query.shape[1], heads, head_dim, page,
                  window_left=window_left, q_data_type=query.dtype, kv_data_type=kv_dtype,
                  o_data_type=o_dtype, sm_scale=scale, q_len_per_req=q_len_per_req)
-    return wrapper.run(query, kv_cache, v_scale=_scalar("bmm2_scale", bmm2_scale), out=out,
-                       sinks=sinks)
+    return _run(wrapper, query, kv_cache, bmm2_scale, out, sinks, lse, return_lse)
+
+
+def _run(wrapper, query, kv_cache, bmm2_scale, out, sinks, lse, return_lse):
+    """A planned wrapper's run() in the trtllm conventions: ``out``, or ``(out, lse)`` with
+    ``return_lse``; a given ``lse`` buffer is written either way."""
+    result = wrapper.run(query, kv_cache, v_scale=_scalar("bmm2_scale", bmm2_scale), out=out,
+                         sinks=sinks, lse=lse, return_lse=bool(return_lse) or lse is not None)
+    if isinstance(result, tuple) and not return_lse:
+        return result[0]
+    return result
 
 
 def xqa_batch_decode_with_kv_cache(
@@ -180,8 +190,8 @@ def trtllm_batch_context_with_kv_cache(
     Causal by default (bottom-right aligned). Returns ``out [cum_seq_lens_q[-1], H_qo, D]``."""
     _refuse(o_sf_scale=o_sf_scale, o_sf_vec_size=o_sf_vec_size, kv_cache_sf=kv_cache_sf,
             skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
-            multi_ctas_kv_counter_buffer=multi_ctas_kv_counter_buffer, return_lse=return_lse,
-            lse=lse, use_fp16_softmax=use_fp16_softmax, uses_spcompress=uses_spcompress)
+            multi_ctas_kv_counter_buffer=multi_ctas_kv_counter_buffer,
+            use_fp16_softmax=use_fp16_softmax, uses_spcompress=uses_spcompress)
     _shared_page_ids(uses_shared_paged_kv_idx)
     if isinstance(out_dtype, str):
         _refuse(out_dtype=out_dtype)
@@ -195,8 +205,7 @@ def trtllm_batch_context_with_kv_cache(
                  page, causal=bool(causal), window_left=window_left,
                  sm_scale=_scalar("bmm1_scale", bmm1_scale), q_data_type=query.dtype,
                  kv_data_type=kv_dtype, o_data_type=o_dtype)
-    return wrapper.run(query, kv_cache, v_scale=_scalar("bmm2_scale", bmm2_scale), out=out,
-                       sinks=sinks)
+    return _run(wrapper, query, kv_cache, bmm2_scale, out, sinks, lse, return_lse)
 
 
 def cudnn_batch_decode_with_kv_cache(

@@ -72,6 +72,35 @@ def test_trtllm_context_matches_a_planned_prefill_wrapper():
     assert got is out and rel_error(got, want.run(q, cache)) < 1e-6
 
 
+@pytest.mark.parametrize("give_buffer", [False, True])
+def test_trtllm_conventions_return_the_wrappers_lse(give_buffer):
+    """return_lse: ``(out, lse)``, lse float32 [tokens, H_qo] base 2 as the planned wrappers';
+    a given lse buffer is written (and returned) whether or not return_lse is set."""
+    torch.manual_seed(5)
+    kv_lens, ps, hq, hk, d = [9, 1, 0, 33], 8, 4, 2, 16
+    cache, indptr, indices, last, _, _ = make_paged(kv_lens, ps, hk, d, "HND")
+    q = torch.randn(4, hq, d)
+    want = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws(), "HND")
+    want.plan(indptr, indices, last, hq, hk, d, ps, q_data_type=torch.float32, sm_scale=0.3)
+    expected, expected_lse = want.run(q, cache, return_lse=True)
+    lse = torch.full((4, hq), float("nan")) if give_buffer else None
+    args = (q, cache, ws(), _block_table(indptr, indices, 6), torch.tensor(kv_lens, dtype=I32), 40)
+    out, got_lse = flashinfer.decode.trtllm_batch_decode_with_kv_cache(
+        *args, bmm1_scale=0.3, return_lse=True, lse=lse)
+    assert rel_error(out, expected) < 1e-6 and torch.equal(got_lse, expected_lse)
+    if give_buffer:
+        assert got_lse is lse
+        lse.fill_(float("nan"))
+        only_out = flashinfer.decode.trtllm_batch_decode_with_kv_cache(*args, bmm1_scale=0.3, lse=lse)
+        assert isinstance(only_out, torch.Tensor) and torch.equal(lse, expected_lse)
+    cache, indptr, indices, _, _, q, planned = _prefill_case(1, 4, 0.25)
+    ctx_out, ctx_lse = flashinfer.prefill.trtllm_batch_context_with_kv_cache(
+        q, cache, ws(), _block_table(indptr, indices, 8), torch.tensor(KV_LENS, dtype=I32),
+        max(QO_LENS), max(KV_LENS), 0.25, 1.0, 3, QO_INDPTR, None, return_lse=True)
+    want_out, want_lse = planned.run(q, cache, return_lse=True)
+    assert rel_error(ctx_out, want_out) < 1e-6 and torch.equal(ctx_lse, want_lse)
+
+
 def test_page_table_reads_only_the_pages_a_request_needs():
     table = torch.tensor([[4, 9, -1, 77], [2, -5, -5, -5], [8, 3, 1, 0]], dtype=I32)
     indptr, indices, last, lens = page_table(table, torch.tensor([5, 0, 16], dtype=I32), 4)
@@ -84,7 +113,6 @@ def test_page_table_reads_only_the_pages_a_request_needs():
     (dict(seq_lens=torch.tensor([9, -1], dtype=I32)), ValueError, ">= 0"),
     (dict(block_tables=torch.zeros(2, 4, dtype=torch.int64)), TypeError, "int32"),
     (dict(o_sf_scale=1.0), NotImplementedError, "o_sf_scale"),
-    (dict(return_lse=True), NotImplementedError, "return_lse"),
     (dict(out_dtype="nvfp4"), NotImplementedError, "out_dtype"),
     (dict(bmm1_scale="x"), TypeError, "bmm1_scale"),
     (dict(uses_shared_paged_kv_idx=False), NotImplementedError, "uses_shared_paged_kv_idx"),
