@@ -142,9 +142,11 @@ def test_block_table_conventions_on_gpu_kernels():
     want = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(), "HND", backend="reference")
     want.plan(indptr, indices, last, HQ, HK, D, PS, q_data_type=BF16, sm_scale=0.1)
     expected, expected_lse = want.run(q, cache, return_lse=True)
-    got = flashinfer.decode.trtllm_batch_decode_with_kv_cache(
-        q, cache, _ws(), table, seq_lens, max(KV_LENS), bmm1_scale=0.1, bmm2_scale=1.0)
+    got, got_lse = flashinfer.decode.trtllm_batch_decode_with_kv_cache(
+        q, cache, _ws(), table, seq_lens, max(KV_LENS), bmm1_scale=0.1, bmm2_scale=1.0,
+        return_lse=True)
     assert rel_error(got, expected) < 2e-2
+    assert rel_error(got_lse, expected_lse) < 1e-3  # base 2, [tokens, H_qo], as the wrapper's
     got = flashinfer.decode.xqa_batch_decode_with_kv_cache(
         q, cache, _ws(), table, seq_lens, max(KV_LENS), bmm1_scale=0.1, bmm2_scale=1.0,
         kv_layout="HND")  # xqa's default layout is NHD
@@ -161,10 +163,11 @@ def test_block_table_conventions_on_gpu_kernels():
     ref = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_ws(), "HND", backend="reference")
     ref.plan(qo_indptr, indptr, indices, last, HQ, HK, D, PS, causal=True, sm_scale=0.1,
              q_data_type=BF16)
-    got = flashinfer.prefill.trtllm_batch_context_with_kv_cache(
+    got, got_lse = flashinfer.prefill.trtllm_batch_context_with_kv_cache(
         qp, cache, _ws(), table, seq_lens, max(QO_LENS), max(KV_LENS), 0.1, 1.0, len(KV_LENS),
-        qo_indptr, None)
-    assert rel_error(got, ref.run(qp, cache)) < 2e-2
+        qo_indptr, None, return_lse=True)
+    want, want_lse = ref.run(qp, cache, return_lse=True)
+    assert rel_error(got, want) < 2e-2 and rel_error(got_lse, want_lse) < 1e-3
 
 
 def test_fast_decode_plan_on_cuda_equals_plan():
