@@ -607,11 +607,12 @@ def rope_quantize_fp8_append_paged_kv_cache(
 
     Token ``t`` goes to page ``kv_indices[kv_indptr[batch_indices[t]] + positions[t] //
     page_size]``, slot ``positions[t] % page_size`` (:func:`flashinfer.page.
-    append_paged_kv_cache`, whose index rules apply: upstream skips tokens with a negative
-    ``batch_indices`` entry; here such an entry is a bad index like any other). RoPE reads
-    ``pos_ids``; the caches must already have the quantised dtype. ``enable_pdl`` is ignored.
+    append_paged_kv_cache`, whose index rules apply), except that a token with a negative
+    ``batch_indices`` entry is padding, as upstream: it is not appended (its query rows are
+    still rotated and quantised). RoPE reads ``pos_ids``; the caches must already have the
+    quantised dtype. ``enable_pdl`` is ignored.
     """
-    from .attention.page import append_paged_kv_cache
+    from .attention.page import append_padded
 
     if not isinstance(paged_kv_cache, (tuple, list)) or len(paged_kv_cache) != 2:
         raise TypeError("paged_kv_cache must be a (k_cache, v_cache) or (ckv_cache, kpe_cache) pair")
@@ -645,10 +646,8 @@ def rope_quantize_fp8_append_paged_kv_cache(
         values = _saturated(v.float(), _fp8_scale("quant_scale_kv", quant_scale_kv), dtype,
                             None, "v")
         cache = (first, second)
-    last = torch.full((kv_indptr.shape[0] - 1,), page_size, dtype=torch.int32,
-                      device=kv_indptr.device)  # (not read by the append)
-    append_paged_kv_cache(keys, values, batch_indices, positions, cache, kv_indices, kv_indptr,
-                          last, kv_layout, backend=backend)
+    append_padded(keys, values, batch_indices, positions, cache, kv_indices, kv_indptr,
+                  kv_layout, backend)
     return q_out, q_nope_q
 
 

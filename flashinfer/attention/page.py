@@ -188,7 +188,20 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
                   kv_indptr, layout)
     cache = [paged_kv_cache] if isinstance(paged_kv_cache, torch.Tensor) else list(paged_kv_cache)
     _append(append_key, append_value, batch_indices, positions, cache, kv_indices, kv_indptr,
-            layout, backend)
+            layout, backend, False)
+
+
+def append_padded(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices,
+                  kv_indptr, kv_layout: str, backend: str) -> None:
+    """:func:`append_paged_kv_cache` where a negative ``batch_indices`` entry marks a padding
+    token, skipped (upstream's fused RoPE + quantise + append does so; its plain append does
+    not): the form ``rope_quantize_fp8_append_paged_kv_cache`` calls."""
+    layout = check_kv_layout(kv_layout)
+    _check_append(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices,
+                  kv_indptr, layout)
+    cache = [paged_kv_cache] if isinstance(paged_kv_cache, torch.Tensor) else list(paged_kv_cache)
+    _append(append_key, append_value, batch_indices, positions, cache, kv_indices, kv_indptr,
+            layout, backend, True)
 
 
 def _check_append(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices,
@@ -227,14 +240,14 @@ def _check_append(append_key, append_value, batch_indices, positions, paged_kv_c
 
 
 def _append_fake(append_key, append_value, batch_indices, positions, cache, kv_indices, kv_indptr,
-                 kv_layout, backend) -> None:
+                 kv_layout, backend, skip_padding) -> None:
     return None
 
 
 @custom_op("append_paged_kv_cache", mutates_args=("cache",), fake=_append_fake)
 def _append(append_key: torch.Tensor, append_value: torch.Tensor, batch_indices: torch.Tensor,
             positions: torch.Tensor, cache: list[torch.Tensor], kv_indices: torch.Tensor,
-            kv_indptr: torch.Tensor, kv_layout: str, backend: str) -> None:
+            kv_indptr: torch.Tensor, kv_layout: str, backend: str, skip_padding: bool) -> None:
     k_cache, v_cache = unpack_paged_kv_cache(cache[0] if len(cache) == 1 else tuple(cache), kv_layout)
     page_size = k_cache.shape[_page_dim(kv_layout)]
     heads = k_cache.shape[2 if kv_layout == "NHD" else 1]
@@ -245,8 +258,8 @@ def _append(append_key: torch.Tensor, append_value: torch.Tensor, batch_indices:
         layout=kv_layout)
     if index_checks.host_check_wanted(k_cache.device):
         checks, _ = page_rules.append_checks(batch_indices, positions, kv_indices, kv_indptr,
-                                              page_size, k_cache.shape[0])
+                                              page_size, k_cache.shape[0], skip_padding)
         index_checks.raise_first(checks)
     decision = dispatch.decide(problem, backend)
     decision.kernel(append_key, append_value, batch_indices, positions, k_cache, v_cache,
-                    kv_indices, kv_indptr, page_size, kv_layout)
+                    kv_indices, kv_indptr, page_size, kv_layout, skip_padding)

@@ -51,17 +51,20 @@ class AppendTargets:
 
 
 def append_checks(batch_indices: torch.Tensor, positions: torch.Tensor, kv_indices: torch.Tensor,
-                  kv_indptr: torch.Tensor, page_size: int, num_pages: int
-                  ) -> tuple[list[Check], AppendTargets]:
+                  kv_indptr: torch.Tensor, page_size: int, num_pages: int,
+                  skip_padding: bool = False) -> tuple[list[Check], AppendTargets]:
     """The rules of ``append_paged_kv_cache`` for token ``t`` of request ``b = batch_indices[t]``
     at position ``p = positions[t]``: ``0 <= b < B``; ``0 <= kv_indptr[b] <= kv_indptr[b + 1] <=
     len(kv_indices)``; ``0 <= p < (kv_indptr[b + 1] - kv_indptr[b]) * page_size`` (a position past
     the request's own pages would write into the next request's KV); ``0 <= kv_indices[j] <
-    num_pages`` for ``j = kv_indptr[b] + p // page_size``."""
+    num_pages`` for ``j = kv_indptr[b] + p // page_size``. ``skip_padding``: a token with ``b <
+    0`` is padding (upstream's fused RoPE + append skips it): not a fault, not written."""
     batch, n_ids = kv_indptr.shape[0] - 1, kv_indices.shape[0]
     b, pos = batch_indices.long(), positions.long()
-    b_bad = (b < 0) | (b >= batch)
+    padding = b < 0 if skip_padding else torch.zeros_like(b, dtype=torch.bool)
+    b_bad = ((b < 0) & ~padding) | (b >= batch)
     checks = [Check(APPEND_BATCH, b_bad, b, batch)]
+    b_bad = b_bad | padding  # (padding: no further rule applies, nothing is written)
     if batch < 1:
         zero = torch.zeros_like(b)
         return checks, AppendTargets(torch.zeros_like(b_bad), zero, zero)

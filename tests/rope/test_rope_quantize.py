@@ -130,6 +130,39 @@ def test_append_form_writes_the_quantised_keys_and_values_into_their_pages(layou
     assert torch.equal(k_cache[spare].view(torch.uint8), before_k[spare].view(torch.uint8))
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_append_form_skips_padding_tokens(backend):
+    """A negative batch_indices entry marks a padding token (upstream's rule for this op): it is
+    not appended and is no fault; the caches equal those of the real tokens alone, and the plain
+    append_paged_kv_cache still refuses such an entry."""
+    q, k, qn, kn, _ = _inputs(nnz=10)
+    pos = torch.tensor([0, 5, 17, 255, 3, 100, 64, 9, 31, 200])
+    v = torch.randn(10, 2, 80, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    indptr, indices, batch, positions = _append_layout([3, 4], 4)
+    real = torch.tensor([0, 1, 3, 4, 6, 7, 9])  # tokens 2, 5 and 8 are padding
+    padded_batch = torch.full((10,), -1, dtype=torch.int32)
+    padded_batch[real] = batch
+    padded_pos = torch.full((10,), 12345, dtype=torch.int32)  # never read for padding
+    padded_pos[real] = positions
+    shape = (indices.max() + 3, 4, 2, 80)
+    caches = [(torch.randn(shape) * 10).to(E4M3) for _ in range(2)]
+    want = [c.clone() for c in caches]
+    kw = dict(quant_scale_kv=0.5, page_size=4, backend=backend)
+    rope.rope_quantize_fp8_append_paged_kv_cache(
+        q, k, qn, kn, v, _cache(32), pos, tuple(caches), indices, indptr, padded_batch,
+        padded_pos, **kw)
+    rope.rope_quantize_fp8_append_paged_kv_cache(
+        q[real], k[real], qn[real], kn[real], v[real], _cache(32), pos[real], tuple(want), indices,
+        indptr, batch, positions, **kw)
+    for got, expected in zip(caches, want):
+        assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
+    with pytest.raises(ValueError, match="batch_indices"):
+        flashinfer.append_paged_kv_cache(want[0].new_zeros(10, 2, 80),
+                                          want[1].new_zeros(10, 2, 80), padded_batch,
+                                          padded_pos, tuple(want), indices, indptr,
+                                          torch.ones(2, dtype=torch.int32))
+
+
 def test_append_form_mla():
     q, k, qn, kn, pos = _inputs(nnz=7, mla=True)
     indptr, indices, batch, positions = _append_layout([5, 2], 4)
@@ -330,3 +363,33 @@ def test_gpu_append_form_mla_matches_the_cpu_path():
     assert _same_bits(got_q[1], want_q[1])
     assert _same_bits(got_kv[0], want_kv[0])
     _assert_fp8_within_one_step(got_kv[1], want_kv[1])
+
+
+@pytest.mark.gpu
+def test_gpu_append_form_skips_padding_tokens():
+    """Padding tokens (negative batch_indices) on CUDA: no fault recorded, and the caches equal
+    the CPU path's with the real tokens alone."""
+    indptr, indices, batch, positions = _gpu_append_layout()
+    nnz = sum(GPU_KV_LENS)
+    q, k, qn, kn = _bf16_parts(nnz + 5, 16, 4, 64, 64, seed=17)
+    v = torch.randn(nnz + 5, 4, 128, generator=torch.Generator().manual_seed(18)).to(BF16)
+    pos = torch.randint(0, 4096, (nnz + 5,), generator=torch.Generator().manual_seed(19))
+    real = torch.randperm(nnz + 5, generator=torch.Generator().manual_seed(20))[:nnz].sort().values
+    padded_batch = torch.full((nnz + 5,), -1, dtype=torch.int32)
+    padded_batch[real] = batch
+    padded_pos = torch.zeros(nnz + 5, dtype=torch.int32)
+    padded_pos[real] = positions
+    shape = (int(indices.max()) + 3, GPU_PAGE, 4, 128)
+    want_kv = (_poisoned_fp8(shape, device="cpu"), _poisoned_fp8(shape, device="cpu"))
+    got_kv = tuple(c.to(DEV) for c in want_kv)
+    cache = _cache(64, max_pos=4096)
+    kw = dict(quant_scale_kv=0.5, page_size=GPU_PAGE)
+    rope.rope_quantize_fp8_append_paged_kv_cache(
+        q[real], k[real], qn[real], kn[real], v[real], cache, pos[real], want_kv, indices, indptr,
+        batch, positions, **kw, backend="reference")
+    rope.rope_quantize_fp8_append_paged_kv_cache(
+        *(t.to(DEV) for t in (q, k, qn, kn, v, cache, pos)), got_kv,
+        *(t.to(DEV) for t in (indices, indptr, padded_batch, padded_pos)), **kw)
+    flashinfer.check_errors()  # raises if a padding token was recorded as a bad index
+    _assert_fp8_within_one_step(got_kv[0], want_kv[0])
+    assert _same_bits(got_kv[1], want_kv[1])

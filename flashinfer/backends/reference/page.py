@@ -21,16 +21,21 @@ from ...attention.page_rules import append_checks
 def append_paged_kv(append_key: torch.Tensor, append_value: torch.Tensor,
                     batch_indices: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
-                    page_size: int, kv_layout: str) -> None:
+                    page_size: int, kv_layout: str, skip_padding: bool = False) -> None:
     if append_key.shape[0] == 0:
         return
     if k_cache.is_cuda:
         guarded = _guarded_targets(append_key, append_value, batch_indices, positions, k_cache,
-                                   v_cache, kv_indices, kv_indptr, page_size, kv_layout)
+                                   v_cache, kv_indices, kv_indptr, page_size, kv_layout,
+                                   skip_padding)
         if guarded is None:
             return
         page, slot, keys, values = guarded
     else:
+        if skip_padding:  # (the CPU: dropping the padding tokens costs no device sync)
+            keep = batch_indices >= 0
+            append_key, append_value = append_key[keep], append_value[keep]
+            batch_indices, positions = batch_indices[keep], positions[keep]
         pos = positions.long()
         page = kv_indices.long()[kv_indptr.long()[batch_indices.long()] + pos // page_size]
         slot, keys, values = pos % page_size, append_key, append_value
@@ -43,11 +48,12 @@ def append_paged_kv(append_key: torch.Tensor, append_value: torch.Tensor,
 
 
 def _guarded_targets(append_key, append_value, batch_indices, positions, k_cache, v_cache,
-                     kv_indices, kv_indptr, page_size, kv_layout):
-    """(page, slot, key rows, value rows) with every bad token redirected (no synchronisation);
-    None when the cache has no page (every token is then bad and nothing is written)."""
+                     kv_indices, kv_indptr, page_size, kv_layout, skip_padding: bool):
+    """(page, slot, key rows, value rows) with every bad (or padding) token redirected (no
+    synchronisation); None when the cache has no page (every token is then bad and nothing is
+    written)."""
     checks, targets = append_checks(batch_indices, positions, kv_indices, kv_indptr, page_size,
-                                    k_cache.shape[0])
+                                    k_cache.shape[0], skip_padding)
     for check in checks:
         report_device(check)
     if k_cache.shape[0] == 0:

@@ -11,6 +11,7 @@ Offsets are int64, so any cache size is addressable.
 Every index is checked before it is dereferenced, by the rules of
 ``flashinfer.attention.page_rules.append_checks``: a token that breaks one copies nothing, and the
 program of its first head block reports the fault into the error record (``_fault_kernels``).
+With ``SKIP_PADDING`` a negative request index is a padding token: nothing copied, no fault.
 """
 
 from __future__ import annotations
@@ -29,13 +30,17 @@ def append_paged_kv_kernel(
     kc_sp, kc_ss, kc_sh, kc_sd, vc_sp, vc_ss, vc_sh, vc_sd,
     BAD_BATCH, BAD_INDPTR, BAD_POSITION, BAD_PAGE,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    SKIP_PADDING: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     reporter = tl.program_id(1) == 0
     b = tl.load(batch_ptr + t).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     b_ok = (b >= 0) & (b < batch_size)
-    if reporter & (b_ok == 0):
+    fault = b_ok == 0
+    if SKIP_PADDING:  # a negative request index marks a padding token: skipped, no fault
+        fault = fault & (b >= 0)
+    if reporter & fault:
         report_fault(rec_ptr, BAD_BATCH, t, b, batch_size)
     bs = tl.where(b_ok, b, 0)
     start = tl.load(indptr_ptr + bs, mask=b_ok, other=0).to(tl.int64)

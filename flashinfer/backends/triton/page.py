@@ -42,7 +42,7 @@ def _cache_strides(cache: torch.Tensor, kv_layout: str) -> tuple[int, int, int, 
 def append_paged_kv(append_key: torch.Tensor, append_value: torch.Tensor,
                     batch_indices: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
-                    page_size: int, kv_layout: str) -> None:
+                    page_size: int, kv_layout: str, skip_padding: bool = False) -> None:
     nnz, heads, head_dim = append_key.shape
     head_dim_v = append_value.shape[2]  # (MLA, 192 / 128: not K's)
     if nnz == 0:
@@ -63,6 +63,6 @@ def append_paged_kv(append_key: torch.Tensor, append_value: torch.Tensor,
             *_cache_strides(kc, kv_layout), *_cache_strides(vc, kv_layout),
             page_rules.APPEND_BATCH.code, page_rules.APPEND_INDPTR.code,
             page_rules.APPEND_POSITION.code, page_rules.APPEND_PAGE.code,
-            BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_DV=block_dv,
+            BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_DV=block_dv, SKIP_PADDING=skip_padding,
             num_warps=4 if block_h * max(block_d, block_dv) >= 1024 else 1,
         )
