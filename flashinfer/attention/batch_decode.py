@@ -27,6 +27,7 @@ from ..backends.triton.batch_attention import workspace_bound
 from .batch_rope import adopt, plan_rotation
 from .batch_wrapper import BatchWrapperBase, batch_pos_encoding, set_plan_attributes
 from .params import check_rope_scalars
+from .plan_module import PlanModule
 
 __all__ = ["BatchDecodeWithPagedKVCacheWrapper", "CUDAGraphBatchDecodeWithPagedKVCacheWrapper"]
 
@@ -219,59 +220,6 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
 
     def forward_return_lse(self, q, paged_kv_cache, *args, **kwargs):
         return self.forward(q, paged_kv_cache, *args, **kwargs, return_lse=True)
-
-
-class PlanModule:
-    """What a decode wrapper's ``_cached_module`` is after its first :meth:`plan`: upstream's
-    compiled plan module, whose ``plan(*args)`` engines call directly in their CUDA-graph fast
-    path (vLLM, once the wrapper has planned) after writing the page ids into the wrapper's
-    fixed ``_paged_kv_indices_buf``. Here ``plan(*args)`` re-plans the wrapper from those
-    arguments and buffers, with the previous plan's dtypes, scale and soft cap, and returns
-    ``_plan_info``. Two positional forms, as upstream's two modules take them:
-
-    * tensor-core: ``(float_ws, int_ws, pinned_ws, qo_indptr_host, kv_indptr_host,
-      kv_lens_host, total_rows, batch, H_qo, H_kv, page_size, cuda_graph, head_dim_qk,
-      head_dim_vo, causal[, window_left, ...])``;
-    * CUDA-core: ``(float_ws, int_ws, pinned_ws, kv_indptr_host, batch, H_qo, H_kv, page_size,
-      cuda_graph, window_left, logits_soft_cap, head_dim_qk, head_dim_vo, empty_q, empty_kv)``
-      (the last page lengths are then read from ``_paged_kv_last_page_len_buf``)."""
-
-    def __init__(self, wrapper: "BatchDecodeWithPagedKVCacheWrapper"):
-        self._wrapper = wrapper
-
-    def plan(self, *args):
-        w = self._wrapper
-        before = w._plan
-        if before is None:
-            raise RuntimeError("_cached_module.plan() needs the wrapper planned once with plan()")
-        if len(args) >= 15 and isinstance(args[5], torch.Tensor):  # tensor-core form
-            indptr, kv_lens = args[4], args[5]
-            _, heads, kv_heads, page_size = args[7:11]
-            head_dim, window_left = args[12], (args[15] if len(args) > 15 else w._window_left)
-            pages = (indptr[1:] - indptr[:-1]).to(torch.int64).cpu()
-            last = (kv_lens.to(torch.int64).cpu() - (pages - 1).clamp_min(0) * page_size)
-            last = torch.where(pages > 0, last, 0).to(torch.int32)
-        elif len(args) == 15 and isinstance(args[3], torch.Tensor):  # CUDA-core form
-            indptr, batch, heads, kv_heads, page_size = args[3:8]
-            window_left, head_dim = args[9], args[11]
-            if w._paged_kv_last_page_len_buf is None:
-                raise RuntimeError("_cached_module.plan() in the CUDA-core form reads the last "
-                                   "page lengths from the wrapper's fixed buffer; it has none")
-            last = w._paged_kv_last_page_len_buf[:int(batch)].cpu()
-        else:
-            raise TypeError(f"_cached_module.plan() takes upstream's tensor-core (15+) or "
-                            f"CUDA-core (15) positional forms, got {len(args)} arguments")
-        if w._paged_kv_indices_buf is None:
-            raise RuntimeError("_cached_module.plan() reads the page ids from the wrapper's fixed "
-                               "_paged_kv_indices_buf (a CUDA-graph wrapper); it has none")
-        n = int(indptr[-1])
-        w.plan(indptr, w._paged_kv_indices_buf[:n], last, int(heads), int(kv_heads),
-               int(head_dim), int(page_size), window_left=int(window_left),
-               logits_soft_cap=before.logits_soft_cap or None,
-               q_data_type=w._fp8_q or before.q_dtype,
-               kv_data_type=before.kv_dtype, o_data_type=before.o_dtype,
-               sm_scale=before.sm_scale, q_len_per_req=before.q_len_per_req)
-        return w._plan_info
 
 
 def fast_decode_plan(self, indptr: torch.Tensor, indices: torch.Tensor,

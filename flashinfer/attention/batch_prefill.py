@@ -26,6 +26,7 @@ from .batch_rope import adopt, plan_rotation
 from .batch_wrapper import BatchWrapperBase, batch_pos_encoding, set_plan_attributes
 from .multi_item import multi_item_mask
 from .params import check_rope_scalars
+from .plan_module import PlanModule
 
 __all__ = ["BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper"]
 
@@ -138,6 +139,8 @@ class _PrefillBase(BatchWrapperBase):
         self._causal = bool(causal)
         self._kv_rows = int(kv_h[-1])  # ragged: the K/V rows run() needs (paged: pages)
         self._plan_info = (batch, total_qo)
+        if paged and self._cached_module is None:
+            self._cached_module = PlanModule(self)
 
     def _mask(self, custom_mask, packed_custom_mask, qo_lens, kv_lens, dev, non_blocking):
         if custom_mask is None and packed_custom_mask is None:

@@ -422,3 +422,48 @@ def test_run_checks_again_whatever_differs_from_the_last_checked_call():
     w.run(q, k, v)
     with pytest.raises(ValueError, match="shape"):  # the new plan's q, checked
         w.run(q[:7], k, v)
+
+
+@pytest.mark.parametrize("multi_item", [False, True])
+def test_paged_prefill_cached_module_plan_replans_from_the_fixed_buffers(multi_item):
+    """SGLang's fast_prefill_plan: after one plan() of a CUDA-graph paged prefill wrapper, the
+    engine writes the page ids into its fixed buffer, sets the multi-item attributes, and calls
+    wrapper._cached_module.plan(...) with upstream's 19 positional prefill-module arguments; the
+    run equals a fresh wrapper planned with the same arrays."""
+    torch.manual_seed(7)
+    hq, hk, d, ps = 4, 2, 16, 4
+    cache, indptr, indices, last, _, _ = make_paged([7, 20, 3], ps, hk, d, "NHD", spare=8)
+    bufs = dict(qo_indptr_buf=torch.zeros(4, dtype=torch.int32),
+                paged_kv_indptr_buf=torch.zeros(4, dtype=torch.int32),
+                paged_kv_indices_buf=torch.zeros(32, dtype=torch.int32),
+                paged_kv_last_page_len_buf=torch.zeros(3, dtype=torch.int32))
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws(), "NHD", use_cuda_graph=True, **bufs)
+    qo_indptr = torch.tensor([0, 3, 9, 12], dtype=torch.int32)
+    w.plan(qo_indptr, indptr, indices, last, hq, hk, d, ps, causal=True, sm_scale=0.3,
+           logits_soft_cap=7.0, q_data_type=torch.float32)
+    assert w._cached_module is not None
+    kv_lens2 = [5, 9, 16]
+    _, indptr2, indices2, last2, _, _ = make_paged(kv_lens2, ps, hk, d, "NHD", spare=8)
+    indices2 = (indices2 + 3) % cache.shape[0]
+    qo2 = torch.tensor([0, 2, 7, 12], dtype=torch.int32)
+    bufs["paged_kv_indices_buf"][:indices2.shape[0]] = indices2
+    items = {}
+    if multi_item:  # request 1: prefix 4, then items of 2 and 3 tokens (delimiters at 0)
+        table = torch.zeros(3, 16, dtype=torch.int64)
+        table[1, :5] = torch.tensor([0, 1, 2, 0, 1])
+        items = dict(prefix_len_ptr=torch.tensor([5, 4, 16], dtype=torch.uint32),
+                     token_pos_in_items_ptr=table.flatten().to(torch.uint16),
+                     token_pos_in_items_len=16,
+                     max_item_len_ptr=torch.tensor([0, 2, 0], dtype=torch.uint16))
+        for name, value in items.items():
+            setattr(w, "_" + name, value)
+    kv_lens = torch.tensor(kv_lens2, dtype=torch.int32)
+    w._cached_module.plan(ws(), None, None, qo2, indptr2, kv_lens, 12, 3, hq, hk, ps, True, d, d,
+                          True, -1, -1, False, 0)
+    q = torch.randn(12, hq, d)
+    want = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws())
+    want.plan(qo2, indptr2, indices2, last2, hq, hk, d, ps, causal=True, sm_scale=0.3,
+              logits_soft_cap=7.0, q_data_type=torch.float32, **items)
+    torch.testing.assert_close(w.run(q, cache), want.run(q, cache), rtol=0, atol=0)
+    with pytest.raises(TypeError, match="prefill"):
+        w._cached_module.plan(1, 2, 3)
