@@ -183,12 +183,8 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
 
     Registered as the custom op ``flashinfer::append_paged_kv_cache`` (the cache as a list of
     one tensor or of the (k, v) pair, mutated), so ``torch.compile(fullgraph=True)`` traces it."""
-    layout = check_kv_layout(kv_layout)
-    _check_append(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices,
-                  kv_indptr, layout)
-    cache = [paged_kv_cache] if isinstance(paged_kv_cache, torch.Tensor) else list(paged_kv_cache)
-    _append(append_key, append_value, batch_indices, positions, cache, kv_indices, kv_indptr,
-            layout, backend, False)
+    _checked_append(append_key, append_value, batch_indices, positions, paged_kv_cache,
+                    kv_indices, kv_indptr, kv_layout, backend, False)
 
 
 def append_padded(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices,
@@ -196,12 +192,18 @@ def append_padded(append_key, append_value, batch_indices, positions, paged_kv_c
     """:func:`append_paged_kv_cache` where a negative ``batch_indices`` entry marks a padding
     token, skipped (upstream's fused RoPE + quantise + append does so; its plain append does
     not): the form ``rope_quantize_fp8_append_paged_kv_cache`` calls."""
+    _checked_append(append_key, append_value, batch_indices, positions, paged_kv_cache,
+                    kv_indices, kv_indptr, kv_layout, backend, True)
+
+
+def _checked_append(append_key, append_value, batch_indices, positions, paged_kv_cache,
+                    kv_indices, kv_indptr, kv_layout: str, backend: str, skip_padding: bool) -> None:
     layout = check_kv_layout(kv_layout)
     _check_append(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices,
                   kv_indptr, layout)
     cache = [paged_kv_cache] if isinstance(paged_kv_cache, torch.Tensor) else list(paged_kv_cache)
     _append(append_key, append_value, batch_indices, positions, cache, kv_indices, kv_indptr,
-            layout, backend, True)
+            layout, backend, skip_padding)
 
 
 def _check_append(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices,
