@@ -62,6 +62,8 @@ from .prefill import (  # noqa: F401,E402
     BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper,
     trtllm_batch_context_with_kv_cache,
 )
+from . import mla  # noqa: F401,E402
+from .mla import BatchMLAPagedAttentionWrapper  # noqa: F401,E402
 from . import gemm, quantization  # noqa: F401,E402
 from .gemm import bmm_fp8, mm_bf16, mm_fp8  # noqa: F401,E402
 from .gemm import SegmentGEMMWrapper, grouped_mm_bf16, grouped_mm_fp8  # noqa: F401,E402

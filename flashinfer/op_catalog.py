@@ -53,6 +53,14 @@ BATCH_ATTENTION_FEATURES = (
     "cuda_graph",      # wrapper built with use_cuda_graph=True (fixed buffers, capturable run)
 )
 
+MLA_FEATURES = (
+    "causal",          # bottom-right aligned causal mask per request (q_len > 1)
+    "lse",             # return_lse=True (base 2, or base e on request)
+    "fp8_kv",          # ckv / kpe caches in float8_e4m3fn, ckv_scale / kpe_scale applied
+    "multi_query",     # more than one query token in some request (MTP / speculative decoding)
+    "cuda_graph",      # wrapper built with use_cuda_graph=True (fixed buffers, capturable run)
+)
+
 SAMPLING_FEATURES = (
     "top_k",           # keep the k most probable tokens (count of strictly larger < k)
     "top_k_per_row",   # top_k given as a tensor, one k per row (else a scalar, shape fact top_k)
@@ -112,6 +120,10 @@ _ATTN_SHAPE = ("head_dim_qk", "head_dim_vo", "num_qo_heads", "num_kv_heads", "qo
 _BATCH_SHAPE = ("head_dim_qk", "head_dim_vo", "num_qo_heads", "num_kv_heads", "batch_size",
                 "max_qo_len", "max_kv_len", "total_qo_len", "page_size", "q_len_per_req")
 
+# batch_size, max_qo_len, max_kv_len and total_qo_len bucketed to powers of two
+_MLA_SHAPE = ("num_heads", "head_dim_ckv", "head_dim_kpe", "batch_size", "max_qo_len",
+              "max_kv_len", "total_qo_len", "page_size")
+
 OPS: dict[str, OpSpec] = {
     spec.name: spec
     for spec in (
@@ -125,6 +137,8 @@ OPS: dict[str, OpSpec] = {
                BATCH_ATTENTION_FEATURES, ("NHD", "HND"), "ragged queries against a paged KV cache"),
         OpSpec("batch_prefill_ragged", "attention", ("q", "kv", "o"), _BATCH_SHAPE,
                BATCH_ATTENTION_FEATURES, ("NHD", "HND"), "ragged queries against ragged K/V"),
+        OpSpec("batch_mla", "attention", ("q", "kv", "o"), _MLA_SHAPE, MLA_FEATURES, (),
+               "multi-head latent attention (DeepSeek MLA): ragged queries, a paged latent cache"),
         OpSpec("append_paged_kv", "attention", ("kv",), ("num_kv_heads", "head_dim", "page_size",
                                                      "num_tokens"), (), ("NHD", "HND"),
                "scatter new K/V tokens into a paged KV cache"),
@@ -256,6 +270,8 @@ PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
                        ("batch_prefill_paged",), note=_WRAPPER),
         PublicFunction("BatchPrefillWithRaggedKVCacheWrapper", "flashinfer.prefill",
                        ("batch_prefill_ragged",), note=_WRAPPER),
+        PublicFunction("BatchMLAPagedAttentionWrapper", "flashinfer.mla", ("batch_mla",),
+                       note=_WRAPPER),
         PublicFunction("append_paged_kv_cache", "flashinfer.page", ("append_paged_kv",)),
         PublicFunction("rmsnorm", "flashinfer.norm", ("rmsnorm",)),
         PublicFunction("fused_add_rmsnorm", "flashinfer.norm", ("rmsnorm",), ("fused_add",)),

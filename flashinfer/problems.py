@@ -51,6 +51,9 @@ OP_FACTS: dict[str, dict[str, int]] = {
     "single_decode": {"qo_len": 1},
     "batch_decode": {"max_qo_len": 1, "total_qo_len": 64},
     "batch_prefill_ragged": {"page_size": 0},  # no pages: the wrappers' plan() says 0
+    # DeepSeek-V3 decode on one GPU: 128 heads, latent 512 + RoPE 64, pages of 64
+    "batch_mla": {"num_heads": 128, "head_dim_ckv": 512, "head_dim_kpe": 64, "max_qo_len": 1,
+                  "total_qo_len": 64, "page_size": 64},
     "moe_routing": {"num_experts": 256, "top_k": 8},
     "fused_moe": {"num_experts": 256, "top_k": 8, "intermediate_size": 2048},
 }

@@ -48,13 +48,7 @@ class BatchWrapperBase:
 
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str, use_cuda_graph: bool,
                  backend: str):
-        self._workspace_bytes = workspace_bytes("float_workspace_buffer", float_workspace_buffer)
-        if not isinstance(backend, str):
-            raise TypeError(f"backend must be a str, got {type(backend).__name__}")
-        self._float_workspace_buffer = float_workspace_buffer
-        self._int_workspace_buffer = None
-        self._pin_memory_int_workspace_buffer = None
-        self.device = float_workspace_buffer.device
+        self._workspace_bytes = adopt_workspace(self, float_workspace_buffer, backend)
         self._upload = PlanUpload(self.device)
         self._reusable: dict = {}  # planners' buffers kept across plans (BatchPlan.reusable)
         self._kv_layout = check_kv_layout(kv_layout)
@@ -389,6 +383,20 @@ def batch_pos_encoding(mode, head_dim_qk: int | None = None) -> str:
     return mode
 
 
+def adopt_workspace(wrapper, float_workspace_buffer: torch.Tensor, backend) -> torch.Tensor:
+    """A wrapper constructor's common part: checks the workspace (any dtype: its bytes) and the
+    ``backend`` argument, sets upstream's workspace attributes and ``device``; returns the
+    workspace as bytes."""
+    nbytes = workspace_bytes("float_workspace_buffer", float_workspace_buffer)
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
+    wrapper._float_workspace_buffer = float_workspace_buffer
+    wrapper._int_workspace_buffer = None
+    wrapper._pin_memory_int_workspace_buffer = None
+    wrapper.device = float_workspace_buffer.device
+    return nbytes
+
+
 def set_plan_attributes(wrapper: BatchWrapperBase, plan: BatchPlan, window_left: int,
                         replay_args) -> None:
     """The upstream private attributes engines read after plan()."""
@@ -402,4 +410,4 @@ def set_plan_attributes(wrapper: BatchWrapperBase, plan: BatchPlan, window_left:
     wrapper._replay_args = replay_args
 
 
-__all__ = ["BatchWrapperBase", "batch_pos_encoding", "set_plan_attributes"]
+__all__ = ["BatchWrapperBase", "adopt_workspace", "batch_pos_encoding", "set_plan_attributes"]

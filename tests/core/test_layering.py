@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                     "flashinfer.sampling", "flashinfer.quantization", "flashinfer.fused_moe",
                     "flashinfer.norm", "flashinfer.rope", "flashinfer.activation",
                     "flashinfer.utils", "flashinfer.cudnn", "flashinfer.topk",
-                    "flashinfer.logits_processor", "flashinfer.autotuner",
+                    "flashinfer.logits_processor", "flashinfer.autotuner", "flashinfer.mla",
                     "flashinfer.jit", "flashinfer.jit.*", "flashinfer.compilation_context")),
     ("family machinery", ("flashinfer.attention", "flashinfer.attention.*", "flashinfer.gemm.*",
                           "flashinfer.sampling.*", "flashinfer.quantization.*",
@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # what every backend's kernels receive; they live in family packages but sit below backends
     # (the attention package's own __init__ imports nothing, so the contracts can live in it)
     ("kernel contracts", ("flashinfer.attention", "flashinfer.attention.params",
-                          "flashinfer.attention.batch_params",
+                          "flashinfer.attention.batch_params", "flashinfer.attention.mla_params",
                           "flashinfer.attention.page_rules", "flashinfer.fp4_format",
                           "flashinfer.rope_params",
                           "flashinfer.kernel_pack")),

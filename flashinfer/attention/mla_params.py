@@ -1,0 +1,78 @@
+"""The contract between the MLA wrapper and the backends: plan once, run many.
+
+Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): every query head attends to one shared
+latent cache. Token ``t`` of a request holds ``ckv[t]`` (``head_dim_ckv`` wide, 512 for
+DeepSeek) and ``kpe[t]`` (``head_dim_kpe`` wide, its RoPE part, 64; 0 for none). For query head
+``h`` of query row ``i``::
+
+    s[h, i, t] = (q_nope[i, h] . ckv[t] + q_pe[i, h] . kpe[t]) * sm_scale
+    out[i, h]  = softmax_t(s[h, i, :]) @ ckv                 (V is the latent itself)
+    lse[i, h]  = log2(sum_t exp(s[h, i, t]))                  (base 2; base e on request)
+
+Request ``b`` has query rows ``qo_indptr[b]:qo_indptr[b+1]`` and ``kv_len[b]`` tokens, token
+``t`` in slot ``t % page_size`` of page ``kv_indices[kv_indptr[b] + t // page_size]``. Causal
+masks are bottom-right aligned: row ``i`` of ``q_len`` sees tokens ``t <= kv_len - q_len + i``
+(a row that sees none gets output 0 and lse ``-inf``). fp8 (e4m3) caches are dequantised as
+``ckv * ckv_scale`` (or per token and 128-channel group, ``ckv_scale_arr``) and ``kpe *
+kpe_scale``, the same ``ckv`` serving as V.
+
+A backend registers a planner for the op ``batch_mla`` taking an :class:`MLAPlan` and returning a
+runner::
+
+    runner(q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales)
+
+with ``q_nope [total_qo, H, head_dim_ckv]``, ``q_pe [total_qo, H, head_dim_kpe]``, ``ckv_cache
+[pages, page_size, head_dim_ckv]``, ``kpe_cache [pages, page_size, head_dim_kpe]`` (strided views
+of one ``[pages, page_size, 576]`` buffer are fine: the last dim is contiguous), ``out
+[total_qo, H, head_dim_ckv]`` in ``plan.o_dtype`` to be fully written, ``lse [total_qo, H]``
+float32 base 2 or None, ``scales`` an :class:`MLAScales`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, eq=False)
+class MLAPlan:
+    """Everything ``plan()`` fixed. Host arrays are CPU int32 tensors; device arrays the same
+    values on ``device`` (for a CUDA-graph wrapper, its fixed buffers)."""
+
+    device: torch.device
+    batch_size: int
+    num_heads: int
+    head_dim_ckv: int
+    head_dim_kpe: int
+    page_size: int
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype
+    o_dtype: torch.dtype
+    causal: bool
+    sm_scale: float
+    qo_indptr_host: torch.Tensor  # [B+1]
+    kv_indptr_host: torch.Tensor  # [B+1] page offsets into kv_indices
+    kv_len_host: torch.Tensor  # [B] tokens per request
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor  # page ids (at least kv_indptr[-1] of them)
+    kv_len: torch.Tensor
+    total_qo: int
+    max_qo_len: int
+    max_kv_len: int
+    max_page_id: int  # the largest id among the planned pages (-1: none)
+    cuda_graph: bool = False
+
+
+@dataclass(frozen=True)
+class MLAScales:
+    """fp8 dequantisation of a run (all None / 1.0 for 16-bit caches): ``ckv_scale`` a float,
+    or ``ckv_scale_arr`` float32 ``[pages, page_size, head_dim_ckv // 128]``; ``kpe_scale``."""
+
+    ckv_scale: float | None = None
+    ckv_scale_arr: torch.Tensor | None = None
+    kpe_scale: float = 1.0
+
+
+__all__ = ["MLAPlan", "MLAScales"]

@@ -1,0 +1,273 @@
+"""``BatchMLAPagedAttentionWrapper``: upstream's MLA wrapper (DeepSeek latent attention over a
+paged cache; the math and the layouts are in :mod:`flashinfer.attention.mla_params`).
+
+``plan()`` checks the index arrays (one host copy of those given on a GPU, as upstream's plan
+makes), fixes an :class:`~flashinfer.attention.mla_params.MLAPlan`, makes the Decision of the op
+``batch_mla`` and builds the runner; ``run()`` checks tensor metadata, allocates ``out`` /
+``lse`` and calls the runner. A CUDA-graph wrapper (``use_cuda_graph=True`` with the four fixed
+buffers) copies the plan's arrays into them, and its runner reads the page ids from the fixed
+``kv_indices`` buffer; it needs a capturable kernel, which no MLA backend here is yet (plan()
+then raises ``NoBackendError`` with the reference's reason). Upstream's ``_cached_module.plan``
+(SGLang's CUDA-graph fast path) comes with such a kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from .. import dispatch
+from ..api_logging import flashinfer_api
+from ..dispatch import Problem
+from ..shape_buckets import length_bucket
+from .batch_checks import (canonical_dtype, check_indptr, host_index_arrays, index_array,
+                           largest_page_id, positive_int)
+from .batch_wrapper import adopt_workspace
+from .mla_params import MLAPlan, MLAScales
+
+Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+KV_DTYPES = Q_DTYPES + (torch.float8_e4m3fn,)
+_LN2 = math.log(2.0)
+
+
+class BatchMLAPagedAttentionWrapper:
+    """Multi-head latent attention over a paged latent cache, planned once per batch.
+
+    ``float_workspace_buffer``: a byte buffer on the device (any dtype; kept for upstream's
+    signature). ``use_cuda_graph``: the four keyword buffers are then fixed int32 arrays
+    (``qo_indptr [B+1]``, ``kv_indptr [B+1]``, ``kv_indices [max_pages]``, ``kv_len_arr [B]``) the
+    plans are copied into. ``backend``: ``"auto"``, or a backend / upstream spelling
+    (``"fa2"``, ``"fa3"``, ``"cutlass"``: upstream's kernels, served here by the dispatcher's
+    choice; see the README)."""
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, use_cuda_graph: bool = False,
+                 qo_indptr: Optional[torch.Tensor] = None, kv_indptr: Optional[torch.Tensor] = None,
+                 kv_indices: Optional[torch.Tensor] = None,
+                 kv_len_arr: Optional[torch.Tensor] = None, backend: str = "auto") -> None:
+        adopt_workspace(self, float_workspace_buffer, backend)
+        self._backend = backend
+        self._use_cuda_graph = bool(use_cuda_graph)
+        buffers = {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "kv_indices": kv_indices,
+                   "kv_len_arr": kv_len_arr}
+        if self._use_cuda_graph:
+            for name, buf in buffers.items():
+                index_array(name, buf)
+                if buf.device != self.device:
+                    raise ValueError(f"{name} buffer is on {buf.device}, the workspace on "
+                                     f"{self.device}")
+        self._qo_indptr_buf, self._kv_indptr_buf = qo_indptr, kv_indptr
+        self._kv_indices_buf, self._kv_len_arr_buf = kv_indices, kv_len_arr
+        self._plan: MLAPlan | None = None
+        self._plan_info = None
+        self._runner = None
+        self.decision: dispatch.Decision | None = None
+        self._cached_module = None
+        self._causal, self._page_size, self._sm_scale = False, None, None
+        self._q_data_type = self._kv_data_type = None
+        self._head_dim_ckv = self._head_dim_kpe = None
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
+
+    @flashinfer_api
+    def plan(self, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+             kv_len_arr: torch.Tensor, num_heads: int, head_dim_ckv: int, head_dim_kpe: int,
+             page_size: int, causal: bool, sm_scale: float, q_data_type, kv_data_type,
+             use_profiler: bool = False) -> None:
+        """Plan ``len(kv_len_arr)`` requests: query rows ``qo_indptr [B+1]``, pages
+        ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` holding ``kv_len_arr[b]`` tokens (int32,
+        host or device). ``head_dim_kpe`` may be 0 (no RoPE part). ``sm_scale`` is required
+        (DeepSeek: ``1 / sqrt(128 + 64)``). ``use_profiler`` is refused (upstream's profiler
+        build)."""
+        if use_profiler:
+            raise NotImplementedError("use_profiler=True (upstream's profiler build) is not "
+                                      "supported")
+        num_heads = positive_int("num_heads", num_heads)
+        head_dim_ckv = positive_int("head_dim_ckv", head_dim_ckv)
+        if isinstance(head_dim_kpe, bool) or not isinstance(head_dim_kpe, int) or head_dim_kpe < 0:
+            raise ValueError(f"head_dim_kpe must be an int >= 0, got {head_dim_kpe!r}")
+        page_size = positive_int("page_size", page_size)
+        if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) \
+                or not math.isfinite(sm_scale) or sm_scale <= 0:
+            raise ValueError(f"sm_scale must be a finite float > 0, got {sm_scale!r}")
+        q_dtype = canonical_dtype("q_data_type", q_data_type, None, Q_DTYPES)
+        kv_dtype = canonical_dtype("kv_data_type", kv_data_type, q_dtype, KV_DTYPES)
+        qo_h, kv_h, lens_h = host_index_arrays(("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr),
+                                               ("kv_len_arr", kv_len_arr))
+        batch = lens_h.shape[0]
+        check_indptr("qo_indptr", qo_h, batch)
+        check_indptr("kv_indptr", kv_h, batch)
+        lens = lens_h.numpy()
+        pages = (kv_h[1:] - kv_h[:-1]).numpy()
+        if batch and bool((lens < 0).any()):
+            raise ValueError(f"kv_len_arr must be >= 0, got {lens.tolist()[:16]}")
+        if batch and bool((lens > pages.astype("int64") * page_size).any()):
+            b = int((lens > pages.astype("int64") * page_size).argmax())
+            raise ValueError(f"kv_len_arr[{b}]={int(lens[b])} tokens need "
+                             f"{-(-int(lens[b]) // page_size)} pages of {page_size}, but "
+                             f"kv_indptr gives request {b} {int(pages[b])}")
+        index_array("kv_indices", kv_indices)
+        n_pages = int(kv_h[-1])
+        if kv_indices.shape[0] < n_pages:
+            raise ValueError(f"kv_indices must hold kv_indptr[-1]={n_pages} page ids, got "
+                             f"{kv_indices.shape[0]}")
+        ids = kv_indices[:n_pages]
+        max_id = largest_page_id(ids.cpu().numpy(), "kv_indices") if n_pages else -1
+        dev = self.device
+        if self._use_cuda_graph:
+            fixed = {"qo_indptr": (self._qo_indptr_buf, qo_h), "kv_indptr": (self._kv_indptr_buf, kv_h),
+                     "kv_len_arr": (self._kv_len_arr_buf, lens_h), "kv_indices": (self._kv_indices_buf, ids)}
+            for name, (buf, src) in fixed.items():
+                if buf.shape[0] < src.shape[0]:
+                    raise ValueError(f"the fixed {name} buffer holds {buf.shape[0]} entries, "
+                                     f"this plan needs {src.shape[0]}")
+                if buf.data_ptr() != src.data_ptr():
+                    buf[:src.shape[0]].copy_(src, non_blocking=True)
+            d_qo, d_kv, d_lens, d_ids = (self._qo_indptr_buf, self._kv_indptr_buf,
+                                          self._kv_len_arr_buf, self._kv_indices_buf)
+        else:
+            d_qo, d_kv, d_lens = (t.to(dev, non_blocking=True) for t in (qo_h, kv_h, lens_h))
+            d_ids = ids.to(dev, non_blocking=True)
+        qo_lens = (qo_h[1:] - qo_h[:-1]).numpy()
+        plan = MLAPlan(
+            device=dev, batch_size=batch, num_heads=num_heads, head_dim_ckv=head_dim_ckv,
+            head_dim_kpe=head_dim_kpe, page_size=page_size, q_dtype=q_dtype, kv_dtype=kv_dtype,
+            o_dtype=q_dtype, causal=bool(causal), sm_scale=float(sm_scale), qo_indptr_host=qo_h,
+            kv_indptr_host=kv_h, kv_len_host=lens_h, qo_indptr=d_qo, kv_indptr=d_kv,
+            kv_indices=d_ids, kv_len=d_lens, total_qo=int(qo_h[-1]),
+            max_qo_len=int(qo_lens.max(initial=0)), max_kv_len=int(lens.max(initial=0)),
+            max_page_id=max_id, cuda_graph=self._use_cuda_graph)
+        self.decision = dispatch.decide(self._problem(plan), self._backend)
+        self._runner = self.decision.kernel(plan)
+        self._plan = plan
+        self._causal, self._page_size, self._sm_scale = plan.causal, page_size, plan.sm_scale
+        self._q_data_type, self._kv_data_type = q_dtype, kv_dtype
+        self._head_dim_ckv, self._head_dim_kpe = head_dim_ckv, head_dim_kpe
+        self._plan_info = (batch, plan.total_qo)
+
+    def _problem(self, plan: MLAPlan) -> Problem:
+        features = set()
+        if plan.causal:
+            features.add("causal")
+        if plan.max_qo_len > 1:
+            features.add("multi_query")
+        if plan.kv_dtype == torch.float8_e4m3fn:
+            features.add("fp8_kv")
+        if plan.cuda_graph:
+            features.add("cuda_graph")
+        name = lambda d: str(d).removeprefix("torch.")  # noqa: E731
+        return Problem.make(
+            "batch_mla", plan.device,
+            dtypes={"q": name(plan.q_dtype), "kv": name(plan.kv_dtype), "o": name(plan.o_dtype)},
+            shape={"num_heads": plan.num_heads, "head_dim_ckv": plan.head_dim_ckv,
+                   "head_dim_kpe": plan.head_dim_kpe, "batch_size": length_bucket(plan.batch_size),
+                   "max_qo_len": length_bucket(plan.max_qo_len),
+                   "max_kv_len": length_bucket(plan.max_kv_len),
+                   "total_qo_len": length_bucket(plan.total_qo), "page_size": plan.page_size},
+            features=features)
+
+    @flashinfer_api
+    def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor,
+            kpe_cache: torch.Tensor, out: Optional[torch.Tensor] = None,
+            lse: Optional[torch.Tensor] = None, return_lse: bool = False,
+            profiler_buffer: Optional[torch.Tensor] = None, kv_len: Optional[torch.Tensor] = None,
+            page_table: Optional[torch.Tensor] = None, return_lse_base_on_e: bool = False,
+            o_scale: Optional[float] = None, *, ckv_scale: Optional[float] = None,
+            ckv_scale_arr: Optional[torch.Tensor] = None, kpe_scale: Optional[float] = None):
+        """``out [total_qo, H, head_dim_ckv]`` in q's dtype (and ``lse [total_qo, H]`` float32,
+        base 2, or base e with ``return_lse_base_on_e``). ``q_nope [total_qo, H,
+        head_dim_ckv]``, ``q_pe [total_qo, H, head_dim_kpe]``; ``ckv_cache [pages, page_size,
+        head_dim_ckv]``, ``kpe_cache [pages, page_size, head_dim_kpe]`` (3-D, last dim
+        contiguous; views of one ``[pages, page_size, 576]`` buffer are fine). fp8 caches need
+        ``kpe_scale`` and one of ``ckv_scale`` (float) / ``ckv_scale_arr`` (float32 ``[pages,
+        page_size, head_dim_ckv // 128]``). ``profiler_buffer``, ``kv_len``, ``page_table`` and
+        ``o_scale`` (upstream's profiler and cutlass-only arguments) are refused."""
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("BatchMLAPagedAttentionWrapper.run() called before plan()")
+        for name, value in (("profiler_buffer", profiler_buffer), ("kv_len", kv_len),
+                            ("page_table", page_table), ("o_scale", o_scale)):
+            if value is not None:
+                raise NotImplementedError(f"{name} (upstream's profiler / cutlass-backend "
+                                          "argument) is not supported; plan() the wrapper")
+        self._check_q(plan, q_nope, q_pe)
+        self._check_caches(plan, ckv_cache, kpe_cache)
+        scales = self._scales(plan, ckv_cache, ckv_scale, ckv_scale_arr, kpe_scale)
+        o_shape = (plan.total_qo, plan.num_heads, plan.head_dim_ckv)
+        if out is None:
+            out = torch.empty(o_shape, dtype=plan.o_dtype, device=plan.device)
+        elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != o_shape
+              or out.dtype != plan.o_dtype or out.device != plan.device):
+            raise ValueError(f"out must be a {plan.o_dtype} tensor of shape {list(o_shape)} on "
+                             f"{plan.device}, got {getattr(out, 'dtype', None)} "
+                             f"{tuple(getattr(out, 'shape', ()))}")
+        want_lse = bool(return_lse) or lse is not None
+        if lse is not None and (not isinstance(lse, torch.Tensor)
+                                or tuple(lse.shape) != o_shape[:2] or lse.dtype != torch.float32
+                                or lse.device != plan.device):
+            raise ValueError(f"lse must be a float32 tensor of shape {list(o_shape[:2])} on "
+                             f"{plan.device}")
+        if want_lse and lse is None:
+            lse = torch.empty(o_shape[:2], dtype=torch.float32, device=plan.device)
+        self._runner(q_nope, q_pe, ckv_cache, kpe_cache, out, lse if want_lse else None, scales)
+        if want_lse and return_lse_base_on_e:
+            lse.mul_(_LN2)
+        return (out, lse) if return_lse else out
+
+    @staticmethod
+    def _check_q(plan: MLAPlan, q_nope, q_pe) -> None:
+        for name, t, dim in (("q_nope", q_nope, plan.head_dim_ckv), ("q_pe", q_pe, plan.head_dim_kpe)):
+            want = (plan.total_qo, plan.num_heads, dim)
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != want:
+                raise ValueError(f"{name} must be [total_qo, num_heads, dim] = {list(want)} as "
+                                 f"planned, got {tuple(getattr(t, 'shape', ()))}")
+            if t.dtype != plan.q_dtype or t.device != plan.device:
+                raise ValueError(f"{name} must be {plan.q_dtype} on {plan.device} as planned, got "
+                                 f"{t.dtype} on {t.device}")
+
+    @staticmethod
+    def _check_caches(plan: MLAPlan, ckv_cache, kpe_cache) -> None:
+        pages = None
+        for name, t, dim in (("ckv_cache", ckv_cache, plan.head_dim_ckv),
+                             ("kpe_cache", kpe_cache, plan.head_dim_kpe)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[1:] != (plan.page_size, dim):
+                raise ValueError(f"{name} must be [pages, page_size={plan.page_size}, {dim}], got "
+                                 f"{tuple(getattr(t, 'shape', ()))}")
+            if t.dtype != plan.kv_dtype or t.device != plan.device:
+                raise ValueError(f"{name} must be {plan.kv_dtype} on {plan.device} as planned, "
+                                 f"got {t.dtype} on {t.device}")
+            if dim > 1 and t.stride(-1) != 1:
+                raise ValueError(f"{name} must have a contiguous last dim, got strides "
+                                 f"{tuple(t.stride())}")
+            pages = t.shape[0] if pages is None else min(pages, t.shape[0])
+        if plan.max_page_id >= pages:
+            raise ValueError(f"kv_indices holds page id {plan.max_page_id}, but the caches have "
+                             f"{pages} pages")
+
+    @staticmethod
+    def _scales(plan: MLAPlan, ckv_cache, ckv_scale, ckv_scale_arr, kpe_scale) -> MLAScales:
+        if plan.kv_dtype != torch.float8_e4m3fn:
+            if ckv_scale is not None or ckv_scale_arr is not None or kpe_scale is not None:
+                raise ValueError("ckv_scale / ckv_scale_arr / kpe_scale apply to an fp8 cache; "
+                                 f"this plan's cache is {plan.kv_dtype}")
+            return MLAScales()
+        if kpe_scale is None or (ckv_scale is None) == (ckv_scale_arr is None):
+            raise ValueError("an fp8 cache needs kpe_scale and exactly one of ckv_scale / "
+                             "ckv_scale_arr")
+        for name, value in (("kpe_scale", kpe_scale), ("ckv_scale", ckv_scale)):
+            if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                                      or not math.isfinite(value) or value <= 0):
+                raise ValueError(f"{name} must be a finite float > 0, got {value!r}")
+        if ckv_scale_arr is not None:
+            want = tuple(ckv_cache.shape[:-1]) + (plan.head_dim_ckv // 128,)
+            if (not isinstance(ckv_scale_arr, torch.Tensor) or tuple(ckv_scale_arr.shape) != want
+                    or ckv_scale_arr.dtype != torch.float32 or ckv_scale_arr.device != plan.device):
+                raise ValueError(f"ckv_scale_arr must be float32 {list(want)} on {plan.device}")
+        return MLAScales(None if ckv_scale is None else float(ckv_scale), ckv_scale_arr,
+                         float(kpe_scale))
+
+
+__all__ = ["BatchMLAPagedAttentionWrapper"]

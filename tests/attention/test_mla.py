@@ -1,0 +1,240 @@
+"""BatchMLAPagedAttentionWrapper (flashinfer.mla): plan() / run() against a float64 naive MLA
+computed here from the page table, the lse bases, fp8 caches with their scales, the argument
+checks, and the Decision on simulated SMs. The reference backend is the one MLA kernel so far."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import poison, rel_error
+import flashinfer
+from flashinfer.device import simulated
+from flashinfer.dispatch import NoBackendError, Problem, select
+
+I32 = torch.int32
+E4M3 = torch.float8_e4m3fn
+
+
+def _ws(device="cpu"):
+    return torch.empty(1 << 20, dtype=torch.uint8, device=device)
+
+
+def _case(qo_lens, kv_lens, *, page_size=4, heads=4, ckv=32, kpe=8, spare=3, seed=0):
+    """Host index arrays over a shuffled page table, and the caches / queries (float32)."""
+    g = torch.Generator().manual_seed(seed)
+    pages = [-(-n // page_size) for n in kv_lens]
+    total = sum(pages) + spare
+    perm = torch.randperm(total, generator=g).to(I32)
+    kv_indptr = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=I32)
+    qo_indptr = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=I32)
+    arrays = dict(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=perm[:sum(pages)].clone(),
+                  kv_len_arr=torch.tensor(kv_lens, dtype=I32))
+    tensors = dict(q_nope=torch.randn(sum(qo_lens), heads, ckv, generator=g),
+                   q_pe=torch.randn(sum(qo_lens), heads, kpe, generator=g),
+                   ckv_cache=torch.randn(total, page_size, ckv, generator=g),
+                   kpe_cache=torch.randn(total, page_size, kpe, generator=g))
+    return arrays, tensors
+
+
+def naive(arrays, tensors, page_size, causal, sm_scale, ckv_scale=1.0, kpe_scale=1.0):
+    """float64 (out, lse base 2) of the MLA contract, token by token from the page table."""
+    qo, kvp = arrays["qo_indptr"].tolist(), arrays["kv_indptr"].tolist()
+    ids, lens = arrays["kv_indices"].tolist(), arrays["kv_len_arr"].tolist()
+    qn, qp = tensors["q_nope"].double(), tensors["q_pe"].double()
+    ckv_c, kpe_c = tensors["ckv_cache"].double(), tensors["kpe_cache"].double()
+    heads, dckv = qn.shape[1], qn.shape[2]
+    out = torch.zeros(qn.shape[0], heads, dckv, dtype=torch.float64)
+    lse = torch.full((qn.shape[0], heads), -math.inf, dtype=torch.float64)
+    for b in range(len(lens)):
+        q_len, kv_len = qo[b + 1] - qo[b], lens[b]
+        tok = [(ids[kvp[b] + t // page_size], t % page_size) for t in range(kv_len)]
+        if not tok:
+            continue
+        ckv = torch.stack([ckv_c[p, s] for p, s in tok]) * ckv_scale
+        kpe = torch.stack([kpe_c[p, s] for p, s in tok]) * kpe_scale
+        for i in range(q_len):
+            r = qo[b] + i
+            s = (qn[r] @ ckv.T + qp[r] @ kpe.T) * sm_scale  # [H, kv_len]
+            if causal:
+                s[:, kv_len - q_len + i + 1:] = -math.inf
+            if torch.isinf(s).all():
+                continue
+            lse[r] = torch.logsumexp(s, -1) / math.log(2.0)
+            out[r] = torch.softmax(s, -1) @ ckv
+    return out, lse
+
+
+def _plan(arrays, page_size, causal, sm_scale=0.17, dtype=torch.float32, kv_dtype=None,
+          heads=4, ckv=32, kpe=8, device="cpu", backend="auto", **ctor):
+    w = flashinfer.BatchMLAPagedAttentionWrapper(_ws(device), backend=backend, **ctor)
+    w.plan(*(arrays[k].to(device) for k in ("qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr")),
+           heads, ckv, kpe, page_size, causal, sm_scale, dtype, kv_dtype or dtype)
+    return w
+
+
+CASES = [
+    # qo_lens, kv_lens: decode; MTP (2 per request); ragged prefill with a cached prefix, a
+    # request with more queries than keys (causal: its first rows see nothing), one without keys
+    ([1, 1, 1, 1], [1, 3, 4, 5]),
+    ([2, 2, 2], [7, 8, 9]),
+    ([5, 3, 4], [12, 2, 0]),
+]
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("qo_lens, kv_lens", CASES)
+def test_matches_the_naive_mla(page_size, causal, qo_lens, kv_lens):
+    arrays, t = _case(qo_lens, kv_lens, page_size=page_size)
+    w = _plan(arrays, page_size, causal)
+    assert w.decision.backend == "reference"
+    out = poison(torch.empty_like(t["q_nope"]))
+    got, lse = w.run(**t, out=out, return_lse=True)
+    want, want_lse = naive(arrays, t, page_size, causal, 0.17)
+    assert got is out and rel_error(got, want) < 1e-5
+    empty = torch.isneginf(want_lse)
+    assert torch.equal(torch.isneginf(lse), empty)
+    assert rel_error(lse[~empty], want_lse[~empty]) < 1e-5
+
+
+def test_lse_base_e_a_given_buffer_and_no_rope_part():
+    arrays, t = _case([2, 3], [9, 4], kpe=0)
+    w = _plan(arrays, 4, True, kpe=0)
+    lse = torch.full((5, 4), float("nan"))
+    out, got = w.run(**t, lse=lse, return_lse=True, return_lse_base_on_e=True)
+    _, want = naive(arrays, t, 4, True, 0.17)
+    assert got is lse and rel_error(got, want * math.log(2.0)) < 1e-5
+    assert isinstance(w.run(**t), torch.Tensor)  # no lse asked: the output alone
+
+
+def test_views_of_one_latent_buffer():
+    """SGLang / vLLM pass ckv and kpe as slices of one [pages, page_size, 576]-like buffer."""
+    arrays, t = _case([1, 2], [6, 5])
+    joint = torch.cat([t["ckv_cache"], t["kpe_cache"]], -1)
+    w = _plan(arrays, 4, True)
+    got = w.run(t["q_nope"], t["q_pe"], joint[..., :32], joint[..., 32:])
+    assert rel_error(got, naive(arrays, t, 4, True, 0.17)[0]) < 1e-5
+
+
+def test_half_precision_queries():
+    arrays, t = _case([3, 1], [10, 3], seed=4)
+    half = {k: v.to(torch.bfloat16) for k, v in t.items()}
+    w = _plan(arrays, 4, True, dtype=torch.bfloat16)
+    got = w.run(**half)
+    assert got.dtype == torch.bfloat16
+    want, _ = naive(arrays, {k: v.float() for k, v in half.items()}, 4, True, 0.17)
+    assert rel_error(got, want) < 1e-2
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_fp8_cache_with_scales(per_token):
+    arrays, t = _case([2, 1], [9, 6], ckv=256, seed=5)
+    fp8 = dict(t, ckv_cache=t["ckv_cache"].to(E4M3), kpe_cache=t["kpe_cache"].to(E4M3))
+    w = _plan(arrays, 4, True, dtype=torch.bfloat16, kv_dtype=E4M3, ckv=256)
+    q = {k: fp8[k].to(torch.bfloat16) for k in ("q_nope", "q_pe")}
+    if per_token:  # a scale per token and 128-channel group: constant here, 0.5
+        arr = torch.full(fp8["ckv_cache"].shape[:-1] + (2,), 0.5)
+        got = w.run(**q, ckv_cache=fp8["ckv_cache"], kpe_cache=fp8["kpe_cache"],
+                    ckv_scale_arr=arr, kpe_scale=2.0)
+    else:
+        got = w.run(**q, ckv_cache=fp8["ckv_cache"], kpe_cache=fp8["kpe_cache"], ckv_scale=0.5,
+                    kpe_scale=2.0)
+    ref = {k: v.float() for k, v in q.items()}
+    ref.update(ckv_cache=fp8["ckv_cache"].float(), kpe_cache=fp8["kpe_cache"].float())
+    want, _ = naive(arrays, ref, 4, True, 0.17, ckv_scale=0.5, kpe_scale=2.0)
+    assert rel_error(got, want) < 1e-2
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(kv_len_arr=torch.tensor([9, 40], dtype=I32)), r"kv_len_arr\[1\]=40"),
+    (dict(kv_len_arr=torch.tensor([9, -1], dtype=I32)), ">= 0"),
+    (dict(kv_indices=torch.tensor([0, 1, 2, -4, 3], dtype=I32)), ">= 0"),
+    (dict(kv_indices=torch.tensor([0, 1], dtype=I32)), "hold kv_indptr"),
+    (dict(kv_indptr=torch.tensor([0, 3, 2], dtype=I32)), "non-decreasing"),
+    (dict(qo_indptr=torch.tensor([0, 1, 2], dtype=torch.int64)), "int32"),
+    (dict(sm_scale=None), "sm_scale"),
+    (dict(head_dim_kpe=-1), "head_dim_kpe"),
+    (dict(q_data_type="int8"), "q_data_type"),
+])
+def test_plan_refusals(change, words):
+    arrays, _ = _case([1, 1], [9, 7])
+    args = dict(arrays, num_heads=4, head_dim_ckv=32, head_dim_kpe=8, page_size=4, causal=False,
+                sm_scale=0.2, q_data_type=torch.float32, kv_data_type=torch.float32)
+    args.update(change)
+    w = flashinfer.BatchMLAPagedAttentionWrapper(_ws())
+    with pytest.raises((ValueError, TypeError), match=words):
+        w.plan(**args)
+
+
+def test_run_refusals():
+    arrays, t = _case([1, 1], [9, 7])
+    w = flashinfer.BatchMLAPagedAttentionWrapper(_ws())
+    with pytest.raises(RuntimeError, match="before plan"):
+        w.run(**t)
+    w = _plan(arrays, 4, False)
+    bad = [
+        (dict(t, q_nope=t["q_nope"].half()), "q_nope must be torch.float32"),
+        (dict(t, q_pe=t["q_pe"][:, :2]), "q_pe must be"),
+        (dict(t, ckv_cache=t["ckv_cache"][:2]), "page id"),  # the plan's ids exceed 2 pages
+        (dict(t, kpe_cache=t["kpe_cache"][..., :4]), "kpe_cache must be"),
+        (dict(t, ckv_scale=0.5), "fp8 cache"),
+        (dict(t, out=torch.empty(2, 4, 16)), "out must be"),
+        (dict(t, page_table=torch.zeros(2, 3, dtype=I32)), "page_table"),
+    ]
+    for kwargs, words in bad:
+        with pytest.raises((ValueError, NotImplementedError), match=words):
+            w.run(**kwargs)
+    fp8 = _plan(arrays, 4, False, dtype=torch.bfloat16, kv_dtype=E4M3)
+    q = {k: t[k].bfloat16() for k in ("q_nope", "q_pe")}
+    caches = dict(ckv_cache=t["ckv_cache"].to(E4M3), kpe_cache=t["kpe_cache"].to(E4M3))
+    with pytest.raises(ValueError, match="exactly one"):
+        fp8.run(**q, **caches, kpe_scale=1.0)
+    with pytest.raises(ValueError, match="ckv_scale_arr must be"):
+        fp8.run(**q, **caches, kpe_scale=1.0, ckv_scale_arr=torch.ones(3))
+
+
+def test_cuda_graph_plan_needs_a_capturable_kernel():
+    """The fixed buffers are checked and written; no MLA kernel here is capturable yet, so
+    plan() names the reference's reason."""
+    arrays, _ = _case([1, 1], [9, 7])
+    bufs = dict(qo_indptr=torch.zeros(3, dtype=I32), kv_indptr=torch.zeros(3, dtype=I32),
+                kv_indices=torch.zeros(16, dtype=I32), kv_len_arr=torch.zeros(2, dtype=I32))
+    with pytest.raises(NoBackendError, match="CUDA-graph replay"):
+        _plan(arrays, 4, False, use_cuda_graph=True, **bufs)
+    assert torch.equal(bufs["kv_len_arr"], arrays["kv_len_arr"])
+    with pytest.raises(TypeError, match="int32"):
+        flashinfer.BatchMLAPagedAttentionWrapper(_ws(), use_cuda_graph=True, **dict(
+            bufs, kv_indices=None))
+
+
+@pytest.mark.parametrize("sm", ["7.5", "8.0", "8.9", "9.0", "10.0", "12.0", None])
+def test_decision_on_simulated_sms(sm):
+    problem = Problem.make("batch_mla", simulated(sm),
+                           dtypes={"q": "bfloat16", "kv": "bfloat16", "o": "bfloat16"},
+                           shape={"num_heads": 128, "head_dim_ckv": 512, "head_dim_kpe": 64,
+                                  "batch_size": 64, "max_qo_len": 1, "max_kv_len": 4096,
+                                  "total_qo_len": 64, "page_size": 64}, features={"causal"})
+    assert select(problem).backend == "reference"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_gpu_deepseek_shapes_match_the_cpu(page_size):
+    """DeepSeek's 128 heads, 512 + 64, bf16, MTP (2 tokens per request), on CUDA vs the CPU."""
+    arrays, t = _case([2, 2, 2], [300, 64, 1000], page_size=page_size, heads=128, ckv=512,
+                      kpe=64, seed=9)
+    half = {k: v.to(torch.bfloat16) for k, v in t.items()}
+    outs = []
+    for device in ("cpu", "cuda"):
+        w = _plan(arrays, page_size, True, sm_scale=192 ** -0.5, dtype=torch.bfloat16,
+                  heads=128, ckv=512, kpe=64, device=device)
+        outs.append(w.run(**{k: v.to(device) for k, v in half.items()}, return_lse=True))
+    torch.testing.assert_close(outs[1][0].cpu().float(), outs[0][0].float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(outs[1][1].cpu(), outs[0][1], rtol=1e-3, atol=1e-3)
+
+
+def test_exported_as_upstream():
+    assert flashinfer.mla.BatchMLAPagedAttentionWrapper is flashinfer.BatchMLAPagedAttentionWrapper
