@@ -55,7 +55,7 @@ from .decode import (  # noqa: F401,E402
     fast_decode_plan, trtllm_batch_decode_with_kv_cache, xqa_batch_decode_with_kv_cache,
 )
 from .page import (  # noqa: F401,E402
-    append_paged_kv_cache, get_batch_indices_positions, get_seq_lens,
+    append_paged_kv_cache, append_paged_mla_kv_cache, get_batch_indices_positions, get_seq_lens,
 )
 from .cudnn import cudnn_batch_decode_with_kv_cache, cudnn_batch_prefill_with_kv_cache  # noqa: F401,E402
 from .prefill import (  # noqa: F401,E402

@@ -273,6 +273,8 @@ PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
         PublicFunction("BatchMLAPagedAttentionWrapper", "flashinfer.mla", ("batch_mla",),
                        note=_WRAPPER),
         PublicFunction("append_paged_kv_cache", "flashinfer.page", ("append_paged_kv",)),
+        PublicFunction("append_paged_mla_kv_cache", "flashinfer.page", ("append_paged_kv",),
+                       note="the append op with one latent head per cache (ckv, kpe)"),
         PublicFunction("rmsnorm", "flashinfer.norm", ("rmsnorm",)),
         PublicFunction("fused_add_rmsnorm", "flashinfer.norm", ("rmsnorm",), ("fused_add",)),
         PublicFunction("gemma_rmsnorm", "flashinfer.norm", ("rmsnorm",), ("gemma_weight",)),

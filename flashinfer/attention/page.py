@@ -47,8 +47,8 @@ from .checks import check_kv_layout
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
-__all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens",
-           "unpack_paged_kv_cache"]
+__all__ = ["append_paged_kv_cache", "append_paged_mla_kv_cache", "get_batch_indices_positions",
+           "get_seq_lens", "unpack_paged_kv_cache"]
 
 
 def _page_dim(layout: str) -> int:
@@ -185,6 +185,31 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
     one tensor or of the (k, v) pair, mutated), so ``torch.compile(fullgraph=True)`` traces it."""
     _checked_append(append_key, append_value, batch_indices, positions, paged_kv_cache,
                     kv_indices, kv_indptr, kv_layout, backend, False)
+
+
+@flashinfer_api
+def append_paged_mla_kv_cache(append_ckv: torch.Tensor, append_kpe: torch.Tensor,
+                              batch_indices: torch.Tensor, positions: torch.Tensor,
+                              ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
+                              kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
+                              kv_last_page_len: torch.Tensor) -> None:
+    """Scatter MLA tokens into the latent caches (upstream's signature): ``append_ckv [nnz,
+    ckv_dim]`` into ``ckv_cache [pages, page_size, ckv_dim]`` and ``append_kpe [nnz,
+    kpe_dim]`` into ``kpe_cache [pages, page_size, kpe_dim]``, token ``t`` at page
+    ``kv_indices[kv_indptr[batch_indices[t]] + positions[t] // page_size]``, slot ``positions[t]
+    % page_size`` (in the cache dtype: no conversion). The append op with one latent head per
+    cache, so its index rules and kernels apply; ``kv_last_page_len`` is not read."""
+    for name, t in (("append_ckv", append_ckv), ("append_kpe", append_kpe)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D [nnz, dim] tensor, got "
+                             f"{tuple(getattr(t, 'shape', ())) or type(t).__name__}")
+    for name, t in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"{name} must be a 3-D [pages, page_size, dim] tensor, got "
+                             f"{tuple(getattr(t, 'shape', ())) or type(t).__name__}")
+    append_paged_kv_cache(append_ckv[:, None], append_kpe[:, None], batch_indices, positions,
+                          (ckv_cache.unsqueeze(2), kpe_cache.unsqueeze(2)), kv_indices,
+                          kv_indptr, kv_last_page_len, "NHD")
 
 
 def append_padded(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices,

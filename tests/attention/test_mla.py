@@ -238,3 +238,30 @@ def test_gpu_deepseek_shapes_match_the_cpu(page_size):
 
 def test_exported_as_upstream():
     assert flashinfer.mla.BatchMLAPagedAttentionWrapper is flashinfer.BatchMLAPagedAttentionWrapper
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_append_paged_mla_kv_cache_then_attend(backend):
+    """Tokens appended with append_paged_mla_kv_cache land where the MLA wrapper reads them:
+    the caches equal ones written token by token, and bad page ids are refused as the plain
+    append refuses them."""
+    arrays, t = _case([1, 1], [9, 6], seed=11)
+    ckv, kpe = torch.zeros_like(t["ckv_cache"]), torch.zeros_like(t["kpe_cache"])
+    want_ckv, want_kpe = ckv.clone(), kpe.clone()
+    lens = arrays["kv_len_arr"].tolist()
+    batch = torch.cat([torch.full((n,), b, dtype=I32) for b, n in enumerate(lens)])
+    positions = torch.cat([torch.arange(n, dtype=I32) for n in lens])
+    new_ckv, new_kpe = torch.randn(sum(lens), 32), torch.randn(sum(lens), 8)
+    ids, kvp = arrays["kv_indices"].tolist(), arrays["kv_indptr"].tolist()
+    for i, (b, p) in enumerate(zip(batch.tolist(), positions.tolist())):
+        page, slot = ids[kvp[b] + p // 4], p % 4
+        want_ckv[page, slot], want_kpe[page, slot] = new_ckv[i], new_kpe[i]
+    with flashinfer.use_backend(attention=backend):
+        flashinfer.append_paged_mla_kv_cache(new_ckv, new_kpe, batch, positions, ckv, kpe,
+                                             arrays["kv_indices"], arrays["kv_indptr"],
+                                             torch.ones(2, dtype=I32))
+    assert torch.equal(ckv, want_ckv) and torch.equal(kpe, want_kpe)
+    with pytest.raises(ValueError, match="positions"):
+        flashinfer.page.append_paged_mla_kv_cache(new_ckv, new_kpe, batch, positions + 8, ckv,
+                                                  kpe, arrays["kv_indices"], arrays["kv_indptr"],
+                                                  torch.ones(2, dtype=I32))
