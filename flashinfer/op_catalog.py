@@ -272,6 +272,12 @@ PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
                        ("batch_prefill_ragged",), note=_WRAPPER),
         PublicFunction("BatchMLAPagedAttentionWrapper", "flashinfer.mla", ("batch_mla",),
                        note=_WRAPPER),
+        PublicFunction("trtllm_batch_decode_with_kv_cache_mla", "flashinfer.mla", ("batch_mla",),
+                       note="a block-table calling convention: plans an MLA wrapper and runs it, "
+                            "per call"),
+        PublicFunction("xqa_batch_decode_with_kv_cache_mla", "flashinfer.mla", ("batch_mla",),
+                       note="a block-table calling convention: plans an MLA wrapper and runs it, "
+                            "per call"),
         PublicFunction("append_paged_kv_cache", "flashinfer.page", ("append_paged_kv",)),
         PublicFunction("append_paged_mla_kv_cache", "flashinfer.page", ("append_paged_kv",),
                        note="the append op with one latent head per cache (ckv, kpe)"),

@@ -95,9 +95,14 @@ def test_matches_the_naive_mla(page_size, causal, qo_lens, kv_lens):
     got, lse = w.run(**t, out=out, return_lse=True)
     want, want_lse = naive(arrays, t, page_size, causal, 0.17)
     assert got is out and rel_error(got, want) < 1e-5
-    empty = torch.isneginf(want_lse)
-    assert torch.equal(torch.isneginf(lse), empty)
-    assert rel_error(lse[~empty], want_lse[~empty]) < 1e-5
+    _assert_lse(lse, want_lse)
+
+
+def _assert_lse(got, want):
+    """``-inf`` exactly where ``want`` has it (rows that see no key), close elsewhere."""
+    empty = torch.isneginf(want)
+    assert torch.equal(torch.isneginf(got), empty)
+    assert rel_error(got[~empty], want[~empty]) < 1e-5
 
 
 def test_lse_base_e_a_given_buffer_and_no_rope_part():
@@ -265,3 +270,76 @@ def test_append_paged_mla_kv_cache_then_attend(backend):
         flashinfer.page.append_paged_mla_kv_cache(new_ckv, new_kpe, batch, positions + 8, ckv,
                                                   kpe, arrays["kv_indices"], arrays["kv_indptr"],
                                                   torch.ones(2, dtype=I32))
+
+
+def _block_table(arrays, width):
+    """[batch, width] page ids from the case's page indptr / indices, padding -9 (never read)."""
+    kvp, ids = arrays["kv_indptr"].tolist(), arrays["kv_indices"]
+    table = torch.full((len(kvp) - 1, width), -9, dtype=I32)
+    for b in range(len(kvp) - 1):
+        table[b, :kvp[b + 1] - kvp[b]] = ids[kvp[b]:kvp[b + 1]]
+    return table
+
+
+@pytest.mark.parametrize("q_len", [1, 2])
+@pytest.mark.parametrize("four_d", [False, True])
+def test_trtllm_mla_convention_matches_the_wrapper(q_len, four_d):
+    """query [B, q_len, H, 576-like], one [pages, (1,) page_size, 576-like] cache, a block table;
+    bmm1_scale the score scale, bmm2_scale the output's; lse [B * q_len, H] base 2."""
+    from flashinfer.mla import trtllm_batch_decode_with_kv_cache_mla as trtllm
+
+    arrays, t = _case([q_len] * 3, [9, 1, 16], seed=12)
+    want, want_lse = naive(arrays, t, 4, q_len > 1, 0.3)
+    query = torch.cat([t["q_nope"], t["q_pe"]], -1).view(3, q_len, 4, 40)
+    cache = torch.cat([t["ckv_cache"], t["kpe_cache"]], -1)
+    cache = cache.unsqueeze(1) if four_d else cache
+    args = (query, cache, _ws(), 128, 32, 8, _block_table(arrays, 5),
+            arrays["kv_len_arr"], 16)
+    out, lse = trtllm(*args, bmm1_scale=0.3, bmm2_scale=0.5, return_lse=True)
+    assert out.shape == (3, q_len, 4, 32) and out.dtype == torch.bfloat16
+    assert rel_error(out.float().view(-1, 4, 32), want * 0.5) < 1e-2
+    _assert_lse(lse, want_lse)
+    buf, given = torch.full((3, q_len, 4), float("nan")), torch.empty(3, q_len, 4, 32)
+    only = trtllm(*args, bmm1_scale=torch.tensor(0.3), out=given, lse=buf)
+    assert only is given
+    _assert_lse(buf.view(-1, 4), want_lse)
+    assert rel_error(given.view(-1, 4, 32), want) < 1e-5
+    if q_len == 1:
+        xqa = flashinfer.mla.xqa_batch_decode_with_kv_cache_mla(*args, bmm1_scale=0.3)
+        assert rel_error(xqa.float().view(-1, 4, 32), want) < 1e-2
+        assert flashinfer.decode.trtllm_batch_decode_with_kv_cache_mla is trtllm
+
+
+def test_trtllm_mla_fp8_cache():
+    from flashinfer.mla import trtllm_batch_decode_with_kv_cache_mla as trtllm
+
+    arrays, t = _case([1, 1], [9, 6], ckv=128, seed=13)
+    cache = torch.cat([t["ckv_cache"], t["kpe_cache"]], -1).to(E4M3)
+    query = torch.cat([t["q_nope"], t["q_pe"]], -1).view(2, 1, 4, 136).to(E4M3)
+    out = trtllm(query, cache, _ws(), 128, 128, 8, _block_table(arrays, 4), arrays["kv_len_arr"],
+                 9, bmm1_scale=0.2)
+    ref = dict(q_nope=query.float().view(2, 4, 136)[..., :128],
+               q_pe=query.float().view(2, 4, 136)[..., 128:],
+               ckv_cache=cache.float()[..., :128], kpe_cache=cache.float()[..., 128:])
+    assert rel_error(out.float().view(2, 4, 128), naive(arrays, ref, 4, False, 0.2)[0]) < 1e-2
+
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    (dict(sparse_mla_top_k=64), NotImplementedError, "sparse"),
+    (dict(cum_seq_lens_q=torch.zeros(3, dtype=I32)), NotImplementedError, "cum_seq_lens_q"),
+    (dict(sinks=torch.zeros(4)), NotImplementedError, "sinks"),
+    (dict(kv_lora_rank=16), ValueError, "kv_lora_rank"),
+])
+def test_trtllm_mla_refusals(kwargs, exc, words):
+    arrays, t = _case([1, 1], [9, 6])
+    args = dict(query=torch.cat([t["q_nope"], t["q_pe"]], -1).view(2, 1, 4, 40),
+                kv_cache=torch.cat([t["ckv_cache"], t["kpe_cache"]], -1), workspace_buffer=_ws(),
+                qk_nope_head_dim=128, kv_lora_rank=32, qk_rope_head_dim=8,
+                block_tables=_block_table(arrays, 4), seq_lens=arrays["kv_len_arr"],
+                max_seq_len=9)
+    args.update(kwargs)
+    with pytest.raises(exc, match=words):
+        flashinfer.mla.trtllm_batch_decode_with_kv_cache_mla(**args)
+    with pytest.raises(ValueError, match="one query token"):
+        flashinfer.mla.xqa_batch_decode_with_kv_cache_mla(
+            args["query"].expand(2, 2, 4, 40), *list(args.values())[1:9])
