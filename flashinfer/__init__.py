@@ -51,6 +51,7 @@ from .rope import (  # noqa: F401
 )
 from . import page  # noqa: F401,E402
 from .decode import (  # noqa: F401,E402
+    BatchDecodeMlaWithPagedKVCacheWrapper,
     BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
     fast_decode_plan, trtllm_batch_decode_with_kv_cache, xqa_batch_decode_with_kv_cache,
 )

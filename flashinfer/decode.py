@@ -15,9 +15,11 @@ from .attention.functional import (  # noqa: F401
 from .attention.mla_functional import (  # noqa: F401  (upstream re-exports them here too)
     trtllm_batch_decode_with_kv_cache_mla, xqa_batch_decode_with_kv_cache_mla,
 )
+from .attention.mla_wrapper import BatchDecodeMlaWithPagedKVCacheWrapper  # noqa: F401
 from .attention.single import single_decode_with_kv_cache  # noqa: F401
 
 __all__ = ["single_decode_with_kv_cache", "BatchDecodeWithPagedKVCacheWrapper",
            "CUDAGraphBatchDecodeWithPagedKVCacheWrapper", "fast_decode_plan",
            "trtllm_batch_decode_with_kv_cache", "xqa_batch_decode_with_kv_cache",
-           "trtllm_batch_decode_with_kv_cache_mla", "xqa_batch_decode_with_kv_cache_mla"]
+           "trtllm_batch_decode_with_kv_cache_mla", "xqa_batch_decode_with_kv_cache_mla",
+           "BatchDecodeMlaWithPagedKVCacheWrapper"]

@@ -272,6 +272,9 @@ PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
                        ("batch_prefill_ragged",), note=_WRAPPER),
         PublicFunction("BatchMLAPagedAttentionWrapper", "flashinfer.mla", ("batch_mla",),
                        note=_WRAPPER),
+        PublicFunction("BatchDecodeMlaWithPagedKVCacheWrapper", "flashinfer.decode",
+                       ("batch_mla",), note="upstream's older MLA decode wrapper, planned on the "
+                                            "MLA wrapper"),
         PublicFunction("trtllm_batch_decode_with_kv_cache_mla", "flashinfer.mla", ("batch_mla",),
                        note="a block-table calling convention: plans an MLA wrapper and runs it, "
                             "per call"),

@@ -23,7 +23,7 @@ from ..api_logging import flashinfer_api
 from ..dispatch import Problem
 from ..shape_buckets import length_bucket
 from .batch_checks import (canonical_dtype, check_indptr, host_index_arrays, index_array,
-                           largest_page_id, positive_int)
+                           largest_page_id, paged_kv_lens, positive_int, scale_arg)
 from .batch_wrapper import adopt_workspace
 from .mla_params import MLAPlan, MLAScales
 
@@ -270,4 +270,103 @@ class BatchMLAPagedAttentionWrapper:
                          float(kpe_scale))
 
 
-__all__ = ["BatchMLAPagedAttentionWrapper"]
+class BatchDecodeMlaWithPagedKVCacheWrapper:
+    """Upstream's older MLA decode wrapper (deprecated there): one query token per request,
+    lengths from ``last_page_len``, the RoPE part 64 wide (upstream's kernel fixes it), no causal
+    mask. Planned and run here on a :class:`BatchMLAPagedAttentionWrapper`. ``use_tensor_cores``
+    is accepted (a kernel choice upstream; the dispatcher's here). A CUDA-graph wrapper takes
+    the three fixed buffers, as upstream; its plan() then needs a capturable MLA kernel."""
+
+    ROPE_DIM = 64
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, use_cuda_graph: bool = False,
+                 use_tensor_cores: bool = False,
+                 paged_kv_indptr_buffer: Optional[torch.Tensor] = None,
+                 paged_kv_indices_buffer: Optional[torch.Tensor] = None,
+                 paged_kv_last_page_len_buffer: Optional[torch.Tensor] = None) -> None:
+        graph = bool(use_cuda_graph)
+        if graph:
+            for name, buf in (("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
+                              ("paged_kv_indices_buffer", paged_kv_indices_buffer),
+                              ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer)):
+                index_array(name, buf)
+            batch = paged_kv_last_page_len_buffer.shape[0]
+            if paged_kv_indptr_buffer.shape[0] != batch + 1:
+                raise ValueError(f"paged_kv_indptr_buffer must hold batch + 1 = {batch + 1} "
+                                 f"entries, got {paged_kv_indptr_buffer.shape[0]}")
+            dev = float_workspace_buffer.device
+            fixed = dict(qo_indptr=torch.zeros(batch + 1, dtype=torch.int32, device=dev),
+                         kv_indptr=paged_kv_indptr_buffer, kv_indices=paged_kv_indices_buffer,
+                         kv_len_arr=torch.zeros(batch, dtype=torch.int32, device=dev))
+        else:
+            fixed = {}
+        self._mla = BatchMLAPagedAttentionWrapper(float_workspace_buffer, graph, **fixed)
+        self._use_tensor_cores = bool(use_tensor_cores)
+        self._paged_kv_indptr_buf = paged_kv_indptr_buffer
+        self._paged_kv_indices_buf = paged_kv_indices_buffer
+        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
+        self._fixed_batch_size = (paged_kv_last_page_len_buffer.shape[0] if graph else None)
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._mla.is_cuda_graph_enabled
+
+    @property
+    def use_tensor_cores(self) -> bool:
+        return self._use_tensor_cores
+
+    @property
+    def decision(self) -> dispatch.Decision | None:
+        return self._mla.decision
+
+    @flashinfer_api
+    def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
+             num_qo_heads: int, head_dim_compressed_kv: int, page_size: int, sm_scale: float,
+             window_left: int = -1, logits_soft_cap: Optional[float] = None,
+             data_type="float16", q_data_type=None, rope_scale: Optional[float] = None,
+             rope_theta: Optional[float] = None) -> None:
+        """Plan ``len(last_page_len)`` requests of one query token: pages
+        ``indices[indptr[b]:indptr[b+1]]``, the last holding ``last_page_len[b]`` tokens (int32).
+        ``data_type``: the cache dtype (``q_data_type`` defaults to it). A window or a soft cap
+        is refused (upstream's MLA kernel has neither); ``rope_scale`` / ``rope_theta`` have no
+        effect, as upstream (the queries and keys come rotated)."""
+        if window_left is not None and window_left != -1:
+            raise NotImplementedError(f"window_left={window_left}: MLA decode has no sliding "
+                                      "window")
+        if logits_soft_cap:
+            raise NotImplementedError(f"logits_soft_cap={logits_soft_cap}: MLA decode has no soft "
+                                      "cap")
+        page_size = positive_int("page_size", page_size)
+        indptr_h, last_h = host_index_arrays(("indptr", indptr), ("last_page_len", last_page_len))
+        batch = last_h.shape[0]
+        check_indptr("indptr", indptr_h, batch)
+        lens = paged_kv_lens(indptr_h, last_h, page_size)
+        kv_dtype = canonical_dtype("data_type", data_type, None, KV_DTYPES)
+        q_dtype = canonical_dtype("q_data_type", q_data_type, kv_dtype, Q_DTYPES)
+        self._mla.plan(torch.arange(batch + 1, dtype=torch.int32), indptr_h, indices, lens,
+                       num_qo_heads, head_dim_compressed_kv, self.ROPE_DIM, page_size, False,
+                       sm_scale, q_dtype, kv_dtype)
+
+    @flashinfer_api
+    def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, paged_ckv_cache: torch.Tensor,
+            paged_kpe_cache: torch.Tensor, q_scale: Optional[float] = None,
+            k_scale: Optional[float] = None, v_scale: Optional[float] = None,
+            out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
+            return_lse: bool = False, enable_pdl: bool = False):
+        """``out [batch, H, head_dim_compressed_kv]`` (and ``lse [batch, H]`` float32 base 2).
+        ``q_scale`` and ``k_scale`` multiply the scores, ``v_scale`` the output (floats)."""
+        factor = scale_arg("q_scale", q_scale) * scale_arg("k_scale", k_scale)
+        if factor != 1.0:
+            q_nope, q_pe = q_nope * factor, q_pe * factor
+        result = self._mla.run(q_nope, q_pe, paged_ckv_cache, paged_kpe_cache, out=out, lse=lse,
+                               return_lse=return_lse)
+        v = scale_arg("v_scale", v_scale)
+        if v != 1.0:
+            (result[0] if return_lse else result).mul_(v)
+        return result
+
+    def run_return_lse(self, *args, **kwargs):
+        return self.run(*args, **kwargs, return_lse=True)
+
+
+__all__ = ["BatchDecodeMlaWithPagedKVCacheWrapper", "BatchMLAPagedAttentionWrapper"]

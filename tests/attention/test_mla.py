@@ -343,3 +343,27 @@ def test_trtllm_mla_refusals(kwargs, exc, words):
     with pytest.raises(ValueError, match="one query token"):
         flashinfer.mla.xqa_batch_decode_with_kv_cache_mla(
             args["query"].expand(2, 2, 4, 40), *list(args.values())[1:9])
+
+
+def test_legacy_decode_mla_wrapper():
+    """BatchDecodeMlaWithPagedKVCacheWrapper: lengths from last_page_len, one token per request,
+    q_scale * k_scale on the scores, v_scale on the output; window / soft cap refused."""
+    arrays, t = _case([1, 1, 1], [9, 4, 13], kpe=64, seed=14)
+    lens = arrays["kv_len_arr"]
+    pages = arrays["kv_indptr"][1:] - arrays["kv_indptr"][:-1]
+    last = (lens - (pages - 1) * 4).to(I32)
+    w = flashinfer.BatchDecodeMlaWithPagedKVCacheWrapper(_ws())
+    w.plan(arrays["kv_indptr"], arrays["kv_indices"], last, 4, 32, 4, 0.25,
+           data_type=torch.float32)
+    out, lse = w.run(t["q_nope"], t["q_pe"], t["ckv_cache"], t["kpe_cache"], q_scale=2.0,
+                     k_scale=0.5, v_scale=3.0, return_lse=True)
+    want, want_lse = naive(arrays, t, 4, False, 0.25)
+    assert rel_error(out, want * 3.0) < 1e-5
+    _assert_lse(lse, want_lse)
+    assert rel_error(w.run_return_lse(t["q_nope"], t["q_pe"], t["ckv_cache"],
+                                      t["kpe_cache"])[1], want_lse) < 1e-5
+    assert w.decision.backend == "reference" and not w.is_cuda_graph_enabled
+    with pytest.raises(NotImplementedError, match="window"):
+        w.plan(arrays["kv_indptr"], arrays["kv_indices"], last, 4, 32, 4, 0.25, window_left=8)
+    with pytest.raises(ValueError, match="last_page_len"):
+        w.plan(arrays["kv_indptr"], arrays["kv_indices"], last + 4, 4, 32, 4, 0.25)
