@@ -13,7 +13,7 @@
 #                      SUMMARY printed. PYTEST_K narrows the cases (pytest -k) for both modes.
 #   pack               re-export the shipped Triton kernel pack ($OUT/packs/, copy it into
 #                      flashinfer/kernel_packs/) and check it (benchmarks/check_kernel_pack.py)
-#   bench FAMILY [ARG...]     a family's runner (benchmarks/FAMILY.py: attention, gemm, moe,
+#   bench FAMILY [ARG...]     a family's runner (benchmarks/FAMILY.py: attention, mla, gemm, moe,
 #                      sampling, norm, rope, activation), its JSON lines, plot and summary in
 #                      $OUT; ARGs go to the runner (--shapes quick, --only NAME, --backends ...).
 #                      TIMEOUT (default 540 s) bounds it; the runner starts no case after

@@ -15,7 +15,7 @@ import pytest
 from flashinfer import bench_command, cli
 
 ROOT = Path(__file__).resolve().parents[2]
-FAMILIES = ("activation", "attention", "gemm", "moe", "norm", "rope", "sampling")
+FAMILIES = ("activation", "attention", "gemm", "mla", "moe", "norm", "rope", "sampling")
 
 
 @pytest.fixture(autouse=True)
