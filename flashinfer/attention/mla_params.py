@@ -34,6 +34,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ..index_checks import fault
+
+#: the page-id rule a kernel applies to the ids it reads at run time (a CUDA-graph wrapper's
+#: fixed buffer may have been rewritten since plan(), which checked the ids it was given)
+MLA_PAGE = fault("BatchMLAPagedAttentionWrapper.run", "kv_indices",
+                 "a page id in [0, {bound}) (the pages of ckv_cache / kpe_cache)")
+
 
 @dataclass(frozen=True, eq=False)
 class MLAPlan:
@@ -75,4 +82,4 @@ class MLAScales:
     kpe_scale: float = 1.0
 
 
-__all__ = ["MLAPlan", "MLAScales"]
+__all__ = ["MLA_PAGE", "MLAPlan", "MLAScales"]

@@ -367,3 +367,26 @@ def test_legacy_decode_mla_wrapper():
         w.plan(arrays["kv_indptr"], arrays["kv_indices"], last, 4, 32, 4, 0.25, window_left=8)
     with pytest.raises(ValueError, match="last_page_len"):
         w.plan(arrays["kv_indptr"], arrays["kv_indices"], last + 4, 4, 32, 4, 0.25)
+
+
+def test_page_ids_rewritten_after_plan_are_checked_at_run():
+    """The reference reads the page ids at run time: one rewritten past the caches after plan()
+    raises on the CPU (on a GPU it is recorded for flashinfer.check_errors() and read as page 0,
+    test_gpu_bad_page_id_is_recorded)."""
+    arrays, t = _case([1, 1], [9, 7])
+    w = _plan(arrays, 4, False)
+    w._plan.kv_indices[1] = 99
+    with pytest.raises(ValueError, match="kv_indices"):
+        w.run(**t)
+
+
+@pytest.mark.gpu
+def test_gpu_bad_page_id_is_recorded():
+    arrays, t = _case([1, 1], [9, 7])
+    w = _plan(arrays, 4, False, device="cuda")
+    w._plan.kv_indices[1] = 99
+    flashinfer.check_errors()  # (a clean record first)
+    out = w.run(**{k: v.cuda() for k, v in t.items()})
+    assert torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="kv_indices"):
+        flashinfer.check_errors()

@@ -8,7 +8,8 @@ import math
 
 import torch
 
-from ...attention.mla_params import MLAPlan, MLAScales
+from ...attention.mla_params import MLA_PAGE, MLAPlan, MLAScales
+from ...index_checks import Check, raise_first, report_device
 
 _LN2 = math.log(2.0)
 #: float32 scores held at once per request chunk (query rows are cut to stay under it)
@@ -35,7 +36,8 @@ def batch_mla(plan: MLAPlan):
     kv_lens = plan.kv_len_host.tolist()
 
     def run(q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales: MLAScales) -> None:
-        indices = plan.kv_indices.to(q_nope.device, torch.long)
+        indices = _checked_ids(plan.kv_indices[:kv_pages[-1]].to(q_nope.device, torch.long),
+                               min(ckv_cache.shape[0], kpe_cache.shape[0]))
         for b in range(plan.batch_size):
             r0, r1, kv_len = qo[b], qo[b + 1], kv_lens[b]
             if r1 == r0:
@@ -53,6 +55,18 @@ def batch_mla(plan: MLAPlan):
                 if lse is not None:
                     lse[c0:c1] = l2
     return run
+
+
+def _checked_ids(ids: torch.Tensor, num_pages: int) -> torch.Tensor:
+    """``ids`` by the rule :data:`MLA_PAGE`: on the CPU a bad one raises ``ValueError``; on a
+    GPU it is recorded in the device's error record (``flashinfer.check_errors()``) and read as
+    page 0, so no gather steps outside the caches (no synchronisation)."""
+    check = Check(MLA_PAGE, (ids < 0) | (ids >= num_pages), ids, num_pages)
+    if ids.device.type == "cpu":
+        raise_first([check])
+        return ids
+    report_device(check)
+    return torch.where(check.bad, 0, ids)
 
 
 def _attend(qn, qp, ckv, kpe, first_row: int, q_len: int, plan: MLAPlan):
