@@ -12,7 +12,7 @@ from __future__ import annotations
 
 #: Every backend, one spelling each. Order = tie-break order.
 BACKEND_NAMES: tuple[str, ...] = (
-    "cudnn", "flash_attn", "trtllm", "cutlass", "torch", "triton", "reference",
+    "cudnn", "flash_attn", "flashmla", "trtllm", "cutlass", "torch", "triton", "reference",
 )
 
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -20,6 +20,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "fa3": ("flash_attn:fa3",),
     "flash-attn": ("flash_attn",),
     "flashattention": ("flash_attn",),
+    "flash_mla": ("flashmla",),
     "cublas": ("torch",),
     "cublaslt": ("torch",),
     "sdpa": ("torch",),

@@ -50,6 +50,7 @@ BACKEND_PACKAGES: dict[str, tuple[tuple[str, str | None], ...]] = {
     "cudnn": (("cudnn", "nvidia-cudnn-frontend"),),
     "flash_attn": (("flash_attn", "flash-attn"), ("flash_attn_interface", None),
                    ("fa3_fwd_interface", "fa3-fwd")),
+    "flashmla": (("flash_mla", "sgl-flash-mla"),),
     "trtllm": (("tensorrt_llm", "tensorrt-llm"),),
     "cutlass": (("cutlass_cppgen", "nvidia-cutlass"), ("cutlass", "nvidia-cutlass-dsl")),
     "torch": (("torch", "torch"),),

@@ -58,6 +58,8 @@ MLA_FEATURES = (
     "lse",             # return_lse=True (base 2, or base e on request)
     "fp8_kv",          # ckv / kpe caches in float8_e4m3fn, ckv_scale / kpe_scale applied
     "multi_query",     # more than one query token in some request (MTP / speculative decoding)
+    "varying_qo_len",  # the requests' query lengths differ (a kernel taking [B, q_len, ...] cannot)
+    "separate_caches",  # ckv_cache / kpe_cache are not views of one [pages, page, ckv + kpe] buffer
     "cuda_graph",      # wrapper built with use_cuda_graph=True (fixed buffers, capturable run)
 )
 

@@ -19,13 +19,15 @@ kpe_scale``, the same ``ckv`` serving as V.
 A backend registers a planner for the op ``batch_mla`` taking an :class:`MLAPlan` and returning a
 runner::
 
-    runner(q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales)
+    runner(q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales) -> out
 
 with ``q_nope [total_qo, H, head_dim_ckv]``, ``q_pe [total_qo, H, head_dim_kpe]``, ``ckv_cache
 [pages, page_size, head_dim_ckv]``, ``kpe_cache [pages, page_size, head_dim_kpe]`` (strided views
 of one ``[pages, page_size, 576]`` buffer are fine: the last dim is contiguous), ``out
-[total_qo, H, head_dim_ckv]`` in ``plan.o_dtype`` to be fully written, ``lse [total_qo, H]``
-float32 base 2 or None, ``scales`` an :class:`MLAScales`.
+[total_qo, H, head_dim_ckv]`` in ``plan.o_dtype`` to be fully written (``None`` for a runner
+whose ``makes_output`` is true and the caller gave none: it returns its own), ``lse [total_qo,
+H]`` float32 base 2 or None, ``scales`` an :class:`MLAScales`. A record without the feature
+``separate_caches`` is only run on caches for which :func:`joint_latent` holds.
 """
 
 from __future__ import annotations
@@ -68,8 +70,10 @@ class MLAPlan:
     total_qo: int
     max_qo_len: int
     max_kv_len: int
-    max_page_id: int  # the largest id among the planned pages (-1: none)
+    max_page_id: int | None  # the largest planned page id (-1: none; None: ids on the device,
+    # checked by the kernel as it reads them, rule MLA_PAGE)
     cuda_graph: bool = False
+    workspace: torch.Tensor | None = None  # the wrapper's float workspace as bytes (scratch)
 
 
 @dataclass(frozen=True)
@@ -82,4 +86,13 @@ class MLAScales:
     kpe_scale: float = 1.0
 
 
-__all__ = ["MLA_PAGE", "MLAPlan", "MLAScales"]
+def joint_latent(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``b`` continues ``a`` along the last dim: both views of one ``[..., Da + Db]``
+    buffer (``a`` its first ``Da`` channels, ``b`` the rest), as engines keep ``q_nope`` /
+    ``q_pe`` and the ckv / kpe caches."""
+    return (a.dtype == b.dtype and a.dim() == b.dim() and a.shape[:-1] == b.shape[:-1]
+            and a.stride()[:-1] == b.stride()[:-1] and a.stride(-1) == 1 and b.stride(-1) == 1
+            and b.data_ptr() == a.data_ptr() + a.shape[-1] * a.element_size())
+
+
+__all__ = ["MLA_PAGE", "MLAPlan", "MLAScales", "joint_latent"]

@@ -1,14 +1,22 @@
 """``BatchMLAPagedAttentionWrapper``: upstream's MLA wrapper (DeepSeek latent attention over a
 paged cache; the math and the layouts are in :mod:`flashinfer.attention.mla_params`).
 
-``plan()`` checks the index arrays (one host copy of those given on a GPU, as upstream's plan
-makes), fixes an :class:`~flashinfer.attention.mla_params.MLAPlan`, makes the Decision of the op
-``batch_mla`` and builds the runner; ``run()`` checks tensor metadata, allocates ``out`` /
-``lse`` and calls the runner. A CUDA-graph wrapper (``use_cuda_graph=True`` with the four fixed
-buffers) copies the plan's arrays into them, and its runner reads the page ids from the fixed
-``kv_indices`` buffer; it needs a capturable kernel, which no MLA backend here is yet (plan()
-then raises ``NoBackendError`` with the reference's reason). Upstream's ``_cached_module.plan``
-(SGLang's CUDA-graph fast path) comes with such a kernel.
+``plan()`` checks the index arrays (host copies of the indptrs and lengths given on a GPU, as
+upstream's plan makes; page ids given on a GPU are not read back: the kernels check each id they
+read, rule ``MLA_PAGE``), fixes an :class:`~flashinfer.attention.mla_params.MLAPlan`, makes the
+Decision of the op ``batch_mla`` and builds the runner; ``run()`` checks tensor metadata,
+allocates ``out`` / ``lse`` (unless the runner makes its own output) and calls the runner.
+
+The plan's Decision assumes what engines pass: ``ckv_cache`` / ``kpe_cache`` as views of one
+``[pages, page_size, ckv + kpe]`` buffer. A run with separate caches, when the planned kernel
+needs the joint one (FlashMLA), is decided again with the feature ``separate_caches`` (once per
+plan; ``wrapper.decision`` then names the kernel that ran).
+
+A CUDA-graph wrapper (``use_cuda_graph=True`` with the four fixed buffers) copies the plan's
+arrays into them; its runner reads every length and page id from those buffers and its launch
+shape is the first plan's (later plans keep the batch size and may not grow the query length).
+Upstream's ``_cached_module.plan`` (SGLang's CUDA-graph fast path) re-plans from its host
+arrays and the fixed ``kv_indices`` buffer (:class:`MLAPlanModule`).
 """
 
 from __future__ import annotations
@@ -22,10 +30,11 @@ from .. import dispatch
 from ..api_logging import flashinfer_api
 from ..dispatch import Problem
 from ..shape_buckets import length_bucket
+from ..index_checks import host_check_wanted
 from .batch_checks import (canonical_dtype, check_indptr, host_index_arrays, index_array,
                            largest_page_id, paged_kv_lens, positive_int, scale_arg)
 from .batch_wrapper import adopt_workspace
-from .mla_params import MLAPlan, MLAScales
+from .mla_params import MLAPlan, MLAScales, joint_latent
 
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 KV_DTYPES = Q_DTYPES + (torch.float8_e4m3fn,)
@@ -46,7 +55,7 @@ class BatchMLAPagedAttentionWrapper:
                  qo_indptr: Optional[torch.Tensor] = None, kv_indptr: Optional[torch.Tensor] = None,
                  kv_indices: Optional[torch.Tensor] = None,
                  kv_len_arr: Optional[torch.Tensor] = None, backend: str = "auto") -> None:
-        adopt_workspace(self, float_workspace_buffer, backend)
+        self._workspace_bytes = adopt_workspace(self, float_workspace_buffer, backend)
         self._backend = backend
         self._use_cuda_graph = bool(use_cuda_graph)
         buffers = {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "kv_indices": kv_indices,
@@ -60,8 +69,9 @@ class BatchMLAPagedAttentionWrapper:
         self._qo_indptr_buf, self._kv_indptr_buf = qo_indptr, kv_indptr
         self._kv_indices_buf, self._kv_len_arr_buf = kv_indices, kv_len_arr
         self._plan: MLAPlan | None = None
+        self._graph_shape: tuple[int, int] | None = None  # (batch, rows per request) captured
         self._plan_info = None
-        self._runner = None
+        self._runner = self._separate = None
         self.decision: dispatch.Decision | None = None
         self._cached_module = None
         self._causal, self._page_size, self._sm_scale = False, None, None
@@ -115,7 +125,10 @@ class BatchMLAPagedAttentionWrapper:
             raise ValueError(f"kv_indices must hold kv_indptr[-1]={n_pages} page ids, got "
                              f"{kv_indices.shape[0]}")
         ids = kv_indices[:n_pages]
-        max_id = largest_page_id(ids.cpu().numpy(), "kv_indices") if n_pages else -1
+        if ids.device.type == "cpu" or host_check_wanted(ids.device):
+            max_id = largest_page_id(ids.cpu().numpy(), "kv_indices") if n_pages else -1
+        else:  # no read-back: the kernels check each id they read (rule MLA_PAGE)
+            max_id = None
         dev = self.device
         if self._use_cuda_graph:
             fixed = {"qo_indptr": (self._qo_indptr_buf, qo_h), "kv_indptr": (self._kv_indptr_buf, kv_h),
@@ -132,24 +145,47 @@ class BatchMLAPagedAttentionWrapper:
             d_qo, d_kv, d_lens = (t.to(dev, non_blocking=True) for t in (qo_h, kv_h, lens_h))
             d_ids = ids.to(dev, non_blocking=True)
         qo_lens = (qo_h[1:] - qo_h[:-1]).numpy()
+        max_qo_len = int(qo_lens.max(initial=0))
+        if self._use_cuda_graph:
+            max_qo_len = self._fix_graph_shape(batch, max_qo_len)
         plan = MLAPlan(
             device=dev, batch_size=batch, num_heads=num_heads, head_dim_ckv=head_dim_ckv,
             head_dim_kpe=head_dim_kpe, page_size=page_size, q_dtype=q_dtype, kv_dtype=kv_dtype,
             o_dtype=q_dtype, causal=bool(causal), sm_scale=float(sm_scale), qo_indptr_host=qo_h,
             kv_indptr_host=kv_h, kv_len_host=lens_h, qo_indptr=d_qo, kv_indptr=d_kv,
             kv_indices=d_ids, kv_len=d_lens, total_qo=int(qo_h[-1]),
-            max_qo_len=int(qo_lens.max(initial=0)), max_kv_len=int(lens.max(initial=0)),
-            max_page_id=max_id, cuda_graph=self._use_cuda_graph)
+            max_qo_len=max_qo_len, max_kv_len=int(lens.max(initial=0)),
+            max_page_id=max_id, cuda_graph=self._use_cuda_graph, workspace=self._workspace_bytes)
         self.decision = dispatch.decide(self._problem(plan), self._backend)
         self._runner = self.decision.kernel(plan)
+        self._separate = None
         self._plan = plan
         self._causal, self._page_size, self._sm_scale = plan.causal, page_size, plan.sm_scale
         self._q_data_type, self._kv_data_type = q_dtype, kv_dtype
         self._head_dim_ckv, self._head_dim_kpe = head_dim_ckv, head_dim_kpe
         self._plan_info = (batch, plan.total_qo)
+        if self._cached_module is None:
+            self._cached_module = MLAPlanModule(self)
 
-    def _problem(self, plan: MLAPlan) -> Problem:
-        features = set()
+    def _fix_graph_shape(self, batch: int, max_qo_len: int) -> int:
+        """A CUDA-graph wrapper's launch shape is its first plan's (a captured graph replays
+        it): the batch stays, and the rows per request may shrink, not grow. Returns the query
+        length the plan is launched for."""
+        if self._graph_shape is None:
+            self._graph_shape = (batch, max_qo_len)
+            return max_qo_len
+        fixed_batch, fixed_q = self._graph_shape
+        if batch != fixed_batch or max_qo_len > fixed_q:
+            raise ValueError(
+                f"this CUDA-graph wrapper was first planned for {fixed_batch} requests of at most "
+                f"{fixed_q} query tokens (the shape a captured graph replays); got {batch} "
+                f"requests of up to {max_qo_len}: use one wrapper per graph shape")
+        return fixed_q
+
+    def _problem(self, plan: MLAPlan, separate_caches: bool = False) -> Problem:
+        features = {"separate_caches"} if separate_caches else set()
+        if len(set((plan.qo_indptr_host[1:] - plan.qo_indptr_host[:-1]).tolist())) > 1:
+            features.add("varying_qo_len")
         if plan.causal:
             features.add("causal")
         if plan.max_qo_len > 1:
@@ -196,9 +232,11 @@ class BatchMLAPagedAttentionWrapper:
         self._check_q(plan, q_nope, q_pe)
         self._check_caches(plan, ckv_cache, kpe_cache)
         scales = self._scales(plan, ckv_cache, ckv_scale, ckv_scale_arr, kpe_scale)
+        runner = self._runner if joint_latent(ckv_cache, kpe_cache) else self._separate_runner()
         o_shape = (plan.total_qo, plan.num_heads, plan.head_dim_ckv)
         if out is None:
-            out = torch.empty(o_shape, dtype=plan.o_dtype, device=plan.device)
+            if not getattr(runner, "makes_output", False):
+                out = torch.empty(o_shape, dtype=plan.o_dtype, device=plan.device)
         elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != o_shape
               or out.dtype != plan.o_dtype or out.device != plan.device):
             raise ValueError(f"out must be a {plan.o_dtype} tensor of shape {list(o_shape)} on "
@@ -212,10 +250,21 @@ class BatchMLAPagedAttentionWrapper:
                              f"{plan.device}")
         if want_lse and lse is None:
             lse = torch.empty(o_shape[:2], dtype=torch.float32, device=plan.device)
-        self._runner(q_nope, q_pe, ckv_cache, kpe_cache, out, lse if want_lse else None, scales)
+        out = runner(q_nope, q_pe, ckv_cache, kpe_cache, out, lse if want_lse else None, scales)
         if want_lse and return_lse_base_on_e:
             lse.mul_(_LN2)
         return (out, lse) if return_lse else out
+
+    def _separate_runner(self):
+        """The runner for caches that are not views of one buffer: the plan's own when its
+        kernel serves them, else the one decided (once per plan) with ``separate_caches``."""
+        if "separate_caches" in self.decision.problem.features:
+            return self._runner
+        if self._separate is None:
+            problem = self._problem(self._plan, separate_caches=True)
+            self.decision = dispatch.decide(problem, self._backend)
+            self._separate = self.decision.kernel(self._plan)
+        return self._separate
 
     @staticmethod
     def _check_q(plan: MLAPlan, q_nope, q_pe) -> None:
@@ -243,7 +292,7 @@ class BatchMLAPagedAttentionWrapper:
                 raise ValueError(f"{name} must have a contiguous last dim, got strides "
                                  f"{tuple(t.stride())}")
             pages = t.shape[0] if pages is None else min(pages, t.shape[0])
-        if plan.max_page_id >= pages:
+        if plan.max_page_id is not None and plan.max_page_id >= pages:
             raise ValueError(f"kv_indices holds page id {plan.max_page_id}, but the caches have "
                              f"{pages} pages")
 
@@ -268,6 +317,46 @@ class BatchMLAPagedAttentionWrapper:
                 raise ValueError(f"ckv_scale_arr must be float32 {list(want)} on {plan.device}")
         return MLAScales(None if ckv_scale is None else float(ckv_scale), ckv_scale_arr,
                          float(kpe_scale))
+
+
+class MLAPlanModule:
+    """``wrapper._cached_module`` after the first ``plan()``: upstream's compiled MLA plan
+    module, whose ``plan(float_ws, int_ws, pinned_ws, qo_indptr, kv_indptr, kv_len_arr,
+    num_heads, head_dim_ckv, causal[, use_profiler])`` (also ``plan.default``) SGLang calls in its
+    CUDA-graph fast path, after setting ``_page_size`` / ``_sm_scale`` and writing the page ids
+    into the fixed ``kv_indices`` buffer. Here it re-plans the wrapper from those host arrays,
+    that buffer and the previous plan's head_dim_kpe and dtypes, and returns ``_plan_info``."""
+
+    def __init__(self, wrapper: BatchMLAPagedAttentionWrapper):
+        self._wrapper = wrapper
+        self.plan = _PlanEntry(self._replan)
+
+    def _replan(self, *args):
+        w = self._wrapper
+        before = w._plan
+        if len(args) not in (9, 10) or not isinstance(args[3], torch.Tensor):
+            raise TypeError("_cached_module.plan() takes upstream's 9 positional arguments "
+                            "(float_ws, int_ws, pinned_ws, qo_indptr, kv_indptr, kv_len_arr, "
+                            f"num_heads, head_dim_ckv, causal), got {len(args)}")
+        if w._kv_indices_buf is None:
+            raise RuntimeError("_cached_module.plan() reads the page ids from the wrapper's fixed "
+                               "kv_indices buffer (a CUDA-graph wrapper); it has none")
+        qo_indptr, kv_indptr, kv_len_arr, heads, head_dim_ckv, causal = args[3:9]
+        w.plan(qo_indptr, kv_indptr, w._kv_indices_buf, kv_len_arr, int(heads), int(head_dim_ckv),
+               before.head_dim_kpe, int(w._page_size), bool(causal), float(w._sm_scale),
+               before.q_dtype, before.kv_dtype)
+        return w._plan_info
+
+
+class _PlanEntry:
+    """A callable with a ``default`` attribute that is itself (a torch op's overload spelling)."""
+
+    def __init__(self, fn):
+        self._fn = fn
+        self.default = self
+
+    def __call__(self, *args):
+        return self._fn(*args)
 
 
 class BatchDecodeMlaWithPagedKVCacheWrapper:
@@ -369,4 +458,5 @@ class BatchDecodeMlaWithPagedKVCacheWrapper:
         return self.run(*args, **kwargs, return_lse=True)
 
 
-__all__ = ["BatchDecodeMlaWithPagedKVCacheWrapper", "BatchMLAPagedAttentionWrapper"]
+__all__ = ["BatchDecodeMlaWithPagedKVCacheWrapper", "BatchMLAPagedAttentionWrapper",
+           "MLAPlanModule"]

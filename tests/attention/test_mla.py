@@ -201,28 +201,52 @@ def test_run_refusals():
         fp8.run(**q, **caches, kpe_scale=1.0, ckv_scale_arr=torch.ones(3))
 
 
-def test_cuda_graph_plan_needs_a_capturable_kernel():
-    """The fixed buffers are checked and written; no MLA kernel here is capturable yet, so
-    plan() names the reference's reason."""
+def test_cuda_graph_plan_goes_to_the_capturable_kernel():
+    """The fixed buffers are checked and written; the reference walks plan()'s host lengths
+    (not capturable), so a CUDA-graph plan goes to the Triton kernel (in the interpreter here)."""
     arrays, _ = _case([1, 1], [9, 7])
     bufs = dict(qo_indptr=torch.zeros(3, dtype=I32), kv_indptr=torch.zeros(3, dtype=I32),
                 kv_indices=torch.zeros(16, dtype=I32), kv_len_arr=torch.zeros(2, dtype=I32))
-    with pytest.raises(NoBackendError, match="CUDA-graph replay"):
-        _plan(arrays, 4, False, use_cuda_graph=True, **bufs)
+    w = _plan(arrays, 4, False, dtype=torch.bfloat16, use_cuda_graph=True, **bufs)
+    assert w.decision.backend == "triton"
     assert torch.equal(bufs["kv_len_arr"], arrays["kv_len_arr"])
+    with pytest.raises(NoBackendError, match="CUDA-graph replay"):
+        _plan(arrays, 4, False, backend="reference", use_cuda_graph=True, **bufs)
     with pytest.raises(TypeError, match="int32"):
         flashinfer.BatchMLAPagedAttentionWrapper(_ws(), use_cuda_graph=True, **dict(
             bufs, kv_indices=None))
 
 
-@pytest.mark.parametrize("sm", ["7.5", "8.0", "8.9", "9.0", "10.0", "12.0", None])
-def test_decision_on_simulated_sms(sm):
+@pytest.mark.parametrize("sm, page_size, kv, features, want", [
+    ("7.5", 64, "bfloat16", (), "reference"),
+    ("8.0", 64, "bfloat16", (), "triton"),
+    ("8.9", 1, "float8_e4m3fn", (), "triton"),
+    ("9.0", 64, "bfloat16", ("causal", "multi_query"), "flashmla"),
+    ("9.0", 1, "bfloat16", (), "triton"),
+    ("9.0", 64, "float8_e4m3fn", (), "triton"),
+    ("9.0", 64, "bfloat16", ("separate_caches",), "triton"),
+    ("9.0", 64, "bfloat16", ("multi_query", "varying_qo_len"), "triton"),
+    ("9.0", 64, "bfloat16", ("cuda_graph",), "triton"),
+    ("10.0", 64, "bfloat16", (), "triton"),
+    ("12.0", 16, "bfloat16", ("cuda_graph",), "triton"),
+    (None, 64, "bfloat16", (), "reference"),
+])
+def test_decision_on_simulated_sms(sm, page_size, kv, features, want, monkeypatch):
+    """FlashMLA where it serves (SM 9.0, page 64, bf16, one q_len, a joint cache), Triton on
+    every other GPU problem from SM 8.0, the reference below and on the CPU."""
+    from flashinfer import capability_db, dispatch
+
+    real = capability_db.import_error  # flash_mla counts as installed
+    monkeypatch.setattr(capability_db, "import_error", lambda m: None if m == "flash_mla" else real(m))
+    dispatch.clear_cache()
     problem = Problem.make("batch_mla", simulated(sm),
-                           dtypes={"q": "bfloat16", "kv": "bfloat16", "o": "bfloat16"},
+                           dtypes={"q": "bfloat16", "kv": kv, "o": "bfloat16"},
                            shape={"num_heads": 128, "head_dim_ckv": 512, "head_dim_kpe": 64,
                                   "batch_size": 64, "max_qo_len": 1, "max_kv_len": 4096,
-                                  "total_qo_len": 64, "page_size": 64}, features={"causal"})
-    assert select(problem).backend == "reference"
+                                  "total_qo_len": 64, "page_size": page_size},
+                           features=set(features))
+    assert select(problem).backend == want
+    dispatch.clear_cache()
 
 
 @pytest.mark.gpu

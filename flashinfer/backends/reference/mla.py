@@ -56,6 +56,7 @@ def batch_mla(plan: MLAPlan):
             out[r0:r1] = o.to(out.dtype)
             if lse is not None:
                 lse[r0:r1] = l2
+        return out
     return run
 
 

@@ -135,30 +135,37 @@ def _round_up(n: int, m: int) -> int:
 
 
 def _scratch(plan: BatchPlan, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    parts = plan.total_qo * plan.num_qo_heads * num_splits
-    o_bytes = _round_up(parts * plan.head_dim_vo * 4, ALIGN)
-    need = scratch_bytes(plan, num_splits)
-    ws = plan.workspace
-    if ws is None:
-        buf = torch.empty(need, dtype=torch.uint8, device=plan.device)
+    return split_scratch(plan.device, plan.workspace,
+                         plan.total_qo * plan.num_qo_heads * num_splits, plan.head_dim_vo,
+                         f"triton {plan.op}")
+
+
+def split_scratch(device: torch.device, workspace: torch.Tensor | None, parts: int, width: int,
+                  what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 split scratch ``(part_o [parts * width], part_lse [parts])``: carved from the
+    start of the byte buffer ``workspace`` (the same memory at every plan, which a captured
+    CUDA graph needs), or allocated when there is none."""
+    o_bytes = _round_up(parts * width * 4, ALIGN)
+    need = o_bytes + _round_up(parts * 4, ALIGN)
+    if workspace is None:
+        buf = torch.empty(need, dtype=torch.uint8, device=device)
     else:
-        if ws.device != plan.device or ws.dtype != torch.uint8 or not ws.is_contiguous():
+        ws = workspace
+        if ws.device != device or ws.dtype != torch.uint8 or not ws.is_contiguous():
             raise ValueError(f"workspace must be a contiguous byte buffer (uint8) on "
-                             f"{plan.device}, got {ws.dtype} on {ws.device} "
+                             f"{device}, got {ws.dtype} on {ws.device} "
                              f"(contiguous={ws.is_contiguous()})")
         ws = ws.reshape(-1)
         shift = -ws.data_ptr() % ALIGN  # start the scratch on an ALIGN-byte boundary
         if ws.numel() < shift + need:
             raise ValueError(
-                f"workspace too small for the triton {plan.op} split-K scratch: needs "
-                f"{shift + need} bytes (total_qo={plan.total_qo} x heads={plan.num_qo_heads} x "
-                f"splits={num_splits} x (head_dim_vo={plan.head_dim_vo} + 1) fp32 values, "
+                f"workspace too small for the {what} split-K scratch: needs {shift + need} "
+                f"bytes ({parts} partial rows x (width {width} + 1) fp32 values, "
                 f"{ALIGN}-byte aligned), workspace has {ws.numel()} bytes")
         buf = ws[shift:shift + need]
-    part_o = buf[:parts * plan.head_dim_vo * 4].view(torch.float32)
+    part_o = buf[:parts * width * 4].view(torch.float32)
     part_lse = buf[o_bytes:o_bytes + parts * 4].view(torch.float32)
     return part_o, part_lse
-
 
 
 def _require_unit_stride(name: str, t: torch.Tensor) -> None:
@@ -286,4 +293,4 @@ def reasons(problem) -> list[Reason]:
 
 
 __all__ = ["BatchAttentionRunner", "LaunchConfig", "batch_decode", "batch_prefill",
-           "launch_config", "make_runner", "scratch_bytes"]
+           "launch_config", "make_runner", "scratch_bytes", "split_scratch"]

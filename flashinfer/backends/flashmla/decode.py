@@ -1,0 +1,117 @@
+"""FlashMLA dense paged decode (the ``batch_mla`` contract, :mod:`flashinfer.attention.mla_params`)
+through the ``flash_mla`` module of the ``sgl-flash-mla`` wheel: its legacy SM 9.0 op
+``dense_decode_fwd`` (what ``flash_mla_with_kvcache(..., use_legacy=True)`` calls for a dense
+bf16 cache).
+
+The kernel takes ``q [B, q_len, H, 576]`` (``[q_nope | q_pe]``), one cache ``[pages, 64, 1,
+576]`` (``[ckv | kpe]`` per token), a block table ``[B, max_pages]`` and the lengths ``[B]``, and
+returns ``out [B, q_len, H, 512]`` and ``lse [B, H, q_len]`` (natural log). So:
+
+* plan: the block table is gathered on the device from the CSR page ids (an index made on the
+  host from ``kv_indptr``), and the split scheduler metadata is made from the device lengths
+  (``get_mla_decoding_metadata``);
+* run: ``q_nope`` / ``q_pe`` that are views of one ``[..., 576]`` buffer are passed as that
+  buffer, others are concatenated into a planned one; the caches must be views of one buffer
+  (the record has no ``separate_caches``); the output is the kernel's own (``makes_output``),
+  copied only into a given ``out``; lse is turned into base 2 ``[total_qo, H]`` when asked for.
+
+Page ids on the device (not read back by plan()) are checked at the first run against the
+caches' page count (rule ``MLA_PAGE``: recorded, and read as page 0), once per plan and cache
+size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...attention.mla_params import MLA_PAGE, MLAPlan, MLAScales, joint_latent
+from ...index_checks import Check, report_device
+
+_LOG2E = 1.4426950408889634
+
+
+def _ops():
+    from flash_mla.flash_mla_interface import get_ops
+
+    return get_ops(True)
+
+
+class FlashMLARunner:
+    makes_output = True
+
+    def __init__(self, plan: MLAPlan):
+        from flash_mla import get_mla_decoding_metadata
+
+        self.plan = plan
+        qo = plan.qo_indptr_host
+        self.q_len = int(qo[1] - qo[0]) if plan.batch_size else 0
+        self.fwd = _ops().dense_decode_fwd.default
+        dev = plan.device
+        kv = plan.kv_indptr_host.numpy().astype(np.int64)
+        pages = kv[1:] - kv[:-1]
+        width = max(1, int(pages.max(initial=0)))
+        slot = np.arange(width)[None, :]
+        self.pad = torch.from_numpy(slot >= pages[:, None]).to(dev, non_blocking=True)
+        where = torch.from_numpy(np.where(slot < pages[:, None], kv[:-1, None] + slot, 0))
+        self.entries = where.to(dev, non_blocking=True)
+        if int(kv[-1]) == 0:
+            self.ids = torch.zeros(plan.batch_size, width, dtype=torch.int32, device=dev)
+        else:
+            gathered = plan.kv_indices.index_select(0, self.entries.reshape(-1))
+            self.ids = torch.where(self.pad, 0, gathered.view(plan.batch_size, width)).int()
+        self.table, self.checked_pages = None, None
+        self.meta, self.splits = get_mla_decoding_metadata(
+            plan.kv_len, self.q_len * plan.num_heads, 1, use_legacy=True)
+        self.q_buf = None
+
+    def _block_table(self, num_pages: int) -> torch.Tensor:
+        """The planned block table, its device ids checked against ``num_pages`` once."""
+        if self.plan.max_page_id is not None:  # checked by plan() on the host
+            return self.ids
+        if self.checked_pages != num_pages:
+            check = Check(MLA_PAGE, ~self.pad & ((self.ids < 0) | (self.ids >= num_pages)),
+                          self.ids, num_pages, entries=self.entries)
+            report_device(check)
+            self.table = torch.where(check.bad, 0, self.ids)
+            self.checked_pages = num_pages
+        return self.table
+
+    def _q(self, q_nope: torch.Tensor, q_pe: torch.Tensor) -> torch.Tensor:
+        plan = self.plan
+        shape = (plan.batch_size, self.q_len, plan.num_heads, plan.head_dim_ckv + plan.head_dim_kpe)
+        if joint_latent(q_nope, q_pe):
+            st, sh = q_nope.stride(0), q_nope.stride(1)
+            return q_nope.as_strided(shape, (self.q_len * st, st, sh, 1))
+        if self.q_buf is None:
+            self.q_buf = torch.empty(shape, dtype=q_nope.dtype, device=q_nope.device)
+        torch.cat([q_nope, q_pe], -1, out=self.q_buf.view(plan.total_qo, plan.num_heads, -1))
+        return self.q_buf
+
+    def __call__(self, q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales: MLAScales):
+        plan = self.plan
+        if not joint_latent(ckv_cache, kpe_cache):
+            raise ValueError("the flashmla kernel reads ckv_cache and kpe_cache as views of one "
+                             "[pages, 64, 576] buffer; these are separate")
+        num_pages = ckv_cache.shape[0]
+        width = plan.head_dim_ckv + plan.head_dim_kpe
+        k = ckv_cache.as_strided((num_pages, plan.page_size, 1, width),
+                                 (ckv_cache.stride(0), ckv_cache.stride(1), width, 1))
+        o, l_e = self.fwd(self._q(q_nope, q_pe), k, plan.head_dim_ckv, plan.kv_len,
+                          self._block_table(num_pages), plan.sm_scale, plan.causal, self.meta,
+                          self.splits)[:2]
+        o = o.view(plan.total_qo, plan.num_heads, plan.head_dim_ckv)
+        if out is not None:
+            out.copy_(o)
+            o = out
+        if lse is not None:  # [B, H, q_len] natural log, +inf where no key -> base 2, -inf
+            torch.mul(l_e.transpose(1, 2).reshape(plan.total_qo, plan.num_heads), _LOG2E, out=lse)
+            lse.masked_fill_(lse == float("inf"), float("-inf"))
+        return o
+
+
+def batch_mla(plan: MLAPlan) -> FlashMLARunner:
+    return FlashMLARunner(plan)
+
+
+__all__ = ["FlashMLARunner", "batch_mla"]

@@ -1,0 +1,156 @@
+"""MLA kernels on a GPU against the reference (on the same GPU) at DeepSeek shapes: Triton at
+pages 1 / 16 / 64 and FlashMLA at page 64, ragged kv lengths around the page boundaries, q_len
+1 and 2 (causal), 128 and 16 heads, both lse bases, fp8 caches (Triton), CUDA-graph replay equal
+to eager after a re-plan, separate caches re-decided, bad page ids given on the device recorded."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import poison
+import flashinfer
+from flashinfer.optional_packages import import_error
+from test_mla import E4M3, I32, _case
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+DEV = "cuda:0"
+SCALE = 192 ** -0.5
+HAS_FLASHMLA = import_error("flash_mla") is None and torch.cuda.get_device_capability() == (9, 0)
+KERNELS = ["triton"] + (["flashmla"] if HAS_FLASHMLA else [])
+
+
+def _wrapper(arrays, page_size, causal, backend, heads, kv_dtype=torch.bfloat16, on_device=False,
+             **ctor):
+    w = flashinfer.BatchMLAPagedAttentionWrapper(
+        torch.empty(128 << 20, dtype=torch.uint8, device=DEV), backend=backend, **ctor)
+    idx = arrays["kv_indices"].to(DEV) if on_device else arrays["kv_indices"]
+    w.plan(arrays["qo_indptr"], arrays["kv_indptr"], idx, arrays["kv_len_arr"], heads, 512, 64,
+           page_size, causal, SCALE, torch.bfloat16, kv_dtype)
+    return w
+
+
+def _inputs(qo_lens, kv_lens, page_size, heads, seed):
+    """Index arrays and bf16 tensors on the GPU; q and the caches are views of one 576 buffer."""
+    arrays, t = _case(qo_lens, kv_lens, page_size=page_size, heads=heads, ckv=512, kpe=64,
+                      seed=seed)
+    q = torch.cat([t["q_nope"], t["q_pe"]], -1).to(DEV, torch.bfloat16)
+    cache = torch.cat([t["ckv_cache"], t["kpe_cache"]], -1).to(DEV, torch.bfloat16)
+    return arrays, dict(q_nope=q[..., :512], q_pe=q[..., 512:], ckv_cache=cache[..., :512],
+                        kpe_cache=cache[..., 512:])
+
+
+def _check(got, want, got_lse=None, want_lse=None):
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    if want_lse is not None:
+        empty = torch.isneginf(want_lse)
+        assert torch.equal(torch.isneginf(got_lse), empty)
+        torch.testing.assert_close(got_lse[~empty], want_lse[~empty], rtol=1e-3, atol=1e-3)
+
+
+RAGGED = [1, 63, 64, 65, 1000, 4097]
+
+
+@pytest.mark.parametrize("backend", KERNELS)
+@pytest.mark.parametrize("heads", [128, 16])
+@pytest.mark.parametrize("q_len", [1, 2])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_matches_the_reference(backend, heads, q_len, page_size):
+    if backend == "flashmla" and page_size != 64:
+        pytest.skip("FlashMLA serves page 64 only")
+    arrays, t = _inputs([q_len] * len(RAGGED), RAGGED, page_size, heads, seed=page_size + q_len)
+    causal = q_len > 1
+    w = _wrapper(arrays, page_size, causal, backend, heads)
+    assert w.decision.backend == backend
+    ref = _wrapper(arrays, page_size, causal, "reference", heads)
+    want, want_lse = ref.run(**t, return_lse=True)
+    out = poison(torch.empty_like(want))
+    got, lse = w.run(**t, out=out, return_lse=True)
+    assert got is out
+    _check(got, want, lse, want_lse)
+    own, lse_e = w.run(**t, return_lse=True, return_lse_base_on_e=True)
+    _check(own, want, lse_e, want_lse * math.log(2.0))
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_triton_fp8_cache(per_token):
+    arrays, t = _inputs([1] * 4, [5, 64, 300, 2000], 16, 128, seed=3)
+    caches = {k: t[k].to(E4M3) for k in ("ckv_cache", "kpe_cache")}
+    if per_token:
+        g = torch.Generator(device=DEV).manual_seed(4)
+        arr = torch.rand(caches["ckv_cache"].shape[:-1] + (4,), generator=g, device=DEV) + 0.5
+        scales = dict(ckv_scale_arr=arr, kpe_scale=1.5)
+        ckv_ref = caches["ckv_cache"].float() * arr.repeat_interleave(128, -1)
+    else:
+        scales = dict(ckv_scale=0.75, kpe_scale=1.5)
+        ckv_ref = caches["ckv_cache"].float() * 0.75
+    w = _wrapper(arrays, 16, False, "triton", 128, kv_dtype=E4M3)
+    got = w.run(t["q_nope"], t["q_pe"], caches["ckv_cache"], caches["kpe_cache"], **scales)
+    ref = flashinfer.BatchMLAPagedAttentionWrapper(torch.empty(1, device=DEV), backend="reference")
+    ref.plan(arrays["qo_indptr"], arrays["kv_indptr"], arrays["kv_indices"], arrays["kv_len_arr"],
+             128, 512, 64, 16, False, SCALE, torch.float32, torch.float32)
+    want = ref.run(t["q_nope"].float(), t["q_pe"].float(), ckv_ref.contiguous(),
+                   (caches["kpe_cache"].float() * 1.5).contiguous())
+    _check(got, want)
+
+
+def test_triton_cuda_graph_replay_equals_eager():
+    """Captured once, re-planned through _cached_module.plan.default (SGLang's fast path) with
+    other lengths and page ids written into the fixed buffer, replayed: equal to an eager run
+    of the new plan."""
+    batch, q_len, heads, page = 8, 2, 128, 16
+    bufs = dict(qo_indptr=torch.zeros(batch + 1, dtype=I32, device=DEV),
+                kv_indptr=torch.zeros(batch + 1, dtype=I32, device=DEV),
+                kv_indices=torch.zeros(4096, dtype=I32, device=DEV),
+                kv_len_arr=torch.zeros(batch, dtype=I32, device=DEV))
+    lens1 = [17, 64, 65, 300, 1000, 2, 128, 900]
+    arrays, t = _inputs([q_len] * batch, lens1, page, heads, seed=7)
+    w = _wrapper(arrays, page, True, "auto", heads, use_cuda_graph=True, **bufs)
+    assert w.decision.backend == "triton"
+    out = torch.empty(batch * q_len, heads, 512, dtype=torch.bfloat16, device=DEV)
+    w.run(**t, out=out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(**t, out=out)
+    lens2 = [1000, 3, 64, 63, 129, 400, 2, 777]
+    arrays2, _ = _case([q_len] * batch, lens2, page_size=page, heads=heads, ckv=512, kpe=64,
+                       spare=t["ckv_cache"].shape[0] - sum(-(-n // page) for n in lens2), seed=8)
+    bufs["kv_indices"][:arrays2["kv_indices"].shape[0]] = arrays2["kv_indices"].to(DEV)
+    w._cached_module.plan.default(None, None, None, arrays2["qo_indptr"], arrays2["kv_indptr"],
+                                  arrays2["kv_len_arr"], heads, 512, True)
+    poison(out)
+    graph.replay()
+    eager = _wrapper(arrays2, page, True, "triton", heads).run(**t)
+    torch.testing.assert_close(out, eager, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not HAS_FLASHMLA, reason="needs flash_mla (sgl-flash-mla) on SM 9.0")
+def test_flashmla_with_separate_caches_is_redecided():
+    arrays, t = _inputs([1] * 3, [70, 64, 500], 64, 128, seed=9)
+    w = _wrapper(arrays, 64, False, "auto", 128)
+    assert w.decision.backend == "flashmla"
+    apart = dict(t, ckv_cache=t["ckv_cache"].contiguous(), kpe_cache=t["kpe_cache"].contiguous(),
+                 q_nope=t["q_nope"].contiguous())
+    got = w.run(**apart)
+    assert w.decision.backend == "triton" and "separate_caches" in w.decision.problem.features
+    want = _wrapper(arrays, 64, False, "reference", 128).run(**t)
+    _check(got, want)
+
+
+@pytest.mark.parametrize("backend", KERNELS)
+def test_bad_page_id_given_on_the_device_is_recorded(backend):
+    """plan() does not read device page ids back; the kernel (Triton) or the first run's block
+    table (FlashMLA) finds the bad one: check_errors() names it, the output stays finite."""
+    arrays, t = _inputs([1, 1], [100, 70], 64, 16, seed=10)
+    arrays["kv_indices"][2] = 1 << 20
+    w = _wrapper(arrays, 64, False, backend, 16, on_device=True)
+    flashinfer.check_errors()
+    out = w.run(**t)
+    assert torch.isfinite(out.float()).all()
+    with pytest.raises(ValueError, match=r"kv_indices\[2\] = 1048576"):
+        flashinfer.check_errors()

@@ -1,0 +1,126 @@
+"""The Triton split-K MLA kernel (backends/triton/mla.py) against the float64 naive MLA of
+test_mla.py: one split and several, page sizes 1 / 3 / 16, causal ragged batches, fp8 caches
+with both kinds of scale, lse; bad page ids recorded, the CUDA-graph plan contract. Runs in
+Triton's interpreter on the CPU (small shapes) and on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import HAS_CUDA, poison, rel_error
+import flashinfer
+from flashinfer.backends.triton.mla import make_runner
+from test_mla import E4M3, I32, _assert_lse, _case, _plan, naive
+
+DEV = "cuda:0" if HAS_CUDA else "cpu"
+
+
+def _on(t: dict, dtype=torch.bfloat16) -> dict:
+    return {k: v.to(DEV, dtype) for k, v in t.items()}
+
+
+def _wrapper(arrays, page_size, causal, *, heads=4, ckv=32, kpe=16, kv_dtype=None, **ctor):
+    return _plan(arrays, page_size, causal, dtype=torch.bfloat16, kv_dtype=kv_dtype,
+                 heads=heads, ckv=ckv, kpe=kpe, device=DEV, backend="triton", **ctor)
+
+
+@pytest.mark.parametrize("page_size, splits", [(1, 1), (3, 2), (16, 3)])
+@pytest.mark.parametrize("qo_lens, kv_lens, causal", [
+    ([1, 1, 1], [1, 17, 40], False),
+    ([2, 2], [9, 33], True),
+    ([3, 1, 2], [2, 70, 0], True),  # request 0: 3 rows, 2 keys (its first row sees none)
+])
+def test_matches_the_naive_mla(page_size, splits, qo_lens, kv_lens, causal):
+    arrays, t = _case(qo_lens, kv_lens, page_size=page_size, kpe=16, seed=page_size)
+    w = _wrapper(arrays, page_size, causal)
+    assert w.decision.backend == "triton"
+    w._runner = make_runner(w._plan, num_splits=splits)
+    t = _on(t)
+    out = poison(torch.empty_like(t["q_nope"]))
+    got, lse = w.run(**t, out=out, return_lse=True)
+    want, want_lse = naive(arrays, {k: v.cpu().float() for k, v in t.items()}, page_size, causal,
+                           0.17)
+    assert got is out and rel_error(got.cpu().float(), want) < 1e-2
+    _assert_lse(lse.cpu(), want_lse)
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_fp8_cache_with_scales(per_token):
+    arrays, t = _case([2, 1], [9, 20], ckv=256, kpe=16, seed=5)
+    caches = {k: t[k].to(DEV).to(E4M3) for k in ("ckv_cache", "kpe_cache")}
+    q = _on({k: t[k] for k in ("q_nope", "q_pe")})
+    w = _wrapper(arrays, 4, True, ckv=256, kv_dtype=E4M3)
+    if per_token:  # a scale per token and 128-channel group
+        g = torch.Generator().manual_seed(6)
+        arr = (torch.rand(caches["ckv_cache"].shape[:-1] + (2,), generator=g) + 0.5).to(DEV)
+        got = w.run(**q, **caches, ckv_scale_arr=arr, kpe_scale=2.0)
+        scaled = caches["ckv_cache"].float() * arr.repeat_interleave(128, -1)
+        ref = dict(ckv_cache=scaled.cpu(), kpe_cache=caches["kpe_cache"].float().cpu())
+        want, _ = naive(arrays, {**{k: v.float().cpu() for k, v in q.items()}, **ref}, 4, True,
+                        0.17, kpe_scale=2.0)
+    else:
+        got = w.run(**q, **caches, ckv_scale=0.5, kpe_scale=2.0)
+        ref = {k: v.float().cpu() for k, v in {**q, **caches}.items()}
+        want, _ = naive(arrays, ref, 4, True, 0.17, ckv_scale=0.5, kpe_scale=2.0)
+    assert rel_error(got.cpu().float(), want) < 2e-2
+
+
+def test_bad_page_id_is_recorded_and_skipped():
+    """A page id rewritten past the caches after plan() (plan checked the host ids): the kernel
+    records it for check_errors() and skips the token; the other requests are exact."""
+    arrays, t = _case([1, 1], [9, 7])
+    w = _wrapper({k: v.clone() for k, v in arrays.items()}, 4, False, kpe=8)
+    flashinfer.check_errors(DEV)
+    bad_page = int(arrays["kv_indptr"][1])  # request 1's first page
+    w._plan.kv_indices[bad_page] = 99
+    t = _on(t)
+    out = w.run(**t)
+    assert torch.isfinite(out).all()
+    want, _ = naive(arrays, {k: v.cpu().float() for k, v in t.items()}, 4, False, 0.17)
+    assert rel_error(out[0].cpu().float(), want[0]) < 1e-2
+    with pytest.raises(ValueError, match=rf"kv_indices\[{bad_page}\] = 99"):
+        flashinfer.check_errors(DEV)
+
+
+def _graph_buffers():
+    return dict(qo_indptr=torch.zeros(4, dtype=I32, device=DEV),
+                kv_indptr=torch.zeros(4, dtype=I32, device=DEV),
+                kv_indices=torch.zeros(64, dtype=I32, device=DEV),
+                kv_len_arr=torch.zeros(3, dtype=I32, device=DEV))
+
+
+def test_cuda_graph_plans_share_one_launch_and_cached_module_replans():
+    """A CUDA-graph wrapper: the runner reads the fixed buffers, the launch (and its scratch in
+    the workspace) stays the first plan's, SGLang's ``_cached_module.plan.default`` re-plans
+    from host arrays and the ids written into the fixed kv_indices buffer; a later plan with
+    another batch or longer queries is refused."""
+    bufs = _graph_buffers()
+    arrays, t = _case([2, 2, 2], [10, 30, 5], spare=8, seed=21)
+    w = _wrapper(arrays, 4, True, kpe=8, use_cuda_graph=True, **bufs)
+    first = w._runner
+    t = _on(t)
+    got = w.run(**t)
+    want, _ = naive(arrays, {k: v.cpu().float() for k, v in t.items()}, 4, True, 0.17)
+    assert rel_error(got.cpu().float(), want) < 1e-2
+
+    arrays2, _ = _case([1, 2, 1], [25, 3, 17], spare=8, seed=22)
+    bufs["kv_indices"][:arrays2["kv_indices"].shape[0]] = arrays2["kv_indices"].to(DEV)
+    w._page_size, w._sm_scale = 4, 0.17
+    w._cached_module.plan.default(None, None, None, arrays2["qo_indptr"], arrays2["kv_indptr"],
+                                  arrays2["kv_len_arr"], 4, 32, True)
+    assert w._runner.launch == first.launch and w._plan.max_qo_len == 2
+    if first.part_o is not None:
+        assert w._runner.part_o.data_ptr() == first.part_o.data_ptr()
+    # the old runner on the captured (6-row) tensors is what a replay runs: rows 0-3 are the
+    # new batch's
+    got = first(t["q_nope"], t["q_pe"], t["ckv_cache"], t["kpe_cache"],
+                torch.empty(6, 4, 32, dtype=torch.bfloat16, device=DEV), None,
+                w._scales(w._plan, t["ckv_cache"], None, None, None))
+    ref = {k: v.cpu().float() for k, v in t.items()}
+    ref.update(q_nope=ref["q_nope"][:4], q_pe=ref["q_pe"][:4])
+    want, _ = naive(arrays2, ref, 4, True, 0.17)
+    assert rel_error(got[:4].cpu().float(), want) < 1e-2
+    with pytest.raises(ValueError, match="first planned for 3 requests of at most 2"):
+        w.plan(*(a.to(DEV) for a in _case([3, 1, 1], [9, 9, 9])[0].values()), 4, 32, 8, 4, True,
+               0.17, torch.bfloat16, torch.bfloat16)
