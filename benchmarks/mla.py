@@ -119,7 +119,8 @@ def _rates(case: dict, ms: float) -> dict:
 
 def _flashmla_direct(case: dict, t: dict, iters: int) -> dict:
     """FlashMLA's own call (``flash_mla`` from the ``sgl-flash-mla`` package): the cache as
-    ``[pages, 64, 1, 576]``, a ``[B, pages]`` block table, the scheduler metadata made once."""
+    ``[pages, 64, 1, 576]``, a ``[B, pages]`` block table, the scheduler metadata made by the first
+    call (its dense bf16 decode is the wheel's legacy op: ``use_legacy=True``)."""
     try:
         from flash_mla import flash_mla_with_kvcache, get_mla_metadata
     except ImportError as err:
@@ -129,9 +130,10 @@ def _flashmla_direct(case: dict, t: dict, iters: int) -> dict:
     lens = t["kv_len"].to(t["q"].device)
     q = t["q"].view(b, q_len, h, -1)
     cache = t["cache"].unsqueeze(2)
-    meta, splits = get_mla_metadata(lens, q_len * h, 1)
-    run = lambda: flash_mla_with_kvcache(q, cache, table, lens, case["ckv"], meta, splits,  # noqa: E731
-                                         softmax_scale=SM_SCALE, causal=q_len > 1)
+    meta, _ = get_mla_metadata()  # (filled by the first call)
+    run = lambda: flash_mla_with_kvcache(q, cache, table, lens, case["ckv"], meta,  # noqa: E731
+                                         softmax_scale=SM_SCALE, causal=q_len > 1,
+                                         use_legacy=True)
     run()
     ms = timing.eager_ms(lambda: [run() for _ in range(10)], iters, calls=10, warmup=1)
     return _rates(case, ms)
