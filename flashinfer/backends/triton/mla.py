@@ -13,6 +13,8 @@ Launch shape, from the plan:
 * rows: the ``max_qo_len * num_heads`` (query token, head) rows of a request, in tiles of
   ``block_m`` (64 for DeepSeek's 128 heads: two tiles share each ``ckv`` tile through L2; the
   rows of small head counts in one tile of at least 16, so ``tl.dot`` runs on tensor cores);
+  tiles of 64 take 64 tokens a step with 8 warps and 2 stages, smaller ones 32 with 4 warps and
+  3 stages (the fastest of benchmarks/tune_mla.py's sweep at each);
 * splits: enough ``(request, row tile, split)`` programs for ``PROGRAMS_PER_SM`` per SM, each
   split covering at least ``MIN_KEYS_PER_SPLIT`` tokens of the longest request (a CUDA-graph
   plan ignores the lengths: it takes the SM-filling count), at most what the workspace holds
@@ -34,8 +36,12 @@ from ...index_checks import record
 from .batch_attention import ALIGN, reasons, split_scratch
 from .launch import cdiv, device_of, fast, pow2, sm_count
 
-#: programs per SM the split count aims for.
+#: programs per SM the split count aims for (row tiles of 32-64; of 16 rows, the memory-bound
+#: small head counts: more loads in flight). benchmarks/tune_mla.py on the H200, 2026-12-02:
+#: 128 heads B=64 kv 4096 page 1: 3 splits 0.555 ms, 6 splits 0.594; 16 heads: 10 splits 0.146
+#: ms, 5 splits 0.169.
 PROGRAMS_PER_SM = 2
+SMALL_TILE_PROGRAMS_PER_SM = 4
 #: fewest tokens of the longest request one split should cover.
 MIN_KEYS_PER_SPLIT = 256
 #: most splits (the merge holds them in one tile).
@@ -64,12 +70,15 @@ def launch_config(plan: MLAPlan, **forced) -> MLALaunch:
     num_splits = forced.get("num_splits")
     if num_splits is None:
         programs = max(1, plan.batch_size * row_tiles)
-        num_splits = cdiv(PROGRAMS_PER_SM * sm_count(plan.device), programs)
+        per_sm = PROGRAMS_PER_SM if block_m > 16 else SMALL_TILE_PROGRAMS_PER_SM
+        num_splits = cdiv(per_sm * sm_count(plan.device), programs)
         if not plan.cuda_graph:
             num_splits = min(num_splits, cdiv(max(1, plan.max_kv_len), MIN_KEYS_PER_SPLIT))
         num_splits = min(num_splits, _splits_fitting(plan))
-    launch = MLALaunch(block_m, row_tiles, block_n=32, num_splits=max(1, min(MAX_SPLITS, num_splits)),
-                       num_warps=8 if block_m >= 64 else 4, num_stages=2)
+    big = block_m >= 64
+    launch = MLALaunch(block_m, row_tiles, block_n=64 if big else 32,
+                       num_splits=max(1, min(MAX_SPLITS, num_splits)),
+                       num_warps=8 if big else 4, num_stages=2 if big else 3)
     return replace(launch, **{k: v for k, v in forced.items() if k not in ("block_m", "num_splits")})
 
 
