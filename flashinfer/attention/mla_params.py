@@ -74,6 +74,7 @@ class MLAPlan:
     # checked by the kernel as it reads them, rule MLA_PAGE)
     cuda_graph: bool = False
     workspace: torch.Tensor | None = None  # the wrapper's float workspace as bytes (scratch)
+    kv_indices_host: torch.Tensor | None = None  # the page ids, when given on the host
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from .batch_checks import (canonical_dtype, check_indptr, host_index_arrays, ind
                            largest_page_id, paged_kv_lens, positive_int, scale_arg)
 from .batch_wrapper import adopt_workspace
 from .mla_params import MLAPlan, MLAScales, joint_latent
+from .upload import PlanUpload
 
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 KV_DTYPES = Q_DTYPES + (torch.float8_e4m3fn,)
@@ -56,6 +57,7 @@ class BatchMLAPagedAttentionWrapper:
                  kv_indices: Optional[torch.Tensor] = None,
                  kv_len_arr: Optional[torch.Tensor] = None, backend: str = "auto") -> None:
         self._workspace_bytes = adopt_workspace(self, float_workspace_buffer, backend)
+        self._upload = PlanUpload(self.device)
         self._backend = backend
         self._use_cuda_graph = bool(use_cuda_graph)
         buffers = {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "kv_indices": kv_indices,
@@ -130,20 +132,26 @@ class BatchMLAPagedAttentionWrapper:
         else:  # no read-back: the kernels check each id they read (rule MLA_PAGE)
             max_id = None
         dev = self.device
-        if self._use_cuda_graph:
-            fixed = {"qo_indptr": (self._qo_indptr_buf, qo_h), "kv_indptr": (self._kv_indptr_buf, kv_h),
-                     "kv_len_arr": (self._kv_len_arr_buf, lens_h), "kv_indices": (self._kv_indices_buf, ids)}
-            for name, (buf, src) in fixed.items():
-                if buf.shape[0] < src.shape[0]:
-                    raise ValueError(f"the fixed {name} buffer holds {buf.shape[0]} entries, "
-                                     f"this plan needs {src.shape[0]}")
-                if buf.data_ptr() != src.data_ptr():
-                    buf[:src.shape[0]].copy_(src, non_blocking=True)
-            d_qo, d_kv, d_lens, d_ids = (self._qo_indptr_buf, self._kv_indptr_buf,
-                                          self._kv_len_arr_buf, self._kv_indices_buf)
-        else:
-            d_qo, d_kv, d_lens = (t.to(dev, non_blocking=True) for t in (qo_h, kv_h, lens_h))
-            d_ids = ids.to(dev, non_blocking=True)
+        arrays = {"qo_indptr": qo_h, "kv_indptr": kv_h, "kv_len_arr": lens_h}
+        if ids.device.type == "cpu":
+            arrays["kv_indices"] = ids
+        graph = self._use_cuda_graph
+        fixed = ({"qo_indptr": self._qo_indptr_buf, "kv_indptr": self._kv_indptr_buf,
+                  "kv_len_arr": self._kv_len_arr_buf, "kv_indices": self._kv_indices_buf}
+                 if graph else {})
+        up = self._upload.upload(arrays, fixed, non_blocking=True)  # one copy (plan_upload)
+        d_ids = up.get("kv_indices")
+        if d_ids is None:  # page ids kept on the device: read in place (a graph's: in its buffer)
+            d_ids = ids
+            if graph:
+                buf = self._kv_indices_buf
+                if buf.shape[0] < n_pages:
+                    raise ValueError(f"the fixed buffer for kv_indices holds {buf.shape[0]} "
+                                     f"entries, the plan needs {n_pages}")
+                if buf.data_ptr() != ids.data_ptr():
+                    buf[:n_pages].copy_(ids, non_blocking=True)
+                d_ids = buf
+        d_qo, d_kv, d_lens = up["qo_indptr"], up["kv_indptr"], up["kv_len_arr"]
         qo_lens = (qo_h[1:] - qo_h[:-1]).numpy()
         max_qo_len = int(qo_lens.max(initial=0))
         if self._use_cuda_graph:
@@ -155,8 +163,14 @@ class BatchMLAPagedAttentionWrapper:
             kv_indptr_host=kv_h, kv_len_host=lens_h, qo_indptr=d_qo, kv_indptr=d_kv,
             kv_indices=d_ids, kv_len=d_lens, total_qo=int(qo_h[-1]),
             max_qo_len=max_qo_len, max_kv_len=int(lens.max(initial=0)),
-            max_page_id=max_id, cuda_graph=self._use_cuda_graph, workspace=self._workspace_bytes)
-        self.decision = dispatch.decide(self._problem(plan), self._backend)
+            max_page_id=max_id, cuda_graph=self._use_cuda_graph, workspace=self._workspace_bytes,
+            kv_indices_host=ids if ids.device.type == "cpu" else None)
+        features = (plan.causal, max_qo_len > 1, bool(qo_lens.size) and qo_lens.min() != max_qo_len,
+                    graph)
+        key = ("batch_mla", dev, q_dtype, kv_dtype, num_heads, head_dim_ckv, head_dim_kpe,
+               length_bucket(batch), length_bucket(max_qo_len),
+               length_bucket(plan.max_kv_len), length_bucket(plan.total_qo), page_size, features)
+        self.decision = dispatch.decide_keyed(key, lambda: self._problem(plan), self._backend)
         self._runner = self.decision.kernel(plan)
         self._separate = None
         self._plan = plan
@@ -184,7 +198,8 @@ class BatchMLAPagedAttentionWrapper:
 
     def _problem(self, plan: MLAPlan, separate_caches: bool = False) -> Problem:
         features = {"separate_caches"} if separate_caches else set()
-        if len(set((plan.qo_indptr_host[1:] - plan.qo_indptr_host[:-1]).tolist())) > 1:
+        qo_lens = (plan.qo_indptr_host[1:] - plan.qo_indptr_host[:-1]).numpy()
+        if qo_lens.size and qo_lens.min() != qo_lens.max():
             features.add("varying_qo_len")
         if plan.causal:
             features.add("causal")

@@ -201,6 +201,8 @@ def test_run_refusals():
         fp8.run(**q, **caches, kpe_scale=1.0, ckv_scale_arr=torch.ones(3))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="Triton on the CPU runs in the interpreter "
+                    "only without a GPU (test_mla_gpu.py covers the GPU)")
 def test_cuda_graph_plan_goes_to_the_capturable_kernel():
     """The fixed buffers are checked and written; the reference walks plan()'s host lengths
     (not capturable), so a CUDA-graph plan goes to the Triton kernel (in the interpreter here)."""
@@ -269,7 +271,8 @@ def test_exported_as_upstream():
     assert flashinfer.mla.BatchMLAPagedAttentionWrapper is flashinfer.BatchMLAPagedAttentionWrapper
 
 
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ["reference"] + ([] if torch.cuda.is_available() else
+                                                     ["triton"]))  # (interpreter: CPU only)
 def test_append_paged_mla_kv_cache_then_attend(backend):
     """Tokens appended with append_paged_mla_kv_cache land where the MLA wrapper reads them:
     the caches equal ones written token by token, and bad page ids are refused as the plain

@@ -152,7 +152,8 @@ class MLARunner:
                 CAUSAL=plan.causal,
                 HAS_PE_RATIO=pe_ratio != 1.0, HAS_SCALE_ARR=arr is not None,
                 CHECK_PAGES=True, WRITE_LSE=lse is not None, DOT_F32=not q_nope.is_cuda,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                num_warps=cfg.num_warps,
+                num_stages=1 if arr is not None else cfg.num_stages,  # (fp32 scale tiles: smem)
             )
             if single:
                 return out
