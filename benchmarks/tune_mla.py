@@ -84,7 +84,7 @@ def main() -> None:
                     f.write(json.dumps(row) + "\n")
                     f.flush()
                     print(row, flush=True)
-            del w, run_args
+            w = run_args = None
             torch.cuda.empty_cache()
 
 

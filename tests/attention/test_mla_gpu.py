@@ -14,7 +14,7 @@ from conftest import poison
 import flashinfer
 from flashinfer.backends.triton.mla import make_runner
 from flashinfer.optional_packages import import_error
-from test_mla import E4M3, I32, _case
+from mla_helpers import E4M3, I32, _case
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():

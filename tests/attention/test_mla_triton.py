@@ -11,7 +11,7 @@ import torch
 from conftest import HAS_CUDA, poison, rel_error
 import flashinfer
 from flashinfer.backends.triton.mla import make_runner
-from test_mla import E4M3, I32, _assert_lse, _case, _plan, naive
+from mla_helpers import E4M3, I32, _assert_lse, _case, _plan, naive
 
 DEV = "cuda:0" if HAS_CUDA else "cpu"
 

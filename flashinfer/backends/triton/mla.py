@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import torch
 
 from ...attention.mla_params import MLA_PAGE, MLAPlan, MLAScales
 from ...index_checks import record
