@@ -332,14 +332,18 @@ def adapter_reasons(backend: str, op: str, variant: str, problem: Problem) -> li
 
 
 def _ordered(usable: list[Candidate], order: tuple[str, ...]) -> list[Candidate]:
-    """Listed kernels in list order; unlisted ones just before the reference (so a rule that
-    forgets a new backend never ranks it below the slow path); the reference last unless the
-    list puts something after it (e.g. ``cpu = ["reference", "triton"]``)."""
+    """Listed kernels in list order (``backend:variant`` is that variant's place, a bare backend
+    the place of its variants the list does not name); unlisted ones just before the reference
+    (so a rule that forgets a new backend never ranks it below the slow path); the reference
+    last unless the list puts something after it (e.g. ``cpu = ["reference", "triton"]``)."""
     ref_pos = order.index("reference") if "reference" in order else len(order)
 
     def rank(cand: Candidate) -> tuple[float, int]:
+        named = f"{cand.backend}:{cand.variant}"  # a variant the list names takes that place
+        if named in order:
+            return (order.index(named), 0)
         for i, spec in enumerate(order):
-            if spec == cand.backend or spec == f"{cand.backend}:{cand.variant}":
+            if spec == cand.backend:
                 return (i, 0)
         if cand.backend == "reference":
             return (len(order) + 1, 0)

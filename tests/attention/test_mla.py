@@ -152,23 +152,29 @@ def test_cuda_graph_plan_goes_to_the_capturable_kernel():
             bufs, kv_indices=None))
 
 
-@pytest.mark.parametrize("sm, page_size, kv, features, want", [
-    ("7.5", 64, "bfloat16", (), "reference"),
-    ("8.0", 64, "bfloat16", (), "triton"),
-    ("8.9", 1, "float8_e4m3fn", (), "triton"),
-    ("9.0", 64, "bfloat16", ("causal", "multi_query"), "flashmla"),
-    ("9.0", 1, "bfloat16", (), "triton"),
-    ("9.0", 64, "float8_e4m3fn", (), "triton"),
-    ("9.0", 64, "bfloat16", ("separate_caches",), "triton"),
-    ("9.0", 64, "bfloat16", ("multi_query", "varying_qo_len"), "triton"),
-    ("9.0", 64, "bfloat16", ("cuda_graph",), "triton"),
-    ("10.0", 64, "bfloat16", (), "triton"),
-    ("12.0", 16, "bfloat16", ("cuda_graph",), "triton"),
-    (None, 64, "bfloat16", (), "reference"),
+@pytest.mark.parametrize("sm, page_size, kv, features, heads, rows, want", [
+    ("7.5", 64, "bfloat16", (), 128, 64, "reference"),
+    ("8.0", 64, "bfloat16", (), 128, 64, "triton"),
+    ("8.9", 1, "float8_e4m3fn", (), 128, 64, "triton"),
+    ("9.0", 64, "bfloat16", ("causal", "multi_query"), 128, 64, "flashmla"),
+    ("9.0", 64, "bfloat16", (), 128, 1, "flashmla"),
+    ("9.0", 1, "bfloat16", (), 128, 64, "flashmla:sparse"),
+    ("9.0", 16, "bfloat16", ("causal", "multi_query", "varying_qo_len"), 64, 64,
+     "flashmla:sparse"),
+    ("9.0", 64, "bfloat16", ("multi_query", "varying_qo_len"), 128, 64, "flashmla:sparse"),
+    ("9.0", 1, "bfloat16", (), 128, 4, "triton"),  # few rows: the split-K kernel
+    ("9.0", 1, "bfloat16", (), 16, 64, "triton"),
+    ("9.0", 64, "float8_e4m3fn", (), 128, 64, "triton"),
+    ("9.0", 64, "bfloat16", ("separate_caches",), 128, 64, "triton"),
+    ("9.0", 64, "bfloat16", ("cuda_graph",), 128, 64, "triton"),
+    ("10.0", 64, "bfloat16", (), 128, 64, "triton"),
+    ("12.0", 16, "bfloat16", ("cuda_graph",), 128, 64, "triton"),
+    (None, 64, "bfloat16", (), 128, 64, "reference"),
 ])
-def test_decision_on_simulated_sms(sm, page_size, kv, features, want, monkeypatch):
-    """FlashMLA where it serves (SM 9.0, page 64, bf16, one q_len, a joint cache), Triton on
-    every other GPU problem from SM 8.0, the reference below and on the CPU."""
+def test_decision_on_simulated_sms(sm, page_size, kv, features, heads, rows, want, monkeypatch):
+    """SM 9.0: FlashMLA's dense decode at page 64 (bf16, one q_len, a joint cache), its sparse
+    kernel at other pages and varying q_len (64 / 128 heads, more than 4 rows); Triton on every
+    other GPU problem from SM 8.0, the reference below and on the CPU."""
     from flashinfer import capability_db, dispatch
 
     real = capability_db.import_error  # flash_mla counts as installed
@@ -176,11 +182,11 @@ def test_decision_on_simulated_sms(sm, page_size, kv, features, want, monkeypatc
     dispatch.clear_cache()
     problem = Problem.make("batch_mla", simulated(sm),
                            dtypes={"q": "bfloat16", "kv": kv, "o": "bfloat16"},
-                           shape={"num_heads": 128, "head_dim_ckv": 512, "head_dim_kpe": 64,
-                                  "batch_size": 64, "max_qo_len": 1, "max_kv_len": 4096,
-                                  "total_qo_len": 64, "page_size": page_size},
+                           shape={"num_heads": heads, "head_dim_ckv": 512, "head_dim_kpe": 64,
+                                  "batch_size": rows, "max_qo_len": 1, "max_kv_len": 4096,
+                                  "total_qo_len": rows, "page_size": page_size},
                            features=set(features))
-    assert select(problem).backend == want
+    assert select(problem).name == want
     dispatch.clear_cache()
 
 

@@ -1,5 +1,5 @@
-"""MLA kernels on a GPU against the reference (on the same GPU) at DeepSeek shapes: Triton at
-pages 1 / 16 / 64 and FlashMLA at page 64, ragged kv lengths around the page boundaries, q_len
+"""MLA kernels on a GPU against the reference (on the same GPU) at DeepSeek shapes: Triton and
+FlashMLA's sparse kernel at pages 1 / 16 / 64 and FlashMLA's dense decode at page 64, ragged kv lengths around the page boundaries, q_len
 1 and 2 (causal), 128 and 16 heads, both lse bases, fp8 caches (Triton), CUDA-graph replay equal
 to eager after a re-plan, separate caches re-decided, bad page ids given on the device recorded."""
 
@@ -23,7 +23,7 @@ if not torch.cuda.is_available():
 DEV = "cuda:0"
 SCALE = 192 ** -0.5
 HAS_FLASHMLA = import_error("flash_mla") is None and torch.cuda.get_device_capability() == (9, 0)
-KERNELS = ["triton"] + (["flashmla"] if HAS_FLASHMLA else [])
+KERNELS = ["triton"] + (["flashmla", "flashmla:sparse"] if HAS_FLASHMLA else [])
 
 
 def _wrapper(arrays, page_size, causal, backend, heads, kv_dtype=torch.bfloat16, on_device=False,
@@ -63,11 +63,13 @@ RAGGED = [1, 63, 64, 65, 1000, 4097]
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 def test_matches_the_reference(backend, heads, q_len, page_size):
     if backend == "flashmla" and page_size != 64:
-        pytest.skip("FlashMLA serves page 64 only")
+        pytest.skip("FlashMLA's dense decode serves page 64 only")
+    if backend == "flashmla:sparse" and heads not in (64, 128):
+        pytest.skip("FlashMLA's sparse kernel serves 64 and 128 heads")
     arrays, t = _inputs([q_len] * len(RAGGED), RAGGED, page_size, heads, seed=page_size + q_len)
     causal = q_len > 1
     w = _wrapper(arrays, page_size, causal, backend, heads)
-    assert w.decision.backend == backend
+    assert w.decision.name == backend
     ref = _wrapper(arrays, page_size, causal, "reference", heads)
     want, want_lse = ref.run(**t, return_lse=True)
     out = poison(torch.empty_like(want))
@@ -144,13 +146,37 @@ def test_flashmla_with_separate_caches_is_redecided():
     _check(got, want)
 
 
+@pytest.mark.skipif(not HAS_FLASHMLA, reason="needs flash_mla (sgl-flash-mla) on SM 9.0")
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_flashmla_sparse_varying_query_lengths(page_size):
+    """Requests of 1, 3 and 2 query tokens (causal; rows that see no token included) through
+    the sparse kernel, which auto picks for them at 64 heads; then a re-plan with other lengths
+    on the same wrapper."""
+    w = None
+    for seed, (qo_lens, kv_lens) in enumerate([([1, 3, 2, 1, 2, 3], [1, 2, 65, 700, 64, 129]),
+                                               ([2, 2, 1, 3, 1, 1], [3000, 1, 64, 5, 63, 2])]):
+        arrays, t = _inputs(qo_lens, kv_lens, page_size, 64, seed=20 + seed)
+        if w is None:
+            w = _wrapper(arrays, page_size, True, "auto", 64)
+        else:
+            w.plan(arrays["qo_indptr"], arrays["kv_indptr"], arrays["kv_indices"],
+                   arrays["kv_len_arr"], 64, 512, 64, page_size, True, SCALE, torch.bfloat16,
+                   torch.bfloat16)
+        assert w.decision.name == "flashmla:sparse"
+        want, want_lse = _wrapper(arrays, page_size, True, "reference", 64).run(**t,
+                                                                                return_lse=True)
+        got, lse = w.run(**t, return_lse=True)
+        _check(got, want, lse, want_lse)
+
+
 @pytest.mark.parametrize("backend", KERNELS)
 def test_bad_page_id_given_on_the_device_is_recorded(backend):
     """plan() does not read device page ids back; the kernel (Triton) or the first run's block
     table (FlashMLA) finds the bad one: check_errors() names it, the output stays finite."""
-    arrays, t = _inputs([1, 1], [100, 70], 64, 16, seed=10)
+    heads = 64 if backend == "flashmla:sparse" else 16
+    arrays, t = _inputs([1, 1], [100, 70], 64, heads, seed=10)
     arrays["kv_indices"][2] = 1 << 20
-    w = _wrapper(arrays, 64, False, backend, 16, on_device=True)
+    w = _wrapper(arrays, 64, False, backend, heads, on_device=True)
     flashinfer.check_errors()
     out = w.run(**t)
     assert torch.isfinite(out.float()).all()
