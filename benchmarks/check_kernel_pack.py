@@ -1,13 +1,14 @@
-"""Check a kernel pack on a GPU: every warm-up call (sampling and fp8 GEMMs) served from it,
-with correct results.
+"""Check a kernel pack on a GPU: every warm-up call (sampling, fp8 GEMMs, the Triton MLA)
+served from it, with correct results.
 
     python benchmarks/check_kernel_pack.py PACK_DIR [--vocab 32000 50257]
 
 In a fresh Triton cache seeded from ``PACK_DIR`` (``flashinfer warmup --export-pack``), calls each
 function of ``flashinfer.warmup.sampling_calls`` (both threshold forms) on rows whose probability
 mass sits on one random token, checks the sampled ids are those tokens, runs each call of
-``flashinfer.warmup.gemm_calls`` against the reference on the same inputs, then counts the
-kernels compiled in this process (Triton leaves their IR in the cache; seeded entries have none).
+``flashinfer.warmup.gemm_calls`` and ``mla_calls`` against the reference on the same inputs,
+then counts the kernels compiled in this process (Triton leaves their IR in the cache; seeded
+entries have none).
 Prints one line per call and a verdict; exit status 1 when a call was wrong or compiled.
 """
 
@@ -68,6 +69,17 @@ def main() -> int:
     for name, call in gemm_calls():  # the fp8 GEMMs: against the reference on the same inputs
         start = time.perf_counter()
         out = call("cuda", "auto")
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        want = call("cuda", "reference").float()
+        ok = bool((out.float() - want).norm() <= 2e-2 * want.norm())
+        bad += not ok
+        print(f"{name:55s} {seconds:6.3f} s  {'ok' if ok else 'WRONG'}")
+    from flashinfer.warmup import mla_calls
+
+    for name, call in mla_calls():  # the Triton MLA kernel (how a machine without FlashMLA runs)
+        start = time.perf_counter()
+        out = call("cuda", "triton")
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         want = call("cuda", "reference").float()

@@ -88,9 +88,9 @@ case "$mode" in
     grep -E "ERROR SUMMARY|^(FAILED|ERROR)| passed| failed|no tests ran" "$log" | cut -c1-240 | tail -12 ;;
   pack)
     mkdir -p "$OUT/packs"
-    echo "== export"; timeout 200 python3 -m flashinfer warmup --vocab 32000 50257 \
+    echo "== export"; timeout 420 python3 -m flashinfer warmup --vocab 32000 50257 \
       --export-pack "$OUT/packs/triton-$(python3 -c "import triton;print(triton.__version__)")-sm90.tar.xz" | tail -1
-    echo "== check"; timeout 120 python3 benchmarks/check_kernel_pack.py "$OUT/packs" > "$OUT/check_kernel_pack.txt" 2>&1
+    echo "== check"; timeout 300 python3 benchmarks/check_kernel_pack.py "$OUT/packs" > "$OUT/check_kernel_pack.txt" 2>&1
     echo "rc=$?"; tail -2 "$OUT/check_kernel_pack.txt" ;;
   bench)
     family=${1:?bench FAMILY [ARGS...]}; shift

@@ -548,7 +548,7 @@ def _export_pack(args: argparse.Namespace) -> int:
 
     import triton
 
-    from .warmup import warm_gemm, warm_moe, warm_sampling
+    from .warmup import warm_gemm, warm_mla, warm_moe, warm_sampling
 
     fresh = tempfile.mkdtemp(prefix="flashinfer_pack_")
     # a fresh Triton cache (Triton reads the variable at every lookup), not seeded from the
@@ -559,6 +559,7 @@ def _export_pack(args: argparse.Namespace) -> int:
     try:
         warm_sampling(args.vocab, "cuda", only=args.only)
         warm_gemm("cuda", args.only)
+        warm_mla("cuda", args.only, backend="triton")  # what runs where FlashMLA is absent
         if args.moe is not None:
             warm_moe("cuda", *args.moe, quant=args.moe_quant)
     finally:
@@ -602,7 +603,7 @@ def _warm_cutlass(args: argparse.Namespace) -> int:
 def cmd_warmup(args: argparse.Namespace) -> int:
     import torch
 
-    from .warmup import check_only, warm_gemm, warm_moe, warm_sampling
+    from .warmup import check_only, warm_gemm, warm_mla, warm_moe, warm_sampling
 
     try:
         check_only(args.only)  # a bad --only fails here, GPU or not
@@ -615,7 +616,8 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         return _warm_cutlass(args)
     if args.export_pack is not None:
         return _export_pack(args)
-    results = warm_sampling(args.vocab, "cuda", only=args.only) + warm_gemm("cuda", args.only)
+    results = (warm_sampling(args.vocab, "cuda", only=args.only) + warm_gemm("cuda", args.only)
+               + warm_mla("cuda", args.only))
     if args.moe is not None:
         results += warm_moe("cuda", *args.moe, quant=args.moe_quant)
     if args.json:
@@ -715,12 +717,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("clear-cache", help="empty FLASHINFER_CACHE_DIR and the decision cache")
     p.set_defaults(run=cmd_clear_cache)
 
-    p = sub.add_parser("warmup", help="compile the sampling and fp8 GEMM kernels ahead of time "
-                       "(Triton's cache)",
+    p = sub.add_parser("warmup", help="compile the sampling, fp8 GEMM and MLA kernels ahead of "
+                       "time (Triton's cache)",
                        description="Call every sampling function once per vocabulary, and the "
-                       "fp8 GEMMs our Triton kernels serve once, on this GPU, so later processes "
-                       "load compiled kernels instead of compiling on the first call (see "
-                       "flashinfer/warmup.py).")
+                       "fp8 GEMMs and the MLA our Triton kernels serve once, on this GPU, so "
+                       "later processes load compiled kernels instead of compiling on the first "
+                       "call (see flashinfer/warmup.py).")
     p.add_argument("--vocab", type=_positive, nargs="+", default=[32000, 128256, 151936],
                    metavar="V", help="vocabulary sizes served (default: 32000 128256 151936)")
     p.add_argument("--only", default="", metavar="NAMES",

@@ -28,6 +28,12 @@ the H200, imports included), and
 kernels depend on the tile height, the dtypes and whether K and N are multiples of 16, not on M
 (the kernels do not specialise on it) nor otherwise on the model's sizes. Where the dispatcher picks a vendor kernel (cuBLASLt, cuDNN) nothing compiles.
 
+The Triton MLA kernel (:func:`mla_calls`) compiles per head count, page size, cache dtype and
+whether the keys are split, its merge per split count: the warm-up runs DeepSeek's latent
+attention at 128 and 16 heads, pages 1 / 16 / 64, bf16 and fp8 caches, over the batches whose
+split counts a serving loop meets most. Where FlashMLA serves (SM 9.0 with ``sgl-flash-mla``)
+nothing compiles; the pack is exported with the Triton kernel forced, for machines without it.
+
 The fused MoE's kernels depend on the model (expert count, top-k, hidden and intermediate sizes,
 the weights' quantisation) and on the tile bucket the tokens per expert fall in, so they are
 warmed only when asked: ``--moe E,K,H,I`` (:func:`moe_calls`) runs the layer at 1 token and at
@@ -113,6 +119,51 @@ def gemm_calls() -> list[tuple[str, Callable]]:
     return calls
 
 
+#: the MLA warm-up grid: DeepSeek's latent attention (ckv 512 + kpe 64, bf16 queries) at 128
+#: heads (one GPU) and 16 (8-way tensor parallel), pages 1 / 16 / 64, bf16 and fp8 caches, one
+#: query token; batches 1 / 16 / 64 / 128 at kv 4096 (the split counts, and so the merge
+#: kernels, of those batches) and 4 requests of 200 tokens (one split: no merge)
+MLA_HEADS, MLA_PAGES, MLA_KV_DTYPES = (128, 16), (1, 16, 64), ("bfloat16", "float8_e4m3fn")
+MLA_BATCHES = ((1, 4096), (16, 4096), (64, 4096), (128, 4096), (4, 200))
+
+
+def mla_calls() -> list[tuple[str, Callable]]:
+    """The MLA warm-up calls: ``(name, fn(device, backend) -> output)``, inputs drawn from a
+    fixed seed; names separate their fields with ``:`` (``--only`` splits at commas). The Triton MLA kernel compiles per head count, page size, cache dtype and
+    whether the keys are split; its merge per split count (which follows from the batch and the
+    lengths, :func:`flashinfer.backends.triton.mla.launch_config`). The kernel pack is exported
+    with ``backend="triton"`` (a machine without FlashMLA runs Triton on SM 9.0 too)."""
+    return [(f"mla[h{h}:page{p}:{dt}:b{b}:kv{kv}]",
+             lambda device, backend, a=(h, p, dt, b, kv): _mla_call(device, backend, *a))
+            for h in MLA_HEADS for p in MLA_PAGES for dt in MLA_KV_DTYPES
+            for b, kv in MLA_BATCHES]
+
+
+_MLA_WORKSPACE: dict = {}
+
+
+def _mla_call(device, backend: str, heads: int, page: int, kv_dtype: str, batch: int,
+              kv: int) -> torch.Tensor:
+    from .attention.mla_wrapper import BatchMLAPagedAttentionWrapper
+
+    gen = torch.Generator(device=device).manual_seed(heads * 1000 + page * 10 + batch)
+    pages_each = -(-kv // page)
+    n_pages = batch * pages_each
+    dtype = getattr(torch, kv_dtype)
+    cache = torch.randn(n_pages, page, 576, generator=gen, device=device).to(dtype)
+    q = torch.randn(batch, heads, 576, generator=gen, device=device).to(torch.bfloat16)
+    key = str(device)
+    if key not in _MLA_WORKSPACE:
+        _MLA_WORKSPACE[key] = torch.empty(128 << 20, dtype=torch.uint8, device=device)
+    w = BatchMLAPagedAttentionWrapper(_MLA_WORKSPACE[key], backend=backend)
+    ids = torch.randperm(n_pages, generator=torch.Generator().manual_seed(batch), dtype=torch.int32)
+    w.plan(torch.arange(batch + 1, dtype=torch.int32), torch.arange(batch + 1, dtype=torch.int32)
+           * pages_each, ids, torch.full((batch,), kv, dtype=torch.int32), heads, 512, 64, page,
+           False, 192 ** -0.5, torch.bfloat16, dtype)
+    scales = dict(ckv_scale=1.0, kpe_scale=1.0) if dtype == torch.float8_e4m3fn else {}
+    return w.run(q[..., :512], q[..., 512:], cache[..., :512], cache[..., 512:], **scales)
+
+
 def _fp8(shape, gen, device) -> torch.Tensor:
     return torch.randn(*shape, generator=gen, device=device).to(torch.float8_e4m3fn)
 
@@ -146,8 +197,9 @@ def _matching(calls: list, only: str) -> list:
 def check_only(only: str) -> None:
     """ValueError naming every warm-up call when ``only`` (comma-separated substrings) matches
     none of them."""
-    if only.strip() and not select_calls(only) and not select_gemm_calls(only):
-        names = [name for name, _ in sampling_calls() + gemm_calls()]
+    if (only.strip() and not select_calls(only) and not select_gemm_calls(only)
+            and not select_mla_calls(only)):
+        names = [name for name, _ in sampling_calls() + gemm_calls()] + ["mla[...]"]
         raise ValueError(f"--only {only!r} matches no warm-up call; names: {', '.join(names)}")
 
 
@@ -160,6 +212,11 @@ def select_calls(only: str = "") -> list[tuple[str, Callable]]:
 def select_gemm_calls(only: str = "") -> list[tuple[str, Callable]]:
     """:func:`gemm_calls` picked by ``only`` as :func:`select_calls` picks."""
     return _matching(gemm_calls(), only)
+
+
+def select_mla_calls(only: str = "") -> list[tuple[str, Callable]]:
+    """:func:`mla_calls` picked by ``only`` as :func:`select_calls` picks."""
+    return _matching(mla_calls(), only)
 
 
 def warm_sampling(vocab_sizes, device: str | torch.device = "cuda", rows: int = 2,
@@ -203,6 +260,27 @@ def warm_gemm(device: str | torch.device = "cuda", only: str = "") -> list[dict]
             torch.cuda.synchronize(device)
         results.append({"function": name, "seconds": time.perf_counter() - start,
                         "kernel": "+".join(sorted({d.name for d in log})) or None})
+    return results
+
+
+def warm_mla(device: str | torch.device = "cuda", only: str = "",
+             backend: str = "auto") -> list[dict]:
+    """Run every MLA warm-up call (those :func:`select_mla_calls` picks) once on ``device``;
+    one ``{"function", "seconds", "kernel"}`` per call."""
+    from .dispatch import record_decisions
+
+    results = []
+    try:
+        for name, call in select_mla_calls(only):
+            start = time.perf_counter()
+            with record_decisions() as log:
+                call(device, backend)
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize(device)
+            results.append({"function": name, "seconds": time.perf_counter() - start,
+                            "kernel": "+".join(sorted({d.name for d in log})) or None})
+    finally:
+        _MLA_WORKSPACE.clear()
     return results
 
 

@@ -624,6 +624,20 @@ def test_warm_gemm_runs_each_gemm_call_once_and_only_selects_them():
     assert [r["function"] for r in warm_gemm("cpu", only="bmm_fp8[m64]")] == ["bmm_fp8[m64]"]
 
 
+def test_mla_warm_up_covers_the_deepseek_grid_and_selects_by_name():
+    """Every (heads, page, cache dtype) at every warm batch; a selected call runs (on the CPU:
+    the reference) and names its kernel; ``--only mla`` picks no sampling or GEMM call."""
+    from flashinfer.warmup import (MLA_BATCHES, MLA_HEADS, MLA_KV_DTYPES, MLA_PAGES, mla_calls,
+                                   warm_gemm, warm_mla)
+
+    names = [name for name, _ in mla_calls()]
+    assert len(set(names)) == len(MLA_HEADS) * len(MLA_PAGES) * len(MLA_KV_DTYPES) * len(MLA_BATCHES)
+    one = "mla[h16:page64:float8_e4m3fn:b4:kv200]"
+    results = warm_mla("cpu", only=one)
+    assert [(r["function"], r["kernel"]) for r in results] == [(one, "reference")]
+    assert warm_gemm("cpu", only="mla[") == []
+
+
 def test_gemm_warm_up_reaches_each_triton_tile_height_on_sm90():
     """On SM 9.0 every bmm_fp8 warm-up call goes to the Triton kernel (the batched rule), each
     with another tile height, so each compiles a kernel a serving call would need."""

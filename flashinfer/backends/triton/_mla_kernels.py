@@ -29,7 +29,9 @@ import triton.language as tl
 from ._fault_kernels import report_faults
 
 
-@triton.jit
+# the page count, the rows and the split count change with the batch: not specialised on, so one
+# compile (and one kernel-pack entry) serves every batch
+@triton.jit(do_not_specialize=["num_pages", "page_code", "rows_per_request", "num_splits"])
 def mla_split_kernel(
     qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, scale_arr_ptr, part_o_ptr, part_lse_ptr, out_ptr, lse_ptr,
     err_ptr, qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, kv_lens_ptr,
