@@ -9,6 +9,7 @@ import functools
 import torch
 
 from ... import envs
+from ...kernel_pack import seed_for_device
 
 
 def pow2(n: int) -> int:
@@ -64,6 +65,10 @@ class FastKernel:
     (alignment and value classes of every argument), so a launch never reuses a kernel compiled
     for other argument properties.
 
+    Before a launch goes through ``kernel[grid]`` (where Triton compiles or loads), Triton's
+    cache is seeded from the shipped kernel pack once per device (:mod:`flashinfer.kernel_pack`),
+    so every kernel launched here finds its packed build on the first call in a process.
+
     Triton's path is taken instead, every call: under the interpreter (``TRITON_INTERPRET=1``),
     with ``FLASHINFER_TRITON_FAST_LAUNCH=0``, while a launch hook is installed (profilers such as
     proton), and for good once this Triton lacks what the fast path reads (another version's
@@ -81,6 +86,8 @@ class FastKernel:
         if _FAST[0] is None:
             _FAST[0] = _fast_launch_available()
         if not _FAST[0]:
+            if torch.cuda.is_initialized():
+                seed_for_device(torch.device("cuda", torch.cuda.current_device()))
             return self.kernel[grid]
         return functools.partial(self._launch, grid)
 
@@ -101,6 +108,7 @@ class FastKernel:
             _FAST[0] = False  # else this Triton is not the one the fast path reads: its own path
             return result
         if compiled is None:
+            seed_for_device(torch.device("cuda", device))
             compiled = self.kernel[grid](*args, **kwargs)
             if getattr(compiled, "function", None) is not None:
                 self.compiled[key] = compiled

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import torch
 
-from ...kernel_pack import seed_for_device
 from ...reasons import Reason
 from .launch import device_of, fast, pow2
 from .softmax import softmax_args, softmax_streaming
@@ -80,16 +79,6 @@ def _launch_shape(vocab: int, n_rows: int) -> tuple[int, int]:
     return max(16, min(q, pow2(-(-vocab // 4)))), warps
 
 
-def _kernels(t: torch.Tensor):
-    """The @triton.jit module, imported on first use; Triton's cache is seeded from the shipped
-    kernel pack the first time a CUDA device is seen (:mod:`flashinfer.kernel_pack`)."""
-    from . import _sampling_kernels
-
-    if t.is_cuda:
-        seed_for_device(t.device)
-    return _sampling_kernels
-
-
 
 def _int64(v: int) -> int:
     """A Python int as the int64 with the same low 64 bits (seeds may use the full 64 bits)."""
@@ -116,7 +105,7 @@ def _threshold(value, dummy: torch.Tensor, cast):
 def sampling_from_probs(probs, out, valid, indices, top_k, top_p, min_p, joint, deterministic,
                         seed, offset, passes: torch.Tensor | None = None) -> None:
     """``passes`` (int32 ``[len(out)]``, tests only): the number of passes over each row."""
-    K = _kernels(probs)
+    from . import _sampling_kernels as K
 
     n_out = out.numel()
     if n_out == 0:
@@ -190,7 +179,6 @@ def _launch_two_pass(src, out, valid, indices, mode: int, top_k, top_p, min_p, j
     """One program per output row of ``_sampling_two_pass_kernels.two_pass_sample_kernel`` in
     ``mode`` (``_two_pass_mode``); ``src`` holds probabilities, or logits (``logits``: mode 2,
     top-k first only)."""
-    _kernels(src)  # seeds Triton's cache (the helpers live in the general kernel's module)
     from . import _sampling_two_pass_kernels as K2
 
     src = src.contiguous()
@@ -269,7 +257,6 @@ def sampling_from_probs_nucleus(probs, out, valid, indices, top_k, top_p, min_p,
     n_out = out.numel()
     if n_out == 0:
         return
-    _kernels(probs)  # seeds Triton's cache (the helpers live in the sampling kernels' modules)
     from . import _nucleus_kernels as KN
 
     probs = probs.contiguous()
@@ -328,7 +315,7 @@ def two_pass_reasons(problem) -> list[Reason]:
 
 
 def sampling_from_logits(logits, out, indices, deterministic, seed, offset) -> None:
-    K = _kernels(logits)
+    from . import _sampling_kernels as K
 
     n_out = out.numel()
     if n_out == 0:
@@ -353,7 +340,6 @@ def sampling_from_logits_one_pass(logits, out, indices, deterministic, seed, off
     n_out = out.numel()
     if n_out == 0:
         return
-    _kernels(logits)  # seeds Triton's cache (the helpers live in the sampling kernels' modules)
     from . import _logits_draw_kernels as KL
 
     logits = logits.contiguous()
@@ -370,7 +356,7 @@ def sampling_from_logits_one_pass(logits, out, indices, deterministic, seed, off
 
 
 def _threshold_launch(src, out, top_k, top_p, is_logits: bool) -> None:
-    K = _kernels(src)
+    from . import _sampling_kernels as K
 
     src = src.contiguous()
     n_rows, vocab = src.shape
@@ -406,7 +392,6 @@ def _top_k_two_pass(kernel: str, src, out, top_k) -> None:
                 "a scalar 1 <= top_k <= Q below the vocabulary", top_k=top_k)
     if n_rows == 0:
         return
-    _kernels(src)  # seeds Triton's cache (the helpers live in the sampling kernels' modules)
     from . import _top_k_two_pass_kernels as KT
 
     src = src.contiguous()
@@ -441,7 +426,6 @@ def renorm_probs_bracket(probs, out, top_k, top_p) -> None:
     n_rows, vocab = probs.shape
     if n_rows == 0:
         return
-    _kernels(probs)  # seeds Triton's cache (the helpers live in the sampling kernels' modules)
     from . import _top_p_bracket_kernels as KB
 
     probs = probs.contiguous()
@@ -473,7 +457,7 @@ def top_k_mask_logits(logits, out, top_k) -> None:
 
 
 def softmax(logits, out, temperature) -> None:
-    K = _kernels(logits)
+    from . import _sampling_kernels as K
 
     logits = logits.contiguous()
     n_rows, vocab = logits.shape
@@ -496,7 +480,6 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, outpu
                                emitted, deterministic, seed, offset) -> None:
     """One program per request (``_chain_draw_kernels``): the accept tests, then the
     replacement token by one inverse-CDF draw over the residual row."""
-    _kernels(draft_probs)  # seeds Triton's cache (the helpers live in the general kernel's module)
     from . import _chain_draw_kernels as KC
 
     batch, n_draft, vocab = draft_probs.shape
