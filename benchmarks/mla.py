@@ -35,11 +35,12 @@ SM_SCALE = 192 ** -0.5
 
 # ------------------------------------------------------------------------------ shape table
 #: (heads, batch, kv length each, query tokens per request, page size, kv dtype)
-FULL = ([(h, b, kv, 1, 64, "bfloat16") for h in (128, 16) for b in (1, 16, 64, 128)
-         for kv in (1024, 4096, 16384)]
-        + [(h, 64, 4096, 2, 64, "bfloat16") for h in (128, 16)]       # MTP / speculative
+#: the issue's target points first (a run cut short at its budget still has them), then the grid
+FULL = ([(h, 64, 4096, 2, 64, "bfloat16") for h in (128, 16)]         # MTP / speculative
         + [(h, 64, 4096, 1, p, "bfloat16") for h in (128, 16) for p in (1, 16)]
-        + [(h, 64, 4096, 1, 64, "float8_e4m3fn") for h in (128, 16)])
+        + [(h, 64, 4096, 1, 64, "float8_e4m3fn") for h in (128, 16)]
+        + [(h, b, kv, 1, 64, "bfloat16") for h in (128, 16) for b in (64, 128, 16, 1)
+           for kv in (4096, 16384, 1024)])
 QUICK = [(128, 64, 4096, 1, 64, "bfloat16"), (16, 64, 4096, 1, 64, "bfloat16"),
          (128, 64, 4096, 2, 64, "bfloat16"), (128, 64, 4096, 1, 1, "bfloat16")]
 TINY = [(4, 2, 24, 1, 4, "float32"), (4, 2, 24, 2, 4, "float32")]

@@ -109,11 +109,12 @@ class BatchMLAPagedAttentionWrapper:
         kv_dtype = canonical_dtype("kv_data_type", kv_data_type, q_dtype, KV_DTYPES)
         qo_h, kv_h, lens_h = host_index_arrays(("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr),
                                                ("kv_len_arr", kv_len_arr))
-        batch = lens_h.shape[0]
-        check_indptr("qo_indptr", qo_h, batch)
-        check_indptr("kv_indptr", kv_h, batch)
-        lens = lens_h.numpy()
-        pages = (kv_h[1:] - kv_h[:-1]).numpy()
+        # the host math in numpy: a torch op on a small CPU tensor costs several microseconds
+        qo, kv, lens = qo_h.numpy(), kv_h.numpy(), lens_h.numpy()
+        batch = lens.shape[0]
+        check_indptr("qo_indptr", qo, batch)
+        check_indptr("kv_indptr", kv, batch)
+        pages = kv[1:] - kv[:-1]
         if batch and bool((lens < 0).any()):
             raise ValueError(f"kv_len_arr must be >= 0, got {lens.tolist()[:16]}")
         if batch and bool((lens > pages.astype("int64") * page_size).any()):
@@ -122,7 +123,7 @@ class BatchMLAPagedAttentionWrapper:
                              f"{-(-int(lens[b]) // page_size)} pages of {page_size}, but "
                              f"kv_indptr gives request {b} {int(pages[b])}")
         index_array("kv_indices", kv_indices)
-        n_pages = int(kv_h[-1])
+        n_pages = int(kv[-1])
         if kv_indices.shape[0] < n_pages:
             raise ValueError(f"kv_indices must hold kv_indptr[-1]={n_pages} page ids, got "
                              f"{kv_indices.shape[0]}")
@@ -152,7 +153,7 @@ class BatchMLAPagedAttentionWrapper:
                     buf[:n_pages].copy_(ids, non_blocking=True)
                 d_ids = buf
         d_qo, d_kv, d_lens = up["qo_indptr"], up["kv_indptr"], up["kv_len_arr"]
-        qo_lens = (qo_h[1:] - qo_h[:-1]).numpy()
+        qo_lens = qo[1:] - qo[:-1]
         max_qo_len = int(qo_lens.max(initial=0))
         if self._use_cuda_graph:
             max_qo_len = self._fix_graph_shape(batch, max_qo_len)
@@ -161,7 +162,7 @@ class BatchMLAPagedAttentionWrapper:
             head_dim_kpe=head_dim_kpe, page_size=page_size, q_dtype=q_dtype, kv_dtype=kv_dtype,
             o_dtype=q_dtype, causal=bool(causal), sm_scale=float(sm_scale), qo_indptr_host=qo_h,
             kv_indptr_host=kv_h, kv_len_host=lens_h, qo_indptr=d_qo, kv_indptr=d_kv,
-            kv_indices=d_ids, kv_len=d_lens, total_qo=int(qo_h[-1]),
+            kv_indices=d_ids, kv_len=d_lens, total_qo=int(qo[-1]),
             max_qo_len=max_qo_len, max_kv_len=int(lens.max(initial=0)),
             max_page_id=max_id, cuda_graph=self._use_cuda_graph, workspace=self._workspace_bytes,
             kv_indices_host=ids if ids.device.type == "cpu" else None)

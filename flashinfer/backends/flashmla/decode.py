@@ -7,10 +7,10 @@ The kernel takes ``q [B, q_len, H, 576]`` (``[q_nope | q_pe]``), one cache ``[pa
 576]`` (``[ckv | kpe]`` per token), a block table ``[B, max_pages]`` and the lengths ``[B]``, and
 returns ``out [B, q_len, H, 512]`` and ``lse [B, H, q_len]`` (natural log). So:
 
-* plan: the block table is made on the host from the CSR page ids and copied (ids given on the
-  device: gathered there through an index made from ``kv_indptr``); the split scheduler's
-  metadata is made by the first run from the planned device lengths (as a direct
-  ``flash_mla_with_kvcache`` call makes it) and reused by the later runs of the plan;
+* plan: the block table is made on the host from the CSR page ids and copied through pinned
+  memory (ids given on the device: gathered there through an index made from ``kv_indptr``);
+  the split scheduler's metadata is made by the first run from the planned device lengths (as
+  a direct ``flash_mla_with_kvcache`` call makes it) and reused by the later runs of the plan;
 * run: ``q_nope`` / ``q_pe`` that are views of one ``[..., 576]`` buffer are passed as that
   buffer, others are concatenated into a planned one; the caches must be views of one buffer
   (the record has no ``separate_caches``); the output is the kernel's own (``makes_output``),
@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ...attention.mla_params import MLA_PAGE, MLAPlan, MLAScales, joint_latent
+from ...attention.upload import upload_array
 from ...index_checks import Check, report_device
 
 _LOG2E = 1.4426950408889634
@@ -56,10 +57,10 @@ class FlashMLARunner:
         if plan.kv_indices_host is not None:  # ids checked by plan(): the table made here
             ids = plan.kv_indices_host.numpy()
             table = np.where(used, ids[entries] if ids.size else 0, 0).astype(np.int32)
-            self.table = torch.from_numpy(table).to(dev, non_blocking=True)
+            self.table = upload_array(table, dev)
         else:  # gathered on the device, checked at the first run (_block_table)
-            self.pad = torch.from_numpy(~used).to(dev, non_blocking=True)
-            self.entries = torch.from_numpy(entries).to(dev, non_blocking=True)
+            self.pad = upload_array(~used, dev)
+            self.entries = upload_array(entries, dev)
             flat = (plan.kv_indices.index_select(0, self.entries.reshape(-1)) if kv[-1]
                     else torch.zeros(self.entries.numel(), dtype=torch.int32, device=dev))
             self.ids = torch.where(self.pad, 0, flat.view(self.entries.shape)).int()

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from ...attention.mla_params import MLA_PAGE, MLAPlan, MLAScales, joint_latent
+from ...attention.upload import upload_array
 from ...index_checks import Check, report_device
 
 #: the kernel takes the token ids of a row in blocks of this many
@@ -61,12 +62,12 @@ class FlashMLASparseRunner:
         seen = np.clip(seen, 0, None)
         self.rows_are_requests = plan.total_qo == plan.batch_size
         self.row_request = (None if self.rows_are_requests else
-                            torch.from_numpy(req.astype(np.int32)).to(plan.device))
+                            upload_array(req.astype(np.int32), plan.device))
         # a row's token count is needed only where rows differ (ragged or causal): the ids past
         # a request's length are -1 anyway
         self.topk_length = (None if seen.size == 0 or (seen == seen.max()).all() else
-                            torch.from_numpy(seen.astype(np.int32)).to(plan.device))
-        self.empty_rows = (torch.from_numpy(np.flatnonzero(seen == 0)).to(plan.device)
+                            upload_array(seen.astype(np.int32), plan.device))
+        self.empty_rows = (upload_array(np.flatnonzero(seen == 0), plan.device)
                            if (seen == 0).any() else None)
         self.indices = None
         self.checked_pages = None
