@@ -17,7 +17,10 @@ masks are bottom-right aligned: row ``i`` of ``q_len`` sees tokens ``t <= kv_len
 kpe_scale``, the same ``ckv`` serving as V.
 
 A backend registers a planner for the op ``batch_mla`` taking an :class:`MLAPlan` and returning a
-runner::
+runner (a planner with an attribute ``host_arrays(plan) -> {name: 1-D int32 numpy array}`` gets
+those arrays in ``plan.extra`` on the device, carried by the plan's one host-to-device copy; the
+plan it is given then holds the host arrays in its device fields, and a runner built for a plan
+whose ``extra`` lacks them uploads them itself)::
 
     runner(q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales) -> out
 
@@ -32,7 +35,7 @@ H]`` float32 base 2 or None, ``scales`` an :class:`MLAScales`. A record without 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,10 +47,13 @@ MLA_PAGE = fault("BatchMLAPagedAttentionWrapper.run", "kv_indices",
                  "a page id in [0, {bound}) (the pages of ckv_cache / kpe_cache)")
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class MLAPlan:
     """Everything ``plan()`` fixed. Host arrays are CPU int32 tensors; device arrays the same
-    values on ``device`` (for a CUDA-graph wrapper, its fixed buffers)."""
+    values on ``device`` (for a CUDA-graph wrapper, its fixed buffers). ``plan()`` decides on
+    the plan with the host arrays in the device fields, then puts the uploaded ones there (not
+    frozen: a ``dataclasses.replace`` costs tens of microseconds per plan on a slow host);
+    runners treat it as read-only."""
 
     device: torch.device
     batch_size: int
@@ -75,6 +81,9 @@ class MLAPlan:
     cuda_graph: bool = False
     workspace: torch.Tensor | None = None  # the wrapper's float workspace as bytes (scratch)
     kv_indices_host: torch.Tensor | None = None  # the page ids, when given on the host
+    # arrays the planner of the decided kernel built on the host (its ``host_arrays(plan)``),
+    # uploaded with the plan's own in one copy: name -> 1-D int32 device tensor
+    extra: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -91,8 +100,9 @@ def joint_latent(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``b`` continues ``a`` along the last dim: both views of one ``[..., Da + Db]``
     buffer (``a`` its first ``Da`` channels, ``b`` the rest), as engines keep ``q_nope`` /
     ``q_pe`` and the ckv / kpe caches."""
-    return (a.dtype == b.dtype and a.dim() == b.dim() and a.shape[:-1] == b.shape[:-1]
-            and a.stride()[:-1] == b.stride()[:-1] and a.stride(-1) == 1 and b.stride(-1) == 1
+    sa, sb = a.stride(), b.stride()  # (equal leading strides: equal dims too)
+    return (sa[-1] == 1 and sb[-1] == 1 and sa[:-1] == sb[:-1] and a.dtype == b.dtype
+            and a.shape[:-1] == b.shape[:-1]
             and b.data_ptr() == a.data_ptr() + a.shape[-1] * a.element_size())
 
 

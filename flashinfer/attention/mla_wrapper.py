@@ -132,11 +132,35 @@ class BatchMLAPagedAttentionWrapper:
             max_id = largest_page_id(ids.cpu().numpy(), "kv_indices") if n_pages else -1
         else:  # no read-back: the kernels check each id they read (rule MLA_PAGE)
             max_id = None
-        dev = self.device
-        arrays = {"qo_indptr": qo_h, "kv_indptr": kv_h, "kv_len_arr": lens_h}
+        dev, graph = self.device, self._use_cuda_graph
+        qo_lens = qo[1:] - qo[:-1]
+        max_qo_len = int(qo_lens.max(initial=0))
+        if self._use_cuda_graph:
+            max_qo_len = self._fix_graph_shape(batch, max_qo_len)
+        # decided on the host arrays, so the kernel's own host-built arrays (plan.extra) travel
+        # in the plan's one upload
+        host_plan = MLAPlan(
+            device=dev, batch_size=batch, num_heads=num_heads, head_dim_ckv=head_dim_ckv,
+            head_dim_kpe=head_dim_kpe, page_size=page_size, q_dtype=q_dtype, kv_dtype=kv_dtype,
+            o_dtype=q_dtype, causal=bool(causal), sm_scale=float(sm_scale), qo_indptr_host=qo_h,
+            kv_indptr_host=kv_h, kv_len_host=lens_h, qo_indptr=qo_h, kv_indptr=kv_h,
+            kv_indices=ids, kv_len=lens_h, total_qo=int(qo[-1]),
+            max_qo_len=max_qo_len, max_kv_len=int(lens.max(initial=0)),
+            max_page_id=max_id, cuda_graph=graph, workspace=self._workspace_bytes,
+            kv_indices_host=ids if ids.device.type == "cpu" else None)
+        features = (host_plan.causal, max_qo_len > 1,
+                    bool(qo_lens.size) and qo_lens.min() != max_qo_len, graph)
+        key = ("batch_mla", dev, q_dtype, kv_dtype, num_heads, head_dim_ckv, head_dim_kpe,
+               length_bucket(batch), length_bucket(max_qo_len),
+               length_bucket(host_plan.max_kv_len), length_bucket(host_plan.total_qo), page_size,
+               features)
+        self.decision = dispatch.decide_keyed(key, lambda: self._problem(host_plan), self._backend)
+        host_arrays = getattr(self.decision.kernel, "host_arrays", None)
+        extra = host_arrays(host_plan) if host_arrays is not None else {}
+        arrays = {"qo_indptr": qo, "kv_indptr": kv, "kv_len_arr": lens, **extra}  # (numpy: no
+        # .numpy() per array in the upload)
         if ids.device.type == "cpu":
             arrays["kv_indices"] = ids
-        graph = self._use_cuda_graph
         fixed = ({"qo_indptr": self._qo_indptr_buf, "kv_indptr": self._kv_indptr_buf,
                   "kv_len_arr": self._kv_len_arr_buf, "kv_indices": self._kv_indices_buf}
                  if graph else {})
@@ -152,26 +176,9 @@ class BatchMLAPagedAttentionWrapper:
                 if buf.data_ptr() != ids.data_ptr():
                     buf[:n_pages].copy_(ids, non_blocking=True)
                 d_ids = buf
-        d_qo, d_kv, d_lens = up["qo_indptr"], up["kv_indptr"], up["kv_len_arr"]
-        qo_lens = qo[1:] - qo[:-1]
-        max_qo_len = int(qo_lens.max(initial=0))
-        if self._use_cuda_graph:
-            max_qo_len = self._fix_graph_shape(batch, max_qo_len)
-        plan = MLAPlan(
-            device=dev, batch_size=batch, num_heads=num_heads, head_dim_ckv=head_dim_ckv,
-            head_dim_kpe=head_dim_kpe, page_size=page_size, q_dtype=q_dtype, kv_dtype=kv_dtype,
-            o_dtype=q_dtype, causal=bool(causal), sm_scale=float(sm_scale), qo_indptr_host=qo_h,
-            kv_indptr_host=kv_h, kv_len_host=lens_h, qo_indptr=d_qo, kv_indptr=d_kv,
-            kv_indices=d_ids, kv_len=d_lens, total_qo=int(qo[-1]),
-            max_qo_len=max_qo_len, max_kv_len=int(lens.max(initial=0)),
-            max_page_id=max_id, cuda_graph=self._use_cuda_graph, workspace=self._workspace_bytes,
-            kv_indices_host=ids if ids.device.type == "cpu" else None)
-        features = (plan.causal, max_qo_len > 1, bool(qo_lens.size) and qo_lens.min() != max_qo_len,
-                    graph)
-        key = ("batch_mla", dev, q_dtype, kv_dtype, num_heads, head_dim_ckv, head_dim_kpe,
-               length_bucket(batch), length_bucket(max_qo_len),
-               length_bucket(plan.max_kv_len), length_bucket(plan.total_qo), page_size, features)
-        self.decision = dispatch.decide_keyed(key, lambda: self._problem(plan), self._backend)
+        plan = host_plan  # now with its device arrays
+        plan.qo_indptr, plan.kv_indptr, plan.kv_len = up["qo_indptr"], up["kv_indptr"], up["kv_len_arr"]
+        plan.kv_indices, plan.extra = d_ids, {name: up[name] for name in extra}
         self._runner = self.decision.kernel(plan)
         self._separate = None
         self._plan = plan

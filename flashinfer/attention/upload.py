@@ -179,17 +179,6 @@ class PlanUpload:
             self._views = {k: v for k, v in self._views.items() if k[0] != "device"}
 
 
-def upload_array(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """One host array a backend's planner builds, on ``device``: through pinned memory, so the
-    copy is queued without the staged, stream-synchronising copy a pageable source makes (torch's
-    caching host allocator keeps the pinned block until the copy has run). For the arrays a
-    runner adds to a plan's own (:class:`PlanUpload` carries those)."""
-    t = torch.from_numpy(np.ascontiguousarray(array))
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
-
-
 def _tensor(t) -> torch.Tensor:
     if isinstance(t, Tail):
         t = t.joined()
@@ -206,4 +195,4 @@ def _into(target: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
     return target[:t.shape[0]]
 
 
-__all__ = ["PlanUpload", "upload_array"]
+__all__ = ["PlanUpload"]

@@ -356,3 +356,37 @@ def test_gpu_bad_page_id_is_recorded():
     assert torch.isfinite(out).all()
     with pytest.raises(ValueError, match="kv_indices"):
         flashinfer.check_errors()
+
+
+@pytest.mark.parametrize("pages", [[3, 3, 3], [2, 0, 5, 1], []])
+def test_flashmla_host_arrays_match_the_naive_tables(pages):
+    """The arrays the FlashMLA planners put in the plan's upload (numpy, no flash_mla needed):
+    the dense block table (rows of page ids, 0 past a request's pages) and the sparse kernel's
+    per-row request, token count and empty rows."""
+    import numpy as np
+
+    from flashinfer.attention.mla_params import MLAPlan
+    from flashinfer.backends.flashmla import decode, sparse
+
+    gen = torch.Generator().manual_seed(len(pages))
+    batch, page = len(pages), 4
+    kv_indptr = torch.tensor([0] + list(np.cumsum(pages)), dtype=torch.int32)
+    ids = torch.randperm(int(kv_indptr[-1]) + 3, generator=gen, dtype=torch.int32)
+    lens = torch.tensor([max(0, p * page - 1) for p in pages], dtype=torch.int32)
+    q_lens = [2] * batch
+    qo_indptr = torch.tensor([0] + list(np.cumsum(q_lens)), dtype=torch.int32)
+    plan = MLAPlan(torch.device("cpu"), batch, 64, 512, 64, page, torch.bfloat16, torch.bfloat16,
+                   torch.bfloat16, True, 0.1, qo_indptr, kv_indptr, lens, qo_indptr, kv_indptr,
+                   ids, lens, int(qo_indptr[-1]), 2, int(lens.max()) if batch else 0, None,
+                   kv_indices_host=ids)
+    width = max([1] + pages)
+    want = [[int(ids[kv_indptr[b] + j]) if j < pages[b] else 0 for j in range(width)]
+            for b in range(batch)]
+    assert decode._host_table(plan).reshape(batch, width).tolist() == want
+    arrays = sparse._host_arrays(plan)
+    rows = [b for b in range(batch) for _ in range(2)]
+    seen = [max(0, int(lens[b]) - 2 + i + 1) for b in range(batch) for i in range(2)]
+    assert arrays[sparse.ROW_REQUEST].tolist() == rows
+    if len(set(seen)) > 1:
+        assert arrays[sparse.TOPK_LENGTH].tolist() == seen
+    assert arrays.get(sparse.EMPTY_ROWS, np.zeros(0)).tolist() == [i for i, s in enumerate(seen) if s == 0]

@@ -7,8 +7,9 @@ The kernel takes ``q [B, q_len, H, 576]`` (``[q_nope | q_pe]``), one cache ``[pa
 576]`` (``[ckv | kpe]`` per token), a block table ``[B, max_pages]`` and the lengths ``[B]``, and
 returns ``out [B, q_len, H, 512]`` and ``lse [B, H, q_len]`` (natural log). So:
 
-* plan: the block table is made on the host from the CSR page ids and copied through pinned
-  memory (ids given on the device: gathered there through an index made from ``kv_indptr``);
+* plan: the block table is made on the host from the CSR page ids and travels in the plan's one
+  upload (``host_arrays``; ids given on the device: gathered there through an index made from
+  ``kv_indptr``);
   the split scheduler's metadata is made by the first run from the planned device lengths (as
   a direct ``flash_mla_with_kvcache`` call makes it) and reused by the later runs of the plan;
 * run: ``q_nope`` / ``q_pe`` that are views of one ``[..., 576]`` buffer are passed as that
@@ -28,10 +29,12 @@ import numpy as np
 import torch
 
 from ...attention.mla_params import MLA_PAGE, MLAPlan, MLAScales, joint_latent
-from ...attention.upload import upload_array
+from ..shared.upload import upload_array
 from ...index_checks import Check, report_device
 
 _LOG2E = 1.4426950408889634
+#: the block table's name in ``plan.extra``
+BLOCK_TABLE = "flashmla_block_table"
 
 
 def _ops():
@@ -49,18 +52,19 @@ class FlashMLARunner:
         self.q_len = int(qo[1] - qo[0]) if plan.batch_size else 0
         self.fwd = _ops().dense_decode_fwd.default
         dev = plan.device
-        kv = plan.kv_indptr_host.numpy().astype(np.int64)
-        pages = kv[1:] - kv[:-1]
-        slot = np.arange(max(1, int(pages.max(initial=0))))[None, :]
-        used = slot < pages[:, None]
-        entries = np.where(used, kv[:-1, None] + slot, 0)
-        if plan.kv_indices_host is not None:  # ids checked by plan(): the table made here
-            ids = plan.kv_indices_host.numpy()
-            table = np.where(used, ids[entries] if ids.size else 0, 0).astype(np.int32)
-            self.table = upload_array(table, dev)
+        table = plan.extra.get(BLOCK_TABLE)
+        if plan.kv_indices_host is not None:  # ids checked by plan(): the table made on the host
+            if table is None:  # (a plan made for another kernel: not in its upload)
+                table = upload_array(_host_table(plan), dev)
+            width = table.numel() // plan.batch_size if plan.batch_size else 1
+            self.table = table.view(plan.batch_size, width)
         else:  # gathered on the device, checked at the first run (_block_table)
+            kv = plan.kv_indptr_host.numpy().astype(np.int64)
+            pages = kv[1:] - kv[:-1]
+            slot = np.arange(max(1, int(pages.max(initial=0))))[None, :]
+            used = slot < pages[:, None]
             self.pad = upload_array(~used, dev)
-            self.entries = upload_array(entries, dev)
+            self.entries = upload_array(np.where(used, kv[:-1, None] + slot, 0), dev)
             flat = (plan.kv_indices.index_select(0, self.entries.reshape(-1)) if kv[-1]
                     else torch.zeros(self.entries.numel(), dtype=torch.int32, device=dev))
             self.ids = torch.where(self.pad, 0, flat.view(self.entries.shape)).int()
@@ -114,8 +118,31 @@ class FlashMLARunner:
         return o
 
 
+def _host_table(plan: MLAPlan) -> np.ndarray:
+    """The ``[B, max_pages]`` block table of host page ids, flattened (0 past a request's
+    pages); a view of the ids when every request has the same page count."""
+    kv = plan.kv_indptr_host.numpy()
+    ids = plan.kv_indices_host.numpy()
+    batch = plan.batch_size
+    pages = kv[1:] - kv[:-1]
+    if batch and int(kv[-1]) == batch * int(pages[0]) and pages[0] > 0 and (pages == pages[0]).all():
+        return ids[:int(kv[-1])]  # CSR rows of equal length are the table's rows
+    slot = np.arange(max(1, int(pages.max(initial=0))))[None, :]
+    used = slot < pages[:, None]
+    entries = np.where(used, kv[:-1, None] + slot, 0)
+    return np.where(used, ids[entries] if ids.size else 0, 0).astype(np.int32).reshape(-1)
+
+
+def _host_arrays(plan: MLAPlan) -> dict:
+    """The block table, in the plan's upload, when the page ids were given on the host."""
+    return {} if plan.kv_indices_host is None else {BLOCK_TABLE: _host_table(plan)}
+
+
 def batch_mla(plan: MLAPlan) -> FlashMLARunner:
     return FlashMLARunner(plan)
+
+
+batch_mla.host_arrays = _host_arrays
 
 
 __all__ = ["FlashMLARunner", "batch_mla"]

@@ -16,7 +16,8 @@ one query row and all its tokens, so it fills the H200 from about 64 rows of 128
 (B=64 kv 4096: 0.133 ms, 549 TFLOP/s; B=16: 0.114 ms, where a split-K kernel wins); the rules
 send small batches elsewhere.
 
-* plan: nothing beyond the lengths; the first run builds the ``indices`` table on the device from
+* plan: per query row its request, token count and emptiness, in the plan's one upload
+  (``host_arrays``); the first run builds the ``indices`` table on the device from
   the planned page ids (``[rows, 1, topk]``, ``topk`` the longest request rounded up to 128) and
   checks the ids against the caches' page count (rule ``MLA_PAGE``: recorded, the token
   skipped), once per cache size;
@@ -32,11 +33,13 @@ import numpy as np
 import torch
 
 from ...attention.mla_params import MLA_PAGE, MLAPlan, MLAScales, joint_latent
-from ...attention.upload import upload_array
+from ..shared.upload import upload_array
 from ...index_checks import Check, report_device
 
 #: the kernel takes the token ids of a row in blocks of this many
 TOPK_BLOCK = 128
+#: the runner's arrays in ``plan.extra`` (:func:`_host_arrays`)
+ROW_REQUEST, TOPK_LENGTH, EMPTY_ROWS = "sparse_row_request", "sparse_topk_length", "sparse_empty_rows"
 
 
 def _ops():
@@ -52,23 +55,15 @@ class FlashMLASparseRunner:
         self.plan = plan
         self.fwd = _ops().sparse_prefill_fwd.default
         self.topk = max(TOPK_BLOCK, -(-plan.max_kv_len // TOPK_BLOCK) * TOPK_BLOCK)
-        qo = plan.qo_indptr_host.numpy().astype(np.int64)
-        kv_len = plan.kv_len_host.numpy().astype(np.int64)
-        q_lens = qo[1:] - qo[:-1]
-        req = np.repeat(np.arange(plan.batch_size), q_lens)
-        seen = kv_len[req]
-        if plan.causal:  # row i of q_len sees the first kv_len - q_len + i + 1 tokens
-            seen = seen - q_lens[req] + (np.arange(plan.total_qo) - qo[req]) + 1
-        seen = np.clip(seen, 0, None)
+        arrays = plan.extra if ROW_REQUEST in plan.extra else {  # (planned for another kernel)
+            name: upload_array(a, plan.device) for name, a in _host_arrays(plan).items()}
         self.rows_are_requests = plan.total_qo == plan.batch_size
-        self.row_request = (None if self.rows_are_requests else
-                            upload_array(req.astype(np.int32), plan.device))
-        # a row's token count is needed only where rows differ (ragged or causal): the ids past
-        # a request's length are -1 anyway
-        self.topk_length = (None if seen.size == 0 or (seen == seen.max()).all() else
-                            upload_array(seen.astype(np.int32), plan.device))
-        self.empty_rows = (upload_array(np.flatnonzero(seen == 0), plan.device)
-                           if (seen == 0).any() else None)
+        self.row_request = arrays[ROW_REQUEST]
+        # a row's token count, where rows differ (ragged or causal: the ids past a request's
+        # length are -1 anyway); the rows that see no token
+        self.topk_length = arrays.get(TOPK_LENGTH)
+        empty = arrays.get(EMPTY_ROWS)
+        self.empty_rows = None if empty is None else empty.long()  # (index_fill_ takes int64)
         self.indices = None
         self.checked_pages = None
         self.q_buf = None
@@ -137,8 +132,31 @@ class FlashMLASparseRunner:
         return o
 
 
+def _host_arrays(plan: MLAPlan) -> dict:
+    """Per query row: its request (always, it marks the plan as made for this kernel), its token
+    count where the rows' counts differ, and the rows that see no token, where there are some;
+    they travel in the plan's one upload."""
+    qo = plan.qo_indptr_host.numpy().astype(np.int64)
+    kv_len = plan.kv_len_host.numpy().astype(np.int64)
+    q_lens = qo[1:] - qo[:-1]
+    req = np.repeat(np.arange(plan.batch_size), q_lens)
+    seen = kv_len[req]
+    if plan.causal:  # row i of q_len sees the first kv_len - q_len + i + 1 tokens
+        seen = seen - q_lens[req] + (np.arange(plan.total_qo) - qo[req]) + 1
+    seen = np.clip(seen, 0, None)
+    arrays = {ROW_REQUEST: req.astype(np.int32)}
+    if seen.size and not (seen == seen[0]).all():
+        arrays[TOPK_LENGTH] = seen.astype(np.int32)
+    if (seen == 0).any():
+        arrays[EMPTY_ROWS] = np.flatnonzero(seen == 0).astype(np.int32)
+    return arrays
+
+
 def batch_mla(plan: MLAPlan) -> FlashMLASparseRunner:
     return FlashMLASparseRunner(plan)
+
+
+batch_mla.host_arrays = _host_arrays
 
 
 __all__ = ["FlashMLASparseRunner", "TOPK_BLOCK", "batch_mla"]
