@@ -190,6 +190,27 @@ def test_decision_on_simulated_sms(sm, page_size, kv, features, heads, rows, wan
     dispatch.clear_cache()
 
 
+@pytest.mark.parametrize("heads, rows, kv_len, want", [
+    (128, 16, 1024, "flashmla:sparse"), (128, 64, 1024, "flashmla:sparse"),
+    (128, 128, 1024, "flashmla"), (128, 64, 4096, "flashmla"), (16, 64, 1024, "flashmla"),
+])
+def test_short_keys_at_page_64_go_to_the_sparse_kernel(heads, rows, kv_len, want, monkeypatch):
+    """SM 9.0, page 64: keys of at most 1,024 tokens over 5-64 rows run the sparse kernel
+    (one launch) rather than the dense decode's split and combine passes."""
+    from flashinfer import capability_db, dispatch
+
+    real = capability_db.import_error
+    monkeypatch.setattr(capability_db, "import_error", lambda m: None if m == "flash_mla" else real(m))
+    dispatch.clear_cache()
+    problem = Problem.make("batch_mla", simulated("9.0"),
+                           dtypes={"q": "bfloat16", "kv": "bfloat16", "o": "bfloat16"},
+                           shape={"num_heads": heads, "head_dim_ckv": 512, "head_dim_kpe": 64,
+                                  "batch_size": rows, "max_qo_len": 1, "max_kv_len": kv_len,
+                                  "total_qo_len": rows, "page_size": 64}, features=set())
+    assert select(problem).name == want
+    dispatch.clear_cache()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [1, 64])
 def test_gpu_deepseek_shapes_match_the_cpu(page_size):
