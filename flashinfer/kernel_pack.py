@@ -72,7 +72,14 @@ def pack_name(triton_version: str, arch: int) -> str:
 
 def _code_of(source: bytes) -> bytes:
     """A module's source without its module docstring, which no @triton.jit function's key
-    reads: editing the prose does not make a pack stale."""
+    reads: editing the prose does not make a pack stale. A file that opens with a triple-quoted
+    docstring (no backslash in it) is cut after the line that closes it (what the ``ast`` form below gives, without parsing the
+    file: seeding digests every kernel module, 0.35 s of parsing on the H200's host)."""
+    if source.startswith(b'"""'):
+        close = source.find(b'"""', 3)
+        if close != -1 and b"\\" not in source[:close]:
+            line_end = source.find(b"\n", close)
+            return b"" if line_end == -1 else source[line_end + 1:]
     tree = ast.parse(source)
     first = tree.body[0] if tree.body else None
     if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
