@@ -43,6 +43,7 @@ OP_DTYPES: dict[str, dict[str, str]] = {
     "gemm_fp8_groupwise": {"default": "float8_e4m3fn", "out": "bfloat16"},
     "group_gemm_fp8_groupwise": {"default": "float8_e4m3fn", "out": "bfloat16"},
     "mm_fp4": {"default": "uint8", "out": "bfloat16"},  # packed e2m1 pairs
+    "batch_mla": {"default": "bfloat16"},  # DeepSeek's latent attention runs in bf16
 }
 
 #: per-op departures from DEFAULT_FACTS that the op's definition imposes.
