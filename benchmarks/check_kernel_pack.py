@@ -64,28 +64,20 @@ def main() -> int:
                 ok = torch.equal(top, tokens.repeat(top.numel() // rows))
             bad += not ok
             print(f"vocab {vocab:<6d} {name:42s} {seconds:6.3f} s  {'ok' if ok else 'WRONG'}")
-    from flashinfer.warmup import gemm_calls
+    from flashinfer.warmup import gemm_calls, mla_calls
 
-    for name, call in gemm_calls():  # the fp8 GEMMs: against the reference on the same inputs
-        start = time.perf_counter()
-        out = call("cuda", "auto")
-        torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
-        want = call("cuda", "reference").float()
-        ok = bool((out.float() - want).norm() <= 2e-2 * want.norm())
-        bad += not ok
-        print(f"{name:55s} {seconds:6.3f} s  {'ok' if ok else 'WRONG'}")
-    from flashinfer.warmup import mla_calls
-
-    for name, call in mla_calls():  # the Triton MLA kernel (how a machine without FlashMLA runs)
-        start = time.perf_counter()
-        out = call("cuda", "triton")
-        torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
-        want = call("cuda", "reference").float()
-        ok = bool((out.float() - want).norm() <= 2e-2 * want.norm())
-        bad += not ok
-        print(f"{name:55s} {seconds:6.3f} s  {'ok' if ok else 'WRONG'}")
+    # the fp8 GEMMs (auto) and the Triton MLA kernel (how a machine without FlashMLA runs):
+    # against the reference on the same inputs
+    for calls, backend in ((gemm_calls(), "auto"), (mla_calls(), "triton")):
+        for name, call in calls:
+            start = time.perf_counter()
+            out = call("cuda", backend)
+            torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+            want = call("cuda", "reference").float()
+            ok = bool((out.float() - want).norm() <= 2e-2 * want.norm())
+            bad += not ok
+            print(f"{name:55s} {seconds:6.3f} s  {'ok' if ok else 'WRONG'}")
     compiled = sorted({p.stem for p in Path(CACHE).glob("*/*.ttir")})
     seeded = len(list(Path(CACHE).glob("*/*.cubin"))) - len(compiled)
     print(f"kernels loaded from the pack: {seeded}; compiled in this process: {len(compiled)} "

@@ -249,39 +249,32 @@ def warm_sampling(vocab_sizes, device: str | torch.device = "cuda", rows: int = 
 def warm_gemm(device: str | torch.device = "cuda", only: str = "") -> list[dict]:
     """Run every GEMM warm-up call (those :func:`select_gemm_calls` picks) once on ``device``
     with ``backend="auto"``; one ``{"function", "seconds", "kernel"}`` per call."""
+    return [_timed(name, device, call, device, "auto") for name, call in select_gemm_calls(only)]
+
+
+def _timed(name: str, device, call: Callable, *args) -> dict:
+    """``{"function", "seconds", "kernel"}`` of one warm-up call (its time to completion on the
+    device, and the kernels its Decisions named)."""
     from .dispatch import record_decisions
 
-    results = []
-    for name, call in select_gemm_calls(only):
-        start = time.perf_counter()
-        with record_decisions() as log:
-            call(device, "auto")
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize(device)
-        results.append({"function": name, "seconds": time.perf_counter() - start,
-                        "kernel": "+".join(sorted({d.name for d in log})) or None})
-    return results
+    start = time.perf_counter()
+    with record_decisions() as log:
+        call(*args)
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return {"function": name, "seconds": time.perf_counter() - start,
+            "kernel": "+".join(sorted({d.name for d in log})) or None}
 
 
 def warm_mla(device: str | torch.device = "cuda", only: str = "",
              backend: str = "auto") -> list[dict]:
     """Run every MLA warm-up call (those :func:`select_mla_calls` picks) once on ``device``;
     one ``{"function", "seconds", "kernel"}`` per call."""
-    from .dispatch import record_decisions
-
-    results = []
     try:
-        for name, call in select_mla_calls(only):
-            start = time.perf_counter()
-            with record_decisions() as log:
-                call(device, backend)
-            if torch.device(device).type == "cuda":
-                torch.cuda.synchronize(device)
-            results.append({"function": name, "seconds": time.perf_counter() - start,
-                            "kernel": "+".join(sorted({d.name for d in log})) or None})
+        return [_timed(name, device, call, device, backend)
+                for name, call in select_mla_calls(only)]
     finally:
         _MLA_WORKSPACE.clear()
-    return results
 
 
 #: quantisation of the experts a MoE warm-up builds (``--moe-quant``)
@@ -344,21 +337,11 @@ def warm_moe(device, experts: int, top_k: int, hidden: int, inter: int,
              quant: str = "fp8_block") -> list[dict]:
     """Run every call of :func:`moe_calls` once on ``device`` (``backend="auto"``); one
     ``{"function", "seconds", "kernel"}`` per call. The weights are freed afterwards."""
-    from .dispatch import record_decisions
-
-    results = []
     try:
-        for name, call in moe_calls(experts, top_k, hidden, inter, quant):
-            start = time.perf_counter()
-            with record_decisions() as log:
-                call(device)
-            if torch.device(device).type == "cuda":
-                torch.cuda.synchronize(device)
-            results.append({"function": name, "seconds": time.perf_counter() - start,
-                            "kernel": "+".join(sorted({d.name for d in log})) or None})
+        return [_timed(name, device, call, device)
+                for name, call in moe_calls(experts, top_k, hidden, inter, quant)]
     finally:
         _MOE_WEIGHTS.clear()
-    return results
 
 
 def cutlass_specs(sm: tuple[int, int]) -> tuple:

@@ -30,17 +30,12 @@ import torch
 
 from ...attention.mla_params import MLA_PAGE, MLAPlan, MLAScales, joint_latent
 from ..shared.upload import upload_array
+from . import legacy_ops
 from ...index_checks import Check, report_device
 
 _LOG2E = 1.4426950408889634
 #: the block table's name in ``plan.extra``
 BLOCK_TABLE = "flashmla_block_table"
-
-
-def _ops():
-    from flash_mla.flash_mla_interface import get_ops
-
-    return get_ops(True)
 
 
 class FlashMLARunner:
@@ -50,7 +45,7 @@ class FlashMLARunner:
         self.plan = plan
         qo = plan.qo_indptr_host
         self.q_len = int(qo[1] - qo[0]) if plan.batch_size else 0
-        self.fwd = _ops().dense_decode_fwd.default
+        self.fwd = legacy_ops().dense_decode_fwd.default
         dev = plan.device
         table = plan.extra.get(BLOCK_TABLE)
         if plan.kv_indices_host is not None:  # ids checked by plan(): the table made on the host

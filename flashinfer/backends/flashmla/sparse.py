@@ -34,6 +34,7 @@ import torch
 
 from ...attention.mla_params import MLA_PAGE, MLAPlan, MLAScales, joint_latent
 from ..shared.upload import upload_array
+from . import legacy_ops
 from ...index_checks import Check, report_device
 
 #: the kernel takes the token ids of a row in blocks of this many
@@ -42,18 +43,12 @@ TOPK_BLOCK = 128
 ROW_REQUEST, TOPK_LENGTH, EMPTY_ROWS = "sparse_row_request", "sparse_topk_length", "sparse_empty_rows"
 
 
-def _ops():
-    from flash_mla.flash_mla_interface import get_ops
-
-    return get_ops(True)
-
-
 class FlashMLASparseRunner:
     makes_output = True
 
     def __init__(self, plan: MLAPlan):
         self.plan = plan
-        self.fwd = _ops().sparse_prefill_fwd.default
+        self.fwd = legacy_ops().sparse_prefill_fwd.default
         self.topk = max(TOPK_BLOCK, -(-plan.max_kv_len // TOPK_BLOCK) * TOPK_BLOCK)
         arrays = plan.extra if ROW_REQUEST in plan.extra else {  # (planned for another kernel)
             name: upload_array(a, plan.device) for name, a in _host_arrays(plan).items()}
