@@ -63,6 +63,8 @@ from .prefill import (  # noqa: F401,E402
     BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper,
     trtllm_batch_context_with_kv_cache,
 )
+from . import cascade  # noqa: F401,E402
+from .cascade import merge_state, merge_state_in_place, merge_states  # noqa: F401,E402
 from . import mla  # noqa: F401,E402
 from .mla import BatchMLAPagedAttentionWrapper  # noqa: F401,E402
 from . import gemm, quantization  # noqa: F401,E402

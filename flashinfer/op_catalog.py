@@ -122,6 +122,9 @@ _ATTN_SHAPE = ("head_dim_qk", "head_dim_vo", "num_qo_heads", "num_kv_heads", "qo
 _BATCH_SHAPE = ("head_dim_qk", "head_dim_vo", "num_qo_heads", "num_kv_heads", "batch_size",
                 "max_qo_len", "max_kv_len", "total_qo_len", "page_size", "q_len_per_req")
 
+# state merging: num_rows and num_states bucketed to powers of two
+_MERGE_SHAPE = ("num_heads", "head_dim", "num_rows")
+
 # batch_size, max_qo_len, max_kv_len and total_qo_len bucketed to powers of two
 _MLA_SHAPE = ("num_heads", "head_dim_ckv", "head_dim_kpe", "batch_size", "max_qo_len",
               "max_kv_len", "total_qo_len", "page_size")
@@ -141,6 +144,11 @@ OPS: dict[str, OpSpec] = {
                BATCH_ATTENTION_FEATURES, ("NHD", "HND"), "ragged queries against ragged K/V"),
         OpSpec("batch_mla", "attention", ("q", "kv", "o"), _MLA_SHAPE, MLA_FEATURES, (),
                "multi-head latent attention (DeepSeek MLA): ragged queries, a paged latent cache"),
+        OpSpec("merge_state", "attention", ("v", "s"), _MERGE_SHAPE, ("in_place", "mask"), (),
+               "merge two attention states per row (outputs and their base-2 lse)"),
+        OpSpec("merge_states", "attention", ("v", "s"), _MERGE_SHAPE + ("num_states",),
+               ("variable_length",), (),
+               "merge num_states attention states per row (or each row's indptr range) into one"),
         OpSpec("append_paged_kv", "attention", ("kv",), ("num_kv_heads", "head_dim", "page_size",
                                                      "num_tokens"), (), ("NHD", "HND"),
                "scatter new K/V tokens into a paged KV cache"),
@@ -283,6 +291,10 @@ PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
         PublicFunction("xqa_batch_decode_with_kv_cache_mla", "flashinfer.mla", ("batch_mla",),
                        note="a block-table calling convention: plans an MLA wrapper and runs it, "
                             "per call"),
+        PublicFunction("merge_state", "flashinfer.cascade", ("merge_state",)),
+        PublicFunction("merge_state_in_place", "flashinfer.cascade", ("merge_state",),
+                       ("in_place",)),
+        PublicFunction("merge_states", "flashinfer.cascade", ("merge_states",)),
         PublicFunction("append_paged_kv_cache", "flashinfer.page", ("append_paged_kv",)),
         PublicFunction("append_paged_mla_kv_cache", "flashinfer.page", ("append_paged_kv",),
                        note="the append op with one latent head per cache (ckv, kpe)"),

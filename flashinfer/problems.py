@@ -29,7 +29,7 @@ DEFAULT_FACTS: dict[str, int] = {
     "m": 128, "n": 8192, "k": 8192, "batch": 1, "num_groups": 8, "rows_per_group": 16,
     # batch attention: 64 requests of 1024 new tokens against 4096 cached ones, pages of 16
     "max_qo_len": 1024, "max_kv_len": 4096, "total_qo_len": 64 * 1024, "page_size": 16,
-    "q_len_per_req": 1,
+    "q_len_per_req": 1, "num_heads": 32, "num_states": 2,
 }
 
 #: dtype of a family's value roles when the caller names none (sampling reads fp32 probs).
@@ -44,6 +44,8 @@ OP_DTYPES: dict[str, dict[str, str]] = {
     "group_gemm_fp8_groupwise": {"default": "float8_e4m3fn", "out": "bfloat16"},
     "mm_fp4": {"default": "uint8", "out": "bfloat16"},  # packed e2m1 pairs
     "batch_mla": {"default": "bfloat16"},  # DeepSeek's latent attention runs in bf16
+    "merge_state": {"s": "float32"},  # the lse is read as fp32 whatever the outputs' dtype
+    "merge_states": {"s": "float32"},
 }
 
 #: per-op departures from DEFAULT_FACTS that the op's definition imposes.
@@ -66,7 +68,7 @@ FEATURE_FACTS: dict[str, dict[str, int]] = {"top_k": {"top_k": 64}}
 #: facts that are lengths / row counts: the op modules bucket them with ``length_bucket``.
 BUCKETED_FACTS = frozenset({"qo_len", "kv_len", "num_tokens", "num_rows", "batch_size",
                             "vocab_size", "m", "batch", "max_qo_len", "max_kv_len",
-                            "total_qo_len", "num_groups", "rows_per_group"})
+                            "total_qo_len", "num_groups", "rows_per_group", "num_states"})
 
 #: short dtype spellings accepted besides the torch names.
 DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32",

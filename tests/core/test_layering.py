@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                     "flashinfer.norm", "flashinfer.rope", "flashinfer.activation",
                     "flashinfer.utils", "flashinfer.cudnn", "flashinfer.topk",
                     "flashinfer.logits_processor", "flashinfer.autotuner", "flashinfer.mla",
+                    "flashinfer.cascade", "flashinfer.triton", "flashinfer.triton.*",
                     "flashinfer.jit", "flashinfer.jit.*", "flashinfer.compilation_context")),
     ("family machinery", ("flashinfer.attention", "flashinfer.attention.*", "flashinfer.gemm.*",
                           "flashinfer.sampling.*", "flashinfer.quantization.*",

@@ -1,0 +1,3 @@
+"""Upstream's ``flashinfer.triton`` namespace: the Triton forms of some ops (:mod:`.cascade`)."""
+
+from . import cascade  # noqa: F401
