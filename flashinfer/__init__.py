@@ -64,7 +64,9 @@ from .prefill import (  # noqa: F401,E402
     trtllm_batch_context_with_kv_cache,
 )
 from . import cascade  # noqa: F401,E402
-from .cascade import merge_state, merge_state_in_place, merge_states  # noqa: F401,E402
+from .cascade import (  # noqa: F401,E402
+    MultiLevelCascadeAttentionWrapper, merge_state, merge_state_in_place, merge_states,
+)
 from . import mla  # noqa: F401,E402
 from .mla import BatchMLAPagedAttentionWrapper  # noqa: F401,E402
 from . import gemm, quantization  # noqa: F401,E402

@@ -295,6 +295,10 @@ PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
         PublicFunction("merge_state_in_place", "flashinfer.cascade", ("merge_state",),
                        ("in_place",)),
         PublicFunction("merge_states", "flashinfer.cascade", ("merge_states",)),
+        PublicFunction("MultiLevelCascadeAttentionWrapper", "flashinfer.cascade",
+                       ("batch_prefill_paged", "merge_state"), ("lse", "in_place"),
+                       note="plans one batch paged prefill per level in plan(); run() merges "
+                            "the levels' states"),
         PublicFunction("append_paged_kv_cache", "flashinfer.page", ("append_paged_kv",)),
         PublicFunction("append_paged_mla_kv_cache", "flashinfer.page", ("append_paged_kv",),
                        note="the append op with one latent head per cache (ckv, kpe)"),

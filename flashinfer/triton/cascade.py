@@ -1,4 +1,4 @@
-"""Upstream's ``flashinfer.triton.cascade``: the state merges of :mod:`flashinfer.cascade` run by
+"""Upstream's ``flashinfer.triton.cascade``: the state merges of :mod:`flashinfer.attention.merge` run by
 our Triton kernels (``backend="triton"``; on a machine without Triton they raise naming it)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from .. import cascade
+from ..attention import merge as cascade
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states", "variable_length_merge_states"]
 

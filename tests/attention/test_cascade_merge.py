@@ -1,4 +1,4 @@
-"""Attention state merging (flashinfer/cascade.py, flashinfer.triton.cascade): the reference and
+"""Attention state merging (flashinfer/attention/merge.py, flashinfer.triton.cascade): the reference and
 the Triton kernels (Triton's interpreter on the CPU, natively on a GPU) against float64 naive
 math; empty states, masks, in-place updates, strided inputs, a head count x head dim past
 upstream's 1,024-thread limit; attention over split keys merged equals attention over all of
@@ -193,3 +193,56 @@ def test_gpu_triton_matches_the_reference_at_serving_shapes(dtype):
     want_v, want_s = v[:, 0].clone(), s[:, 0].clone()
     flashinfer.merge_state_in_place(want_v, want_s, v[:, 1], s[:, 1], mask, backend="reference")
     assert rel_error(mine_v.double(), want_v.double()) < 1e-2
+
+
+def _paged(lengths, page, first_page=0):
+    """``(indptr, indices, last_page_len)`` of requests of ``lengths`` tokens on consecutive
+    pages from ``first_page``."""
+    pages = [-(-n // page) for n in lengths]
+    indptr = torch.tensor([0] + list(torch.tensor(pages).cumsum(0)), dtype=torch.int32)
+    indices = torch.arange(first_page, first_page + sum(pages), dtype=torch.int32)
+    last = torch.tensor([n - (p - 1) * page for n, p in zip(lengths, pages)], dtype=torch.int32)
+    return indptr, indices, last
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cascade_wrapper_equals_attention_over_prefix_and_own_tokens(causal):
+    """Two levels: a 37-token prefix shared by 3 requests (page 4: a partly filled last page),
+    then each request's own 5 / 9 / 1 tokens; equal to one flat prefill of each request over
+    [prefix | own] (causal: on the own tokens, bottom-right aligned)."""
+    gen = torch.Generator().manual_seed(9)
+    heads, kv_heads, dim, page = 4, 2, 32, 4
+    own, q_lens, prefix = [5, 9, 1], [2, 3, 1], 37
+    shared = _paged([prefix], page)
+    unique = _paged(own, page, first_page=int(shared[0][-1]))
+    n_pages = int(shared[0][-1]) + int(unique[0][-1])
+    cache = torch.randn(n_pages, 2, page, kv_heads, dim, generator=gen)
+    q = torch.randn(sum(q_lens), heads, dim, generator=gen)
+    qo = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
+    w = flashinfer.MultiLevelCascadeAttentionWrapper(2, torch.empty(1 << 20, dtype=torch.uint8))
+    w.plan([torch.tensor([0, qo[-1]], dtype=torch.int32), qo], [shared[0], unique[0]],
+           [shared[1], unique[1]], [shared[2], unique[2]], heads, kv_heads, dim, page,
+           causal=causal, q_data_type=torch.float32)
+    out = w.run(q, cache)
+    flat = cache.permute(1, 0, 2, 3, 4).reshape(2, -1, kv_heads, dim)  # token t of page p: p*page+t
+    for b in range(3):
+        ids = list(range(prefix)) + [int(unique[1][unique[0][b]]) * page + t for t in range(own[b])]
+        k, v = flat[0, ids], flat[1, ids]
+        want = flashinfer.single_prefill_with_kv_cache(q[qo[b]:qo[b + 1]], k, v, causal=causal)
+        assert rel_error(out[qo[b]:qo[b + 1]], want) < 1e-5, b
+    assert len(w.level_decisions) == 2
+
+
+def test_cascade_wrapper_refusals():
+    w = flashinfer.MultiLevelCascadeAttentionWrapper(2, torch.empty(1 << 20, dtype=torch.uint8))
+    one = torch.tensor([0, 2], dtype=torch.int32)
+    with pytest.raises(ValueError, match="list of 2"):
+        w.plan([one], [one], [one], [one], 4, 2, 32, 4)
+    with pytest.raises(ValueError, match="same queries"):
+        w.plan([one, torch.tensor([0, 3], dtype=torch.int32)], [one, one],
+               [torch.arange(2, dtype=torch.int32)] * 2, [torch.tensor([4], dtype=torch.int32)] * 2,
+               4, 2, 32, 4)
+    with pytest.raises(RuntimeError, match="before plan"):
+        w.run(torch.randn(2, 4, 32), torch.randn(4, 2, 4, 2, 32))
+    with pytest.raises(ValueError, match="num_levels"):
+        flashinfer.MultiLevelCascadeAttentionWrapper(0, torch.empty(8, dtype=torch.uint8))

@@ -1,5 +1,5 @@
 """Reference state merging: plain PyTorch in fp32. Kernel signatures and semantics:
-:mod:`flashinfer.cascade`."""
+:mod:`flashinfer.attention.merge`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Triton state merging: the launchers of ``_cascade_kernels.py`` (imported on first use, so this
-module imports without Triton). Kernel signatures and semantics: :mod:`flashinfer.cascade`.
+module imports without Triton). Kernel signatures and semantics: :mod:`flashinfer.attention.merge`.
 
 One program per (row, head); the head dim is walked in chunks of at most :data:`MAX_BLOCK_D`
 (any strides, any head count: nothing like a thread-block limit applies).
