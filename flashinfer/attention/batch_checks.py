@@ -20,7 +20,7 @@ comparison, no device work.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ import torch
 from .. import envs
 from .batch_params import BatchPlan, KVInput
 from .page import unpack_paged_kv_cache
+
+if TYPE_CHECKING:  # (an annotation only: upload.py is above this module)
+    from .upload import PlanUpload
 
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
