@@ -65,6 +65,7 @@ from .prefill import (  # noqa: F401,E402
 )
 from . import cascade  # noqa: F401,E402
 from .cascade import (  # noqa: F401,E402
+    BatchDecodeWithSharedPrefixPagedKVCacheWrapper, BatchPrefillWithSharedPrefixPagedKVCacheWrapper,
     MultiLevelCascadeAttentionWrapper, merge_state, merge_state_in_place, merge_states,
 )
 from . import mla  # noqa: F401,E402

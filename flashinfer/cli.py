@@ -360,7 +360,8 @@ def _unknown_name(name: str) -> UsageError:
     those that contain it."""
     names = {n.lower(): n for n in sorted(OPS) + sorted(PUBLIC_FUNCTIONS)}
     close = difflib.get_close_matches(name.lower(), list(names), n=6, cutoff=0.6)
-    close += [low for low in names if name.lower() in low and low not in close]
+    close += sorted((low for low in names if name.lower() in low and low not in close),
+                    key=len)  # the shortest names holding it first (the likeliest meant)
     hint = f"; did you mean: {', '.join(names[low] for low in close[:8])}?" if close else ""
     return UsageError(f"{name!r} is neither an op nor a public function{hint} "
                       "(flashinfer explain --list shows every name)")

@@ -295,6 +295,14 @@ PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
         PublicFunction("merge_state_in_place", "flashinfer.cascade", ("merge_state",),
                        ("in_place",)),
         PublicFunction("merge_states", "flashinfer.cascade", ("merge_states",)),
+        PublicFunction("BatchDecodeWithSharedPrefixPagedKVCacheWrapper", "flashinfer.cascade",
+                       ("single_prefill", "batch_decode", "merge_state"), ("lse",),
+                       note="the shared prefix as one prefill of every query, the unique pages "
+                            "by batch decode, merged"),
+        PublicFunction("BatchPrefillWithSharedPrefixPagedKVCacheWrapper", "flashinfer.cascade",
+                       ("single_prefill", "batch_prefill_paged", "merge_state"), ("lse",),
+                       note="the shared prefix as one prefill of every query, the unique pages "
+                            "by paged prefill, merged"),
         PublicFunction("MultiLevelCascadeAttentionWrapper", "flashinfer.cascade",
                        ("batch_prefill_paged", "merge_state"), ("lse", "in_place"),
                        note="plans one batch paged prefill per level in plan(); run() merges "

@@ -246,3 +246,38 @@ def test_cascade_wrapper_refusals():
         w.run(torch.randn(2, 4, 32), torch.randn(4, 2, 4, 2, 32))
     with pytest.raises(ValueError, match="num_levels"):
         flashinfer.MultiLevelCascadeAttentionWrapper(0, torch.empty(8, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("form", ["decode", "prefill", "prefill_causal"])
+def test_shared_prefix_wrappers_equal_attention_over_prefix_and_own_tokens(form):
+    """The legacy two-level wrappers: a contiguous 21-token shared prefix, then each request's
+    own paged tokens (page 4); equal to a flat prefill over [prefix | own]."""
+    gen = torch.Generator().manual_seed(10)
+    heads, kv_heads, dim, page, prefix = 4, 2, 32, 4, 21
+    own = [6, 1, 9]
+    q_lens = [1, 1, 1] if form == "decode" else [2, 1, 3]
+    indptr, indices, last = _paged(own, page)
+    cache = torch.randn(int(indptr[-1]), 2, page, kv_heads, dim, generator=gen)
+    k_shared = torch.randn(prefix, kv_heads, dim, generator=gen)
+    v_shared = torch.randn(prefix, kv_heads, dim, generator=gen)
+    q = torch.randn(sum(q_lens), heads, dim, generator=gen)
+    qo = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
+    ws = torch.empty(1 << 20, dtype=torch.uint8)
+    causal = form == "prefill_causal"
+    if form == "decode":
+        w = flashinfer.BatchDecodeWithSharedPrefixPagedKVCacheWrapper(ws)
+        w.begin_forward(indptr, indices, last, heads, kv_heads, dim, page, data_type=torch.float32)
+        out = w.forward(q, k_shared, v_shared, cache)
+    else:
+        w = flashinfer.BatchPrefillWithSharedPrefixPagedKVCacheWrapper(ws)
+        w.begin_forward(qo, indptr, indices, last, heads, kv_heads, dim, page)
+        out = w.forward(q, k_shared, v_shared, cache, causal=causal)
+    flat = cache.permute(1, 0, 2, 3, 4).reshape(2, -1, kv_heads, dim)
+    for b in range(3):
+        ids = [int(indices[indptr[b]]) * page + t for t in range(own[b])]
+        k = torch.cat([k_shared, flat[0, ids]])
+        v = torch.cat([v_shared, flat[1, ids]])
+        want = flashinfer.single_prefill_with_kv_cache(q[qo[b]:qo[b + 1]], k, v, causal=causal)
+        assert rel_error(out[qo[b]:qo[b + 1]], want) < 1e-5, b
+    with pytest.raises(RuntimeError, match="before begin_forward"):
+        type(w)(ws).forward(q, k_shared, v_shared, cache)
