@@ -29,7 +29,7 @@ from .. import envs
 from .batch_params import BatchPlan, KVInput
 from .page import unpack_paged_kv_cache
 
-if TYPE_CHECKING:  # (an annotation only: upload.py is above this module)
+if TYPE_CHECKING:  # (for an annotation only)
     from .upload import PlanUpload
 
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -26,7 +26,7 @@ from .single import single_prefill_with_kv_cache
 class _SharedPrefix:
     """The shared-prefix state merged into the unique part's."""
 
-    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str, unique) -> None:
+    def __init__(self, kv_layout: str, unique) -> None:
         self._kv_layout = kv_layout
         self._unique = unique
         self._args: tuple | None = None
@@ -52,8 +52,8 @@ class BatchDecodeWithSharedPrefixPagedKVCacheWrapper(_SharedPrefix):
     each request's paged tokens."""
 
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD") -> None:
-        super().__init__(float_workspace_buffer, kv_layout,
-                         BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout))
+        super().__init__(kv_layout, BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer,
+                                                                       kv_layout))
 
     @flashinfer_api
     def begin_forward(self, unique_kv_indptr: torch.Tensor, unique_kv_indices: torch.Tensor,
@@ -92,8 +92,8 @@ class BatchPrefillWithSharedPrefixPagedKVCacheWrapper(_SharedPrefix):
     tokens; ``causal`` masks the request's own tokens (bottom-right aligned)."""
 
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD") -> None:
-        super().__init__(float_workspace_buffer, kv_layout,
-                         BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout))
+        super().__init__(kv_layout, BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer,
+                                                                        kv_layout))
 
     @flashinfer_api
     def begin_forward(self, qo_indptr: torch.Tensor, paged_kv_indptr: torch.Tensor,
