@@ -11,7 +11,10 @@ DeepSeek-V3 latent attention: ckv 512 + kpe 64, sm_scale 1/sqrt(192), 128 heads 
 wrapper API, so the same file measures upstream when its package is first on ``PYTHONPATH``
 (a separate process). Timing: eager ``run()`` back to back between CUDA events, 10 calls per
 group, median of ``--iters`` groups, after one plan(); ``plan_ms`` is plan()'s host time with
-the index arrays on the host. Rates: TFLOP/s of the visible (query, key) pairs (4 * H *
+the index arrays on the host. A backend named ``<name>+graph`` is the CUDA-graph wrapper
+(``use_cuda_graph=True`` and its four fixed buffers) with that backend: 10 run() calls captured
+in one graph, median replay time per call (``auto+graph`` ours, ``fa2+graph`` / ``fa3+graph``
+upstream's). Rates: TFLOP/s of the visible (query, key) pairs (4 * H *
 (512 + 576) / 2 per pair) and TB/s of the latent cache read once (576 values per token).
 """
 
@@ -29,7 +32,8 @@ import flashinfer
 FAMILY = "mla"
 IMPLS = ("ours", "upstream")
 TIMING = ("eager back-to-back run() between CUDA events, 10 calls a group, median of the "
-          "iterations; plan() host time median of 30 after 3 warm-up calls")
+          "iterations; plan() host time median of 30 after 3 warm-up calls; +graph: 10 run() "
+          "calls of a use_cuda_graph wrapper in one CUDA graph, median replay per call")
 CKV, KPE = 512, 64
 SM_SCALE = 192 ** -0.5
 
@@ -62,10 +66,10 @@ def backends(case: dict, args) -> list[str]:
     if args.device == "cpu":
         return harness.pick(args, ["auto", "reference"])
     if args.impl == "upstream":
-        return harness.pick(args, UPSTREAM)
+        return harness.pick(args, UPSTREAM + [f"{b}+graph" for b in UPSTREAM])
     extra = ["flashmla_direct"] if case["page"] == 64 and case["kv_dtype"] == "bfloat16" else []
     kernels = [k for k in harness.declared_kernels("batch_mla") if k != "reference:default"]
-    return harness.pick(args, ["auto"] + kernels + extra)
+    return harness.pick(args, ["auto"] + kernels + extra + ["auto+graph"])
 
 
 def _inputs(case: dict, device: str) -> dict:
@@ -94,7 +98,15 @@ def bench(case: dict, backend: str, iters: int, device: str) -> dict:
         return _flashmla_direct(case, t, iters)
     ckv, kpe = case["ckv"], case["kpe"]
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
-    w = flashinfer.mla.BatchMLAPagedAttentionWrapper(ws, backend=backend)
+    graph = backend.endswith("+graph")
+    if graph:  # the fixed buffers, sized for this batch and its pages
+        bufs = {name: torch.zeros_like(t[key], device=device) for name, key in (
+            ("qo_indptr", "qo_indptr"), ("kv_indptr", "kv_indptr"), ("kv_indices", "kv_indices"),
+            ("kv_len_arr", "kv_len"))}
+        w = flashinfer.mla.BatchMLAPagedAttentionWrapper(
+            ws, use_cuda_graph=True, backend=backend.removesuffix("+graph"), **bufs)
+    else:
+        w = flashinfer.mla.BatchMLAPagedAttentionWrapper(ws, backend=backend)
 
     def plan():
         w.plan(t["qo_indptr"], t["kv_indptr"], t["kv_indices"], t["kv_len"], case["heads"], ckv,
@@ -105,6 +117,11 @@ def bench(case: dict, backend: str, iters: int, device: str) -> dict:
     run = lambda: w.run(q[..., :ckv], q[..., ckv:], cache[..., :ckv], cache[..., ckv:],  # noqa: E731
                         **scales)
     run()
+    if graph:
+        ms = timing.graph_ms([()] * 10, lambda _args, _backend: run(), backend, iters)
+        if ms is None:
+            return {"error": "the run could not be captured in a CUDA graph"}
+        return {**_rates(case, ms), "chosen": getattr(getattr(w, "decision", None), "name", None)}
     ms = timing.eager_ms(lambda: [run() for _ in range(10)], iters, calls=10, warmup=1)
     return {**_rates(case, ms), "plan_ms": timing.host_ms(plan),
             "chosen": getattr(getattr(w, "decision", None), "name", None)}

@@ -31,6 +31,12 @@ of one ``[pages, page_size, 576]`` buffer are fine: the last dim is contiguous),
 whose ``makes_output`` is true and the caller gave none: it returns its own), ``lse [total_qo,
 H]`` float32 base 2 or None, ``scales`` an :class:`MLAScales`. A record without the feature
 ``separate_caches`` is only run on caches for which :func:`joint_latent` holds.
+
+A record with the feature ``cuda_graph`` serves plans of a CUDA-graph wrapper
+(``plan.cuda_graph``): its runner makes no host sync, reads every length and page id from the
+plan's device arrays (the wrapper's fixed buffers, rewritten by each plan) and keeps the device
+buffers a captured run reads in ``plan.graph_store`` (kept by the wrapper across its plans), so
+that a graph captured under one plan replays correctly under a later one.
 """
 
 from __future__ import annotations
@@ -84,6 +90,9 @@ class MLAPlan:
     # arrays the planner of the decided kernel built on the host (its ``host_arrays(plan)``),
     # uploaded with the plan's own in one copy: name -> 1-D int32 device tensor
     extra: dict = field(default_factory=dict)
+    # a CUDA-graph wrapper's buffers that outlive its plans (a captured graph keeps reading
+    # them): one dict for the wrapper's life, where a runner keeps what it builds on the device
+    graph_store: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,9 @@ plan; ``wrapper.decision`` then names the kernel that ran).
 A CUDA-graph wrapper (``use_cuda_graph=True`` with the four fixed buffers) copies the plan's
 arrays into them; its runner reads every length and page id from those buffers and its launch
 shape is the first plan's (later plans keep the batch size and may not grow the query length).
+Its kernel is the first plan's too: a captured graph replays that kernel, so a later plan
+whose Decision names another is served by the first one when it can and refused otherwise;
+the runners keep what a captured run reads in one store per wrapper (``plan.graph_store``).
 Upstream's ``_cached_module.plan`` (SGLang's CUDA-graph fast path) re-plans from its host
 arrays and the fixed ``kv_indices`` buffer (:class:`MLAPlanModule`).
 """
@@ -72,6 +75,8 @@ class BatchMLAPagedAttentionWrapper:
         self._kv_indices_buf, self._kv_len_arr_buf = kv_indices, kv_len_arr
         self._plan: MLAPlan | None = None
         self._graph_shape: tuple[int, int] | None = None  # (batch, rows per request) captured
+        self._graph_kernel: str | None = None  # the kernel a captured graph replays
+        self._graph_store: dict | None = {} if self._use_cuda_graph else None
         self._plan_info = None
         self._runner = self._separate = None
         self.decision: dispatch.Decision | None = None
@@ -147,7 +152,8 @@ class BatchMLAPagedAttentionWrapper:
             kv_indices=ids, kv_len=lens_h, total_qo=int(qo[-1]),
             max_qo_len=max_qo_len, max_kv_len=int(lens.max(initial=0)),
             max_page_id=max_id, cuda_graph=graph, workspace=self._workspace_bytes,
-            kv_indices_host=ids if ids.device.type == "cpu" else None)
+            kv_indices_host=ids if ids.device.type == "cpu" else None,
+            graph_store=self._graph_store)
         features = (host_plan.causal, max_qo_len > 1,
                     bool(qo_lens.size) and qo_lens.min() != max_qo_len, graph)
         key = ("batch_mla", dev, q_dtype, kv_dtype, num_heads, head_dim_ckv, head_dim_kpe,
@@ -155,6 +161,8 @@ class BatchMLAPagedAttentionWrapper:
                length_bucket(host_plan.max_kv_len), length_bucket(host_plan.total_qo), page_size,
                features)
         self.decision = dispatch.decide_keyed(key, lambda: self._problem(host_plan), self._backend)
+        if graph:
+            self.decision = self._graph_decision(self.decision, host_plan)
         host_arrays = getattr(self.decision.kernel, "host_arrays", None)
         extra = host_arrays(host_plan) if host_arrays is not None else {}
         arrays = {"qo_indptr": qo, "kv_indptr": kv, "kv_len_arr": lens, **extra}  # (numpy: no
@@ -203,6 +211,21 @@ class BatchMLAPagedAttentionWrapper:
                 f"{fixed_q} query tokens (the shape a captured graph replays); got {batch} "
                 f"requests of up to {max_qo_len}: use one wrapper per graph shape")
         return fixed_q
+
+    def _graph_decision(self, decision: dispatch.Decision, plan: MLAPlan) -> dispatch.Decision:
+        """A CUDA-graph wrapper's Decision: its first plan's kernel, which a captured graph
+        replays (another kernel's runner would read buffers the graph never touches)."""
+        first = self._graph_kernel
+        if first is None or decision.name == first:
+            self._graph_kernel = decision.name
+            return decision
+        try:
+            return dispatch.decide(self._problem(plan), first)
+        except dispatch.NoBackendError as err:
+            raise ValueError(
+                f"this CUDA-graph wrapper's first plan runs {first} (the kernel a captured graph "
+                f"replays), which cannot serve this plan: {err.args[0] if err.args else err}. "
+                "Use one wrapper per graph") from None
 
     def _problem(self, plan: MLAPlan, separate_caches: bool = False) -> Problem:
         features = {"separate_caches"} if separate_caches else set()

@@ -152,6 +152,26 @@ def test_cuda_graph_plan_goes_to_the_capturable_kernel():
             bufs, kv_indices=None))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="Triton on the CPU runs in the interpreter "
+                    "only without a GPU (test_mla_gpu.py covers the GPU)")
+def test_cuda_graph_wrapper_keeps_its_first_kernel():
+    """A CUDA-graph wrapper's later plans run its first plan's kernel (what a captured graph
+    replays); one that kernel cannot serve is refused, naming it."""
+    arrays, _ = _case([1, 1], [9, 7])
+    bufs = dict(qo_indptr=torch.zeros(3, dtype=I32), kv_indptr=torch.zeros(3, dtype=I32),
+                kv_indices=torch.zeros(16, dtype=I32), kv_len_arr=torch.zeros(2, dtype=I32))
+    w = _plan(arrays, 4, False, dtype=torch.bfloat16, use_cuda_graph=True, **bufs)
+    assert w._graph_kernel == "triton"
+    again = lambda: w.plan(*(arrays[k] for k in ("qo_indptr", "kv_indptr", "kv_indices",  # noqa: E731
+                                                 "kv_len_arr")),
+                           4, 32, 8, 4, False, 0.17, torch.bfloat16, torch.bfloat16)
+    again()
+    assert w.decision.name == "triton"
+    w._graph_kernel = "flashmla"  # as if the first plan had been FlashMLA's (SM 9.0)
+    with pytest.raises(ValueError, match="first plan runs flashmla"):
+        again()
+
+
 @pytest.mark.parametrize("sm, page_size, kv, features, heads, rows, want", [
     ("7.5", 64, "bfloat16", (), 128, 64, "reference"),
     ("8.0", 64, "bfloat16", (), 128, 64, "triton"),
@@ -166,7 +186,8 @@ def test_cuda_graph_plan_goes_to_the_capturable_kernel():
     ("9.0", 1, "bfloat16", (), 16, 64, "triton"),
     ("9.0", 64, "float8_e4m3fn", (), 128, 64, "triton"),
     ("9.0", 64, "bfloat16", ("separate_caches",), 128, 64, "triton"),
-    ("9.0", 64, "bfloat16", ("cuda_graph",), 128, 64, "triton"),
+    ("9.0", 64, "bfloat16", ("cuda_graph",), 128, 64, "flashmla"),
+    ("9.0", 1, "bfloat16", ("cuda_graph",), 128, 64, "triton"),  # (sparse: not capturable)
     ("10.0", 64, "bfloat16", (), 128, 64, "triton"),
     ("12.0", 16, "bfloat16", ("cuda_graph",), 128, 64, "triton"),
     (None, 64, "bfloat16", (), 128, 64, "reference"),

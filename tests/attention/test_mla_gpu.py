@@ -182,3 +182,53 @@ def test_bad_page_id_given_on_the_device_is_recorded(backend):
     assert torch.isfinite(out.float()).all()
     with pytest.raises(ValueError, match=r"kv_indices\[2\] = 1048576"):
         flashinfer.check_errors()
+
+
+@pytest.mark.skipif(not HAS_FLASHMLA, reason="needs flash_mla (sgl-flash-mla) on SM 9.0")
+def test_flashmla_cuda_graph_replay_equals_eager():
+    """auto picks FlashMLA for a page-64 CUDA-graph wrapper; captured once, re-planned through
+    _cached_module.plan.default with other lengths and page ids in the fixed buffer, replayed:
+    equal to the reference. A bad id written into the buffer is recorded at replay (the output
+    stays finite); a plan FlashMLA cannot serve (varying query lengths) is refused."""
+    batch, q_len, heads, page = 8, 2, 128, 64
+    bufs = dict(qo_indptr=torch.zeros(batch + 1, dtype=I32, device=DEV),
+                kv_indptr=torch.zeros(batch + 1, dtype=I32, device=DEV),
+                kv_indices=torch.zeros(4096, dtype=I32, device=DEV),
+                kv_len_arr=torch.zeros(batch, dtype=I32, device=DEV))
+    lens1 = [17, 64, 65, 300, 1000, 2, 128, 900]
+    arrays, t = _inputs([q_len] * batch, lens1, page, heads, seed=11)
+    w = _wrapper(arrays, page, True, "auto", heads, use_cuda_graph=True, **bufs)
+    assert w.decision.name == "flashmla"
+    out = torch.empty(batch * q_len, heads, 512, dtype=torch.bfloat16, device=DEV)
+    lse = torch.empty(batch * q_len, heads, dtype=torch.float32, device=DEV)
+    w.run(**t, out=out, lse=lse)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(**t, out=out, lse=lse)
+    lens2 = [1000, 3, 64, 63, 129, 400, 2, 777]
+    arrays2, _ = _case([q_len] * batch, lens2, page_size=page, heads=heads, ckv=512, kpe=64,
+                       spare=t["ckv_cache"].shape[0] - sum(-(-n // page) for n in lens2), seed=12)
+    n_ids = arrays2["kv_indices"].shape[0]
+    bufs["kv_indices"][:n_ids] = arrays2["kv_indices"].to(DEV)
+    w._cached_module.plan.default(None, None, None, arrays2["qo_indptr"], arrays2["kv_indptr"],
+                                  arrays2["kv_len_arr"], heads, 512, True)
+    assert w.decision.name == "flashmla"
+    poison(out)
+    poison(lse)
+    graph.replay()
+    want, want_lse = _wrapper(arrays2, page, True, "reference", heads).run(**t, return_lse=True)
+    _check(out, want, lse, want_lse)
+
+    flashinfer.check_errors()
+    bufs["kv_indices"][5] = 1 << 20
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isfinite(out.float()).all()
+    with pytest.raises(ValueError, match=r"kv_indices\[5\] = 1048576"):
+        flashinfer.check_errors()
+
+    ragged = dict(arrays2, qo_indptr=torch.tensor([0, 1, 3, 5, 7, 9, 11, 13, 15], dtype=I32))
+    with pytest.raises(ValueError, match="first plan runs flashmla"):
+        w.plan(ragged["qo_indptr"], ragged["kv_indptr"], ragged["kv_indices"],
+               ragged["kv_len_arr"], heads, 512, 64, page, True, SCALE, torch.bfloat16,
+               torch.bfloat16)

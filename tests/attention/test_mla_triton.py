@@ -124,3 +124,34 @@ def test_cuda_graph_plans_share_one_launch_and_cached_module_replans():
     with pytest.raises(ValueError, match="first planned for 3 requests of at most 2"):
         w.plan(*(a.to(DEV) for a in _case([3, 1, 1], [9, 9, 9])[0].values()), 4, 32, 8, 4, True,
                0.17, torch.bfloat16, torch.bfloat16)
+
+
+def test_block_table_from_csr_page_ids():
+    """fill_block_table (FlashMLA's CUDA-graph table): row b is request b's page ids, at most
+    the table's width, the rest of the row untouched; an id past the caches is recorded (its
+    entry of kv_indices named) and written as page 0."""
+    from flashinfer.attention.mla_params import MLA_PAGE
+    from flashinfer.backends.shared.block_table import BLOCK, fill_block_table
+
+    g = torch.Generator().manual_seed(5)
+    pages = [3, 0, BLOCK + 5, 1]  # one request spans two of the kernel's steps
+    indptr = torch.tensor([0] + pages, dtype=I32).cumsum(0).to(I32)
+    ids = torch.randint(0, 1000, (int(indptr[-1]) + 7,), generator=g, dtype=I32)  # (+ spare)
+    width = max(pages)
+    table = torch.full((len(pages), width), -5, dtype=I32)
+    flashinfer.check_errors(DEV)
+    dev_table = table.to(DEV)
+    fill_block_table(dev_table, indptr.to(DEV), ids.to(DEV), 1000, MLA_PAGE)
+    for b, n in enumerate(pages):
+        assert torch.equal(dev_table[b, :n].cpu(), ids[indptr[b]:indptr[b] + n])
+        assert (dev_table[b, n:] == -5).all()
+    flashinfer.check_errors(DEV)  # nothing recorded
+    ids[int(indptr[2]) + 7] = 1000
+    narrow = torch.full((len(pages), 4), -5, dtype=I32, device=DEV)
+    fill_block_table(narrow, indptr.to(DEV), ids.to(DEV), 1000, MLA_PAGE)
+    assert torch.equal(narrow[2].cpu(), ids[indptr[2]:indptr[2] + 4])  # the first 4 of 261
+    full = torch.full((len(pages), width), -5, dtype=I32, device=DEV)
+    fill_block_table(full, indptr.to(DEV), ids.to(DEV), 1000, MLA_PAGE)
+    assert int(full[2, 7]) == 0
+    with pytest.raises(ValueError, match=rf"kv_indices\[{int(indptr[2]) + 7}\] = 1000"):
+        flashinfer.check_errors(DEV)

@@ -21,6 +21,14 @@ Page ids on the device (not read back by plan()) are checked at the first run ag
 caches' page count (rule ``MLA_PAGE``: recorded, and read as page 0), once per plan and cache
 size. (On the H200, runs given ``get_mla_decoding_metadata``'s output made in plan() took 99 us
 a call against the direct call's 84 at 16 heads, B=64, kv 4096.)
+
+CUDA-graph plans (``plan.cuda_graph``): every run rebuilds the block table on the device from
+the wrapper's fixed ``kv_indptr`` / ``kv_indices`` buffers (one Triton launch,
+:func:`~flashinfer.backends.shared.block_table.fill_block_table`, which checks each id) and lets
+the kernel make the scheduler metadata from the fixed lengths, so a captured run replays with
+what a later plan wrote. The table is ``[B, W]`` with ``W`` the fewer of the ``kv_indices``
+buffer's capacity and the caches' page count (a request of more pages would repeat one); it and
+the joined-query buffer live in ``plan.graph_store``, where they outlive the plan.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import numpy as np
 import torch
 
 from ...attention.mla_params import MLA_PAGE, MLAPlan, MLAScales, joint_latent
+from ..shared.block_table import fill_block_table
 from ..shared.upload import upload_array
 from . import legacy_ops
 from ...index_checks import Check, report_device
@@ -48,7 +57,10 @@ class FlashMLARunner:
         self.fwd = legacy_ops().dense_decode_fwd.default
         dev = plan.device
         table = plan.extra.get(BLOCK_TABLE)
-        if plan.kv_indices_host is not None:  # ids checked by plan(): the table made on the host
+        self.most_pages = int(np.diff(plan.kv_indptr_host.numpy()).max(initial=0))
+        if plan.cuda_graph:  # built by every run, inside a captured graph (_graph_table)
+            self.table = None
+        elif plan.kv_indices_host is not None:  # ids checked by plan(): the table made on the host
             if table is None:  # (a plan made for another kernel: not in its upload)
                 table = upload_array(_host_table(plan), dev)
             width = table.numel() // plan.batch_size if plan.batch_size else 1
@@ -72,6 +84,8 @@ class FlashMLARunner:
 
     def _block_table(self, num_pages: int) -> torch.Tensor:
         """The block table; device ids are checked against ``num_pages`` once per cache size."""
+        if self.plan.cuda_graph:
+            return self._graph_table(num_pages)
         if self.plan.kv_indices_host is not None:
             return self.table
         if self.checked_pages != num_pages:
@@ -82,13 +96,29 @@ class FlashMLARunner:
             self.checked_pages = num_pages
         return self.table
 
+    def _graph_table(self, num_pages: int) -> torch.Tensor:
+        """A CUDA-graph plan's ``[B, W]`` table, rebuilt on the device from the fixed buffers
+        (queued by every run, so a captured graph rebuilds it at each replay)."""
+        plan = self.plan
+        width = max(1, min(plan.kv_indices.numel(), num_pages))
+        if self.most_pages > width:
+            raise ValueError(
+                f"kv_indptr gives a request {self.most_pages} pages, more than the caches hold "
+                f"({num_pages}) or the fixed kv_indices buffer ({plan.kv_indices.numel()}): "
+                "FlashMLA's CUDA-graph block table has a row of at most that many pages")
+        table = _kept(plan, (BLOCK_TABLE, plan.batch_size, width), torch.int32)
+        fill_block_table(table, plan.kv_indptr, plan.kv_indices, num_pages, MLA_PAGE)
+        return table
+
     def _q(self, q_nope: torch.Tensor, q_pe: torch.Tensor) -> torch.Tensor:
         plan = self.plan
         shape = (plan.batch_size, self.q_len, plan.num_heads, plan.head_dim_ckv + plan.head_dim_kpe)
         if joint_latent(q_nope, q_pe):
             st, sh = q_nope.stride(0), q_nope.stride(1)
             return q_nope.as_strided(shape, (self.q_len * st, st, sh, 1))
-        if self.q_buf is None:
+        if plan.cuda_graph:  # (a captured graph writes into it at every replay: kept)
+            self.q_buf = _kept(plan, ("flashmla_q",) + shape, q_nope.dtype)
+        elif self.q_buf is None:
             self.q_buf = torch.empty(shape, dtype=q_nope.dtype, device=q_nope.device)
         torch.cat([q_nope, q_pe], -1, out=self.q_buf.view(plan.total_qo, plan.num_heads, -1))
         return self.q_buf
@@ -102,7 +132,8 @@ class FlashMLARunner:
         o, l_e, meta, splits = self.fwd(self._q(q_nope, q_pe), k, plan.head_dim_ckv, plan.kv_len,
                                         self._block_table(num_pages), plan.sm_scale, plan.causal,
                                         self.meta, self.splits)
-        self.meta, self.splits = meta, splits
+        if not plan.cuda_graph:  # (a graph's lengths change at each plan: made by every run)
+            self.meta, self.splits = meta, splits
         o = o.view(plan.total_qo, plan.num_heads, plan.head_dim_ckv)
         if out is not None:
             out.copy_(o)
@@ -128,9 +159,22 @@ def _host_table(plan: MLAPlan) -> np.ndarray:
     return np.where(used, ids[entries] if ids.size else 0, 0).astype(np.int32).reshape(-1)
 
 
+def _kept(plan: MLAPlan, key: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """The buffer ``key`` (its last entries the shape) of a CUDA-graph wrapper's store,
+    allocated on first use; never freed while the wrapper lives (a captured graph may read it)."""
+    buf = plan.graph_store.get(key)
+    if buf is None:
+        shape = tuple(n for n in key if isinstance(n, int))
+        buf = plan.graph_store[key] = torch.empty(shape, dtype=dtype, device=plan.device)
+    return buf
+
+
 def _host_arrays(plan: MLAPlan) -> dict:
-    """The block table, in the plan's upload, when the page ids were given on the host."""
-    return {} if plan.kv_indices_host is None else {BLOCK_TABLE: _host_table(plan)}
+    """The block table, in the plan's upload, when the page ids were given on the host (a
+    CUDA-graph plan builds its table at run)."""
+    if plan.kv_indices_host is None or plan.cuda_graph:
+        return {}
+    return {BLOCK_TABLE: _host_table(plan)}
 
 
 def batch_mla(plan: MLAPlan) -> FlashMLARunner:
