@@ -1,0 +1,332 @@
+"""Block-sparse attention (upstream's ``flashinfer.sparse``): ``BlockSparseAttentionWrapper``
+(one BSR block map of ``R x C`` blocks shared by every head) and
+``VariableBlockSparseAttentionWrapper`` (one map per KV head, blocks of varying sizes).
+
+Both are a paged batch prefill in disguise, planned through
+:class:`~flashinfer.attention.batch_prefill.BatchPrefillWithPagedKVCacheWrapper` (so each runs
+on the kernel that Decision picks: ``wrapper.decision``):
+
+* BSR: row block ``i`` (``R`` query rows, the last one the remainder of ``M``) is a request whose
+  pages are its column blocks, ``indices[indptr[i]:indptr[i+1]]``: ``k`` / ``v [N, H_kv, D]``
+  viewed as pages of ``gcd(C, 64)`` tokens (no copy; a block is ``C / page`` of them). A per-block ``mask [nnz, R, C]`` becomes
+  the request's custom mask (:func:`convert_bsr_mask_layout`'s layout); ``causal`` aligns each
+  row block's last query with its last gathered key, as upstream's kernels do (for the usual
+  causal pattern, a row block that ends with its diagonal block, that is global causality).
+* Variable: KV head ``h``'s row block ``i`` is a request of ``block_row_sz[h, i]`` rows whose
+  keys are the tokens of its selected column blocks, as pages of one token; the query heads of
+  that KV head are the request's heads (q / out are re-laid once per run from HND).
+
+Index arrays are checked in ``plan`` on the host: ``indptr`` monotone and of length
+``ceil(M / R) + 1``, each row's column blocks strictly increasing in ``[0, N / C)`` (a repeated
+block would count its keys twice). A row block with no column block outputs 0 (lse ``-inf``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..api_logging import flashinfer_api
+from .batch_checks import check_indptr, host_index_arrays, positive_int
+from .batch_prefill import BatchPrefillWithPagedKVCacheWrapper
+
+#: the largest page the paged prefill kernels take (a wider block is several pages)
+MAX_PAGE = 64
+
+def convert_bsr_mask_layout(mask: torch.Tensor, indptr: torch.Tensor) -> torch.Tensor:
+    """A BSR block mask ``[nnz, R, C]`` as the flat ``[nnz * R * C]`` custom mask of the row
+    blocks taken as requests: row block ``i``'s ``R x (n_i * C)`` rows one after another."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 3:
+        raise ValueError(f"mask must be a [nnz, R, C] tensor, got "
+                         f"{tuple(getattr(mask, 'shape', ())) or type(mask).__name__}")
+    (ind,) = host_index_arrays(("indptr", indptr))
+    check_indptr("indptr", ind)
+    nnz, r, c = mask.shape
+    if int(ind[-1]) != nnz:
+        raise ValueError(f"mask holds {nnz} blocks, indptr[-1] = {int(ind[-1])}")
+    return mask[_bsr_mask_order(ind.numpy(), r, c, r * (len(ind) - 1), mask.device)].reshape(-1) \
+        if nnz else mask.reshape(-1)
+
+
+def _bsr_mask_order(ind: np.ndarray, r: int, c: int, m: int, device) -> tuple:
+    """Index tensors ``(entry, row, col)`` that read a ``[nnz, R, C]`` mask in the flat layout
+    of the row blocks as requests (the rows of a last partial block past ``m`` left out)."""
+    counts = ind[1:] - ind[:-1]
+    rows = np.minimum(r, m - r * np.arange(len(counts)))
+    # per request: rows x (its blocks x C), row-major; entry = first block + column // C
+    sizes = rows * counts * c
+    flat = np.arange(int(sizes.sum()))
+    req = np.repeat(np.arange(len(counts)), sizes)
+    local = flat - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    width = (counts * c)[req]
+    row, col = local // width, local % width
+    entry = ind[:-1][req] + col // c
+    return tuple(torch.from_numpy(a.astype(np.int64)).to(device) for a in (entry, row, col % c))
+
+
+def _check_block_indices(ind: np.ndarray, idx: np.ndarray, num_col_blocks: int) -> None:
+    """Each row's column blocks strictly increasing, in ``[0, num_col_blocks)``."""
+    bad = np.flatnonzero((idx < 0) | (idx >= num_col_blocks))
+    if bad.size:
+        e = int(bad[0])
+        raise ValueError(f"indices[{e}] = {int(idx[e])} is outside [0, N / C = {num_col_blocks})")
+    if idx.size > 1:
+        same_row = np.ones(idx.size - 1, dtype=bool)
+        starts = ind[1:-1]
+        starts = starts[(starts > 0) & (starts < idx.size)]
+        same_row[starts - 1] = False
+        bad = np.flatnonzero(same_row & (idx[1:] <= idx[:-1]))
+        if bad.size:
+            e = int(bad[0]) + 1
+            row = int(np.searchsorted(ind, e, side="right")) - 1
+            raise ValueError(f"the column blocks of row block {row} must be strictly increasing "
+                             f"(sorted, no repeats): indices[{e - 1}] = {int(idx[e - 1])}, "
+                             f"indices[{e}] = {int(idx[e])}")
+
+
+class BlockSparseAttentionWrapper:
+    """Attention of ``q [M, H_qo, D]`` over ``k`` / ``v [N, H_kv, D]`` restricted to the BSR
+    block map (``R x C`` blocks), every head sharing it. ``backend``: the batch prefill
+    wrapper's (``"auto"``, a backend name or an upstream spelling)."""
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, backend: str = "auto") -> None:
+        self._prefill = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, "NHD",
+                                                            backend=backend)
+        self.device = self._prefill.device
+        self._shape = None
+
+    @property
+    def decision(self):
+        """The Decision of the planned batch prefill (the kernel that runs)."""
+        return getattr(self._prefill, "decision", None)
+
+    def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor,
+                               int_workspace_buffer: torch.Tensor) -> None:
+        self._prefill.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+
+    @flashinfer_api
+    def plan(self, indptr: torch.Tensor, indices: torch.Tensor, M: int, N: int, R: int, C: int,
+             num_qo_heads: int, num_kv_heads: int, head_dim: int,
+             mask: Optional[torch.Tensor] = None, packed_mask: Optional[torch.Tensor] = None,
+             causal: bool = False, pos_encoding_mode: str = "NONE",
+             use_fp16_qk_reduction: bool = False, logits_soft_cap: Optional[float] = None,
+             sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+             rope_theta: Optional[float] = None, q_data_type="float16", kv_data_type=None,
+             o_data_type="float16", non_blocking: bool = True,
+             block_mask: Optional[torch.Tensor] = None) -> None:
+        """``indptr [ceil(M/R) + 1]`` / ``indices [nnz]`` int32 (host or device): row block
+        ``i`` sees column blocks ``indices[indptr[i]:indptr[i+1]]``; ``N`` a multiple of ``C``.
+        ``mask [nnz, R, C]`` bool (True: attend) or ``packed_mask`` (its
+        :func:`convert_bsr_mask_layout` layout, packed little-endian per row block) masks
+        inside the blocks. ``o_data_type`` defaults to float16 whatever q's dtype, as upstream's
+        does. ``block_mask`` (upstream's SM 10.x / 12.x VSA backends) is refused."""
+        if block_mask is not None:
+            raise NotImplementedError("block_mask (upstream's VSA backends for SM 10.x / 12.x) is "
+                                      "not supported: give the BSR indptr / indices")
+        M, N, R, C = (positive_int(n, v) for n, v in (("M", M), ("N", N), ("R", R), ("C", C)))
+        if N % C:
+            raise ValueError(f"N ({N}) must be a multiple of the block width C ({C})")
+        num_row_blocks = -(-M // R)
+        ind, idx = host_index_arrays(("indptr", indptr), ("indices", indices))
+        check_indptr("indptr", ind, num_row_blocks)
+        nnz = int(ind[-1])
+        if idx.shape[0] < nnz:
+            raise ValueError(f"indices must hold indptr[-1] = {nnz} column block ids, got "
+                             f"{idx.shape[0]}")
+        ind_np, idx_np = ind.numpy(), idx.numpy()[:nnz]
+        _check_block_indices(ind_np, idx_np, N // C)
+        custom = None
+        if mask is not None:
+            if packed_mask is not None:
+                raise ValueError("give mask or packed_mask, not both")
+            if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool \
+                    or tuple(mask.shape) != (nnz, R, C):
+                raise ValueError(f"mask must be a bool tensor [nnz, R, C] = {[nnz, R, C]}, got "
+                                 f"{getattr(mask, 'dtype', type(mask).__name__)} "
+                                 f"{tuple(getattr(mask, 'shape', ()))}")
+            custom = mask[_bsr_mask_order(ind_np, R, C, M, mask.device)] if nnz else \
+                torch.zeros(0, dtype=torch.bool)
+        qo = np.minimum(np.arange(num_row_blocks + 1, dtype=np.int64) * R, M).astype(np.int32)
+        counts = ind_np[1:] - ind_np[:-1]
+        # pages of at most 64 tokens (what the paged kernels take): a column block is `split`
+        # consecutive pages, in order, so the keys and the mask layout stay the same
+        page = math.gcd(C, MAX_PAGE)
+        split = C // page
+        ids = idx[:nnz]
+        if split > 1:
+            ids = (ids[:, None] * split + torch.arange(split, dtype=torch.int32)).reshape(-1)
+        last = np.where(counts > 0, page, 0).astype(np.int32)
+        self._prefill.plan(
+            torch.from_numpy(qo), torch.from_numpy(ind_np * split), ids, torch.from_numpy(last),
+            num_qo_heads, num_kv_heads, head_dim, page, custom_mask=custom,
+            packed_custom_mask=packed_mask,
+            causal=causal, pos_encoding_mode=pos_encoding_mode,
+            use_fp16_qk_reduction=use_fp16_qk_reduction, sm_scale=sm_scale,
+            logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta,
+            q_data_type=q_data_type, kv_data_type=kv_data_type, o_data_type=o_data_type,
+            non_blocking=non_blocking)
+        self._shape = (M, N, page, num_qo_heads, num_kv_heads, head_dim)
+        self.M, self.N, self.R, self.C = M, N, R, C
+
+    begin_forward = plan
+
+    @flashinfer_api
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            scale_q: Optional[torch.Tensor] = None, scale_k: Optional[torch.Tensor] = None,
+            scale_v: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
+            lse: Optional[torch.Tensor] = None, return_lse: bool = False, enable_pdl=None):
+        """``out [M, H_qo, D]`` in the planned ``o_data_type`` (and ``lse [M, H_qo]`` float32
+        base 2): ``q [M, H_qo, D]``, ``k`` / ``v [N, H_kv, D]``. ``scale_q`` / ``scale_k`` /
+        ``scale_v``: fp8 dequantisation scales, as the batch prefill's ``q_scale`` /
+        ``k_scale`` / ``v_scale``."""
+        if self._shape is None:
+            raise RuntimeError("BlockSparseAttentionWrapper.run() called before plan()")
+        M, N, page, hq, hk, d = self._shape
+        for name, t, rows, heads in (("q", q, M, hq), ("k", k, N, hk), ("v", v, N, hk)):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != (rows, heads, d):
+                raise ValueError(f"{name} must be [{rows}, {heads}, {d}] as planned, got "
+                                 f"{tuple(getattr(t, 'shape', ())) or type(t).__name__}")
+        pages = (k.reshape(N // page, page, hk, d), v.reshape(N // page, page, hk, d))
+        return self._prefill.run(q, pages, q_scale=scale_q, k_scale=scale_k, v_scale=scale_v,
+                                 out=out, lse=lse, return_lse=return_lse, enable_pdl=enable_pdl)
+
+    def forward(self, q, k, v, scale_q=None, scale_k=None, scale_v=None,
+                pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
+                logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
+                rope_scale: Optional[float] = None, rope_theta: Optional[float] = None):
+        """Deprecated (upstream's signature): ``run()`` of the planned wrapper; the planned
+        values stand (pass them to ``plan``)."""
+        return self.run(q, k, v, scale_q, scale_k, scale_v)
+
+    def end_forward(self) -> None:
+        """Upstream no-op."""
+
+
+class VariableBlockSparseAttentionWrapper:
+    """Block-sparse attention with one block map per KV head and blocks of varying sizes, on
+    HND tensors: ``q [H_qo, qo_len, D]``, ``k`` / ``v [H_kv, kv_len, D]``. ``backend``: the
+    batch prefill wrapper's."""
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, backend: str = "auto") -> None:
+        self._prefill = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, "NHD",
+                                                            backend=backend)
+        self.device = self._prefill.device
+        self._shape = None
+
+    @property
+    def decision(self):
+        """The Decision of the planned batch prefill (the kernel that runs)."""
+        return getattr(self._prefill, "decision", None)
+
+    def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor,
+                               int_workspace_buffer: torch.Tensor) -> None:
+        self._prefill.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+
+    @flashinfer_api
+    def plan(self, block_mask_map: torch.Tensor, block_row_sz: torch.Tensor,
+             block_col_sz: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+             causal: bool = False, pos_encoding_mode: str = "NONE",
+             use_fp16_qk_reduction: bool = False, logits_soft_cap: Optional[float] = None,
+             sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+             rope_theta: Optional[float] = None, non_blocking: bool = True,
+             q_data_type="float16", kv_data_type=None) -> None:
+        """``block_mask_map [H_kv, MB, NB]`` bool; ``block_row_sz [H_kv, MB]`` /
+        ``block_col_sz [H_kv, NB]`` int (each KV head's rows sum to the same ``qo_len``, its
+        columns to the same ``kv_len``)."""
+        num_qo_heads = positive_int("num_qo_heads", num_qo_heads)
+        num_kv_heads = positive_int("num_kv_heads", num_kv_heads)
+        if num_qo_heads % num_kv_heads:
+            raise ValueError(f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads "
+                             f"({num_kv_heads})")
+        mask = _host_tensor("block_mask_map", block_mask_map, 3, (torch.bool,))
+        rows = _host_tensor("block_row_sz", block_row_sz, 2, _INT_DTYPES).to(torch.int64).numpy()
+        cols = _host_tensor("block_col_sz", block_col_sz, 2, _INT_DTYPES).to(torch.int64).numpy()
+        hk, mb, nb = mask.shape
+        if hk != num_kv_heads or rows.shape != (hk, mb) or cols.shape != (hk, nb):
+            raise ValueError(f"block_mask_map [H_kv, MB, NB], block_row_sz [H_kv, MB] and "
+                             f"block_col_sz [H_kv, NB] must agree with num_kv_heads="
+                             f"{num_kv_heads}: got {tuple(mask.shape)}, {rows.shape}, "
+                             f"{cols.shape}")
+        for name, sizes in (("block_row_sz", rows), ("block_col_sz", cols)):
+            if (sizes < 0).any():
+                raise ValueError(f"{name} must be >= 0, got {sizes.min()}")
+            if len(set(sizes.sum(1).tolist())) > 1:
+                raise ValueError(f"every KV head's {name} must sum to the same length, got "
+                                 f"{sizes.sum(1).tolist()}")
+        qo_len, kv_len = int(rows.sum(1)[0]), int(cols.sum(1)[0])
+        # requests (h, i), h-major: rows h * qo_len + ..., tokens h * kv_len + column offsets
+        head, _, col = np.nonzero(mask.numpy())
+        sizes = cols[head, col]
+        starts = head * kv_len + (np.cumsum(cols, 1) - cols)[head, col]
+        ids = np.repeat(starts, sizes) + (np.arange(int(sizes.sum()))
+                                          - np.repeat(np.cumsum(sizes) - sizes, sizes))
+        per_request = mask.numpy().astype(np.int64) * cols[:, None, :]  # [H_kv, MB, NB] tokens
+        kv_counts = per_request.sum(2).reshape(-1)
+        kv_indptr = np.concatenate([[0], np.cumsum(kv_counts)]).astype(np.int32)
+        qo_indptr = np.concatenate([[0], np.cumsum(rows.reshape(-1))]).astype(np.int32)
+        last = (kv_counts > 0).astype(np.int32)
+        self._prefill.plan(
+            torch.from_numpy(qo_indptr), torch.from_numpy(kv_indptr),
+            torch.from_numpy(ids.astype(np.int32)), torch.from_numpy(last),
+            num_qo_heads // num_kv_heads, 1, head_dim, 1, causal=causal,
+            pos_encoding_mode=pos_encoding_mode, use_fp16_qk_reduction=use_fp16_qk_reduction,
+            sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
+            rope_theta=rope_theta, q_data_type=q_data_type, kv_data_type=kv_data_type,
+            non_blocking=non_blocking)
+        self._shape = (num_qo_heads, num_kv_heads, qo_len, kv_len, head_dim)
+
+    begin_forward = plan
+
+    @flashinfer_api
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
+            return_lse: bool = False, enable_pdl=None):
+        """``out [H_qo, qo_len, D]`` in q's dtype (and ``lse [H_qo, qo_len]`` float32 base 2)."""
+        if self._shape is None:
+            raise RuntimeError("VariableBlockSparseAttentionWrapper.run() called before plan()")
+        hq, hk, qo_len, kv_len, d = self._shape
+        g = hq // hk
+        for name, t, heads, length in (("q", q, hq, qo_len), ("k", k, hk, kv_len),
+                                       ("v", v, hk, kv_len)):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != (heads, length, d):
+                raise ValueError(f"{name} must be HND [{heads}, {length}, {d}] as planned, got "
+                                 f"{tuple(getattr(t, 'shape', ())) or type(t).__name__}")
+        for name, t, shape in (("out", out, (hq, qo_len, d)), ("lse", lse, (hq, qo_len))):
+            if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != shape):
+                raise ValueError(f"{name} must be {list(shape)}, got "
+                                 f"{tuple(getattr(t, 'shape', ())) or type(t).__name__}")
+        rows = q.view(hk, g, qo_len, d).transpose(1, 2).reshape(hk * qo_len, g, d)
+        pages = (k.reshape(hk * kv_len, 1, 1, d), v.reshape(hk * kv_len, 1, 1, d))
+        o, s = self._prefill.run(rows, pages, return_lse=True, enable_pdl=enable_pdl)
+        o = o.view(hk, qo_len, g, d).transpose(1, 2).reshape(hq, qo_len, d)
+        s = s.view(hk, qo_len, g).transpose(1, 2).reshape(hq, qo_len)
+        if out is not None:
+            out.copy_(o)
+            o = out
+        if lse is not None:
+            lse.copy_(s)
+            s = lse
+        return (o, s) if return_lse else o
+
+    forward = run
+
+    def end_forward(self) -> None:
+        """Upstream no-op."""
+
+
+_INT_DTYPES = (torch.int32, torch.int64)
+
+
+def _host_tensor(name: str, t, rank: int, dtypes: tuple) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.dim() != rank or t.dtype not in dtypes:
+        raise ValueError(f"{name} must be a {rank}-D tensor of {[str(d) for d in dtypes]}, got "
+                         f"{getattr(t, 'dtype', type(t).__name__)} "
+                         f"{tuple(getattr(t, 'shape', ()))}")
+    return t.cpu()
+
+
+__all__ = ["BlockSparseAttentionWrapper", "VariableBlockSparseAttentionWrapper",
+           "convert_bsr_mask_layout"]
