@@ -68,6 +68,11 @@ from .cascade import (  # noqa: F401,E402
     BatchDecodeWithSharedPrefixPagedKVCacheWrapper, BatchPrefillWithSharedPrefixPagedKVCacheWrapper,
     MultiLevelCascadeAttentionWrapper, merge_state, merge_state_in_place, merge_states,
 )
+from . import sparse  # noqa: F401,E402
+from .sparse import BlockSparseAttentionWrapper, VariableBlockSparseAttentionWrapper  # noqa: F401,E402
+from . import pod  # noqa: F401,E402
+from .pod import BatchPODWithPagedKVCacheWrapper, PODWithPagedKVCacheWrapper  # noqa: F401,E402
+from .attention.mixed_batch import BatchAttention  # noqa: F401,E402
 from . import mla  # noqa: F401,E402
 from .mla import BatchMLAPagedAttentionWrapper  # noqa: F401,E402
 from . import gemm, quantization  # noqa: F401,E402
