@@ -23,7 +23,7 @@
 #                      benchmarks/build_upstream_*.sh): ours, then upstream in a process of its
 #                      own (/tmp/anchor first on PYTHONPATH), the same ARGs, then both in one
 #                      table and plot. TIMEOUT (default 270 s) bounds each of the two runs.
-#                      attention, mla, moe (both with torch's top-k routing) and sampling
+#                      attention, mla, compositions, moe (both with torch's top-k routing), sampling
 #   script NAME [ARG...]      any other script, benchmarks/NAME.py (tune_sampling, tune_moe,
 #                      tune_bmm_fp8, profile_moe, plan_timeline, ...), bounded by TIMEOUT
 #   fa2                FlashAttention-2 built into build/fa2 (carry .whl_fa2src, and
@@ -107,7 +107,7 @@ case "$mode" in
             # build should it not find the AOT module (the DeepGEMM compile is unaffected)
         export CUDA_HOME=/usr/local/cuda PATH=$PATH:/usr/local/cuda/bin
         both=(--plain-routing); up_env+=(FLASHINFER_DISABLE_JIT=1) ;;
-      mla)  # upstream JIT-builds its MLA modules with nvcc (about 20 s each)
+      mla|compositions)  # upstream JIT-builds these modules with nvcc (20-30 s each)
         export CUDA_HOME=/usr/local/cuda PATH=$PATH:/usr/local/cuda/bin ;;
       sampling)  # the AOT modules load at once; a JIT build would not finish within the call
         up_args=(--first-timeout 20) ;;
