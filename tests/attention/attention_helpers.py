@@ -53,9 +53,10 @@ def ws():
 # --- emulation of FlashAttention's varlen forward --------------------------------------------
 
 def emulated_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, causal, window, softcap,
-                    calls=None, out=None, block_table=None):
-    """FA2/FA3 ``flash_attn_varlen_func`` in float64 (mask.h semantics); like FA3's compiled
-    op, a given ``out`` is written and returned; like FA2's, with ``block_table`` ``k`` / ``v``
+                    calls=None, out=None, block_table=None, num_splits=1):
+    """FA2/FA3 ``flash_attn_varlen_func`` in float64 (mask.h semantics; ``num_splits``, FA3's
+    key chunks, changes nothing exact); like FA3's compiled op, a given ``out`` is written and
+    returned; like FA2's, with ``block_table`` ``k`` / ``v``
     are paged caches ``[pages, page_size, H, D]`` whose pages of multiples of 256 slots it reads
     through the table."""
     if block_table is not None:
