@@ -72,7 +72,11 @@ from . import sparse  # noqa: F401,E402
 from .sparse import BlockSparseAttentionWrapper, VariableBlockSparseAttentionWrapper  # noqa: F401,E402
 from . import pod  # noqa: F401,E402
 from .pod import BatchPODWithPagedKVCacheWrapper, PODWithPagedKVCacheWrapper  # noqa: F401,E402
-from .attention.mixed_batch import BatchAttention  # noqa: F401,E402
+from . import attention  # noqa: E402
+from .attention.mixed_batch import BatchAttention  # noqa: E402
+# upstream's spelling flashinfer.attention.BatchAttention: the name is put on the family package
+# from here, so that package's __init__ (below the wrappers) imports none of them
+attention.BatchAttention = BatchAttention
 from . import mla  # noqa: F401,E402
 from .mla import BatchMLAPagedAttentionWrapper  # noqa: F401,E402
 from . import gemm, quantization  # noqa: F401,E402

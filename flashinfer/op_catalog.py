@@ -307,6 +307,25 @@ PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
                        ("batch_prefill_paged", "merge_state"), ("lse", "in_place"),
                        note="plans one batch paged prefill per level in plan(); run() merges "
                             "the levels' states"),
+        PublicFunction("BlockSparseAttentionWrapper", "flashinfer.sparse",
+                       ("batch_prefill_paged",),
+                       note="a batch paged prefill: row blocks as requests, column blocks as "
+                            "pages of gcd(C, 64) tokens"),
+        PublicFunction("VariableBlockSparseAttentionWrapper", "flashinfer.sparse",
+                       ("batch_prefill_paged",), ("lse",),
+                       note="a batch paged prefill of one request per (KV head, row block), "
+                            "pages of one token"),
+        PublicFunction("PODWithPagedKVCacheWrapper", "flashinfer.pod",
+                       ("single_prefill", "batch_decode"),
+                       note="the prefill on a side stream, the decode on the caller's"),
+        PublicFunction("BatchPODWithPagedKVCacheWrapper", "flashinfer.pod",
+                       ("batch_prefill_paged", "batch_decode"),
+                       note="the prefill batch on a side stream, the decode batch on the "
+                            "caller's"),
+        PublicFunction("BatchAttention", "flashinfer.attention",
+                       ("batch_prefill_paged", "batch_decode"), ("lse",),
+                       note="one-token requests to the batch decode, the others to the batch "
+                            "prefill, on two streams"),
         PublicFunction("append_paged_kv_cache", "flashinfer.page", ("append_paged_kv",)),
         PublicFunction("append_paged_mla_kv_cache", "flashinfer.page", ("append_paged_kv",),
                        note="the append op with one latent head per cache (ckv, kpe)"),

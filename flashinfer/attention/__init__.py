@@ -10,12 +10,3 @@
   ``batch_prefill``: the batch wrappers.
 """
 
-
-def __getattr__(name: str):
-    """``flashinfer.attention.BatchAttention`` (upstream's spelling), imported on first use so
-    that the backends importing this package's contracts do not load the wrappers."""
-    if name == "BatchAttention":
-        from .mixed_batch import BatchAttention
-
-        return BatchAttention
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -87,10 +87,9 @@ def _check_block_indices(ind: np.ndarray, idx: np.ndarray, num_col_blocks: int) 
                              f"indices[{e}] = {int(idx[e])}")
 
 
-class BlockSparseAttentionWrapper:
-    """Attention of ``q [M, H_qo, D]`` over ``k`` / ``v [N, H_kv, D]`` restricted to the BSR
-    block map (``R x C`` blocks), every head sharing it. ``backend``: the batch prefill
-    wrapper's (``"auto"``, a backend name or an upstream spelling)."""
+class _OnBatchPrefill:
+    """What both wrappers share: the batch prefill wrapper they plan (``backend``: its
+    ``"auto"``, a backend name or an upstream spelling) and its Decision."""
 
     def __init__(self, float_workspace_buffer: torch.Tensor, backend: str = "auto") -> None:
         self._prefill = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, "NHD",
@@ -106,6 +105,14 @@ class BlockSparseAttentionWrapper:
     def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor,
                                int_workspace_buffer: torch.Tensor) -> None:
         self._prefill.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+
+    def end_forward(self) -> None:
+        """Upstream no-op."""
+
+
+class BlockSparseAttentionWrapper(_OnBatchPrefill):
+    """Attention of ``q [M, H_qo, D]`` over ``k`` / ``v [N, H_kv, D]`` restricted to the BSR
+    block map (``R x C`` blocks), every head sharing it."""
 
     @flashinfer_api
     def plan(self, indptr: torch.Tensor, indices: torch.Tensor, M: int, N: int, R: int, C: int,
@@ -201,29 +208,11 @@ class BlockSparseAttentionWrapper:
         values stand (pass them to ``plan``)."""
         return self.run(q, k, v, scale_q, scale_k, scale_v)
 
-    def end_forward(self) -> None:
-        """Upstream no-op."""
 
 
-class VariableBlockSparseAttentionWrapper:
+class VariableBlockSparseAttentionWrapper(_OnBatchPrefill):
     """Block-sparse attention with one block map per KV head and blocks of varying sizes, on
-    HND tensors: ``q [H_qo, qo_len, D]``, ``k`` / ``v [H_kv, kv_len, D]``. ``backend``: the
-    batch prefill wrapper's."""
-
-    def __init__(self, float_workspace_buffer: torch.Tensor, backend: str = "auto") -> None:
-        self._prefill = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, "NHD",
-                                                            backend=backend)
-        self.device = self._prefill.device
-        self._shape = None
-
-    @property
-    def decision(self):
-        """The Decision of the planned batch prefill (the kernel that runs)."""
-        return getattr(self._prefill, "decision", None)
-
-    def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor,
-                               int_workspace_buffer: torch.Tensor) -> None:
-        self._prefill.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+    HND tensors: ``q [H_qo, qo_len, D]``, ``k`` / ``v [H_kv, kv_len, D]``."""
 
     @flashinfer_api
     def plan(self, block_mask_map: torch.Tensor, block_row_sz: torch.Tensor,
@@ -312,9 +301,6 @@ class VariableBlockSparseAttentionWrapper:
         return (o, s) if return_lse else o
 
     forward = run
-
-    def end_forward(self) -> None:
-        """Upstream no-op."""
 
 
 _INT_DTYPES = (torch.int32, torch.int64)

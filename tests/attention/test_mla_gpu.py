@@ -102,18 +102,29 @@ def test_triton_fp8_cache(per_token):
     _check(got, want)
 
 
-def test_triton_cuda_graph_replay_equals_eager():
-    """Captured once, re-planned through _cached_module.plan.default (SGLang's fast path) with
-    other lengths and page ids written into the fixed buffer, replayed: equal to an eager run
-    of the new plan."""
-    batch, q_len, heads, page = 8, 2, 128, 16
+GRAPH_BATCH, GRAPH_Q_LEN, GRAPH_HEADS = 8, 2, 128
+
+
+def _graph_wrapper(page_size, seed):
+    """A ``use_cuda_graph`` wrapper (``auto``) over fixed buffers (``kv_indices`` of 4096 entries)
+    planned for 8 causal requests of 2 query tokens; returns ``(wrapper, tensors, buffers)``."""
+    batch = GRAPH_BATCH
     bufs = dict(qo_indptr=torch.zeros(batch + 1, dtype=I32, device=DEV),
                 kv_indptr=torch.zeros(batch + 1, dtype=I32, device=DEV),
                 kv_indices=torch.zeros(4096, dtype=I32, device=DEV),
                 kv_len_arr=torch.zeros(batch, dtype=I32, device=DEV))
-    lens1 = [17, 64, 65, 300, 1000, 2, 128, 900]
-    arrays, t = _inputs([q_len] * batch, lens1, page, heads, seed=7)
-    w = _wrapper(arrays, page, True, "auto", heads, use_cuda_graph=True, **bufs)
+    arrays, t = _inputs([GRAPH_Q_LEN] * batch, [17, 64, 65, 300, 1000, 2, 128, 900], page_size,
+                        GRAPH_HEADS, seed=seed)
+    w = _wrapper(arrays, page_size, True, "auto", GRAPH_HEADS, use_cuda_graph=True, **bufs)
+    return w, t, bufs
+
+
+def test_triton_cuda_graph_replay_equals_eager():
+    """Captured once, re-planned through _cached_module.plan.default (SGLang's fast path) with
+    other lengths and page ids written into the fixed buffer, replayed: equal to an eager run
+    of the new plan."""
+    batch, q_len, heads, page = GRAPH_BATCH, GRAPH_Q_LEN, GRAPH_HEADS, 16
+    w, t, bufs = _graph_wrapper(page, seed=7)
     assert w.decision.backend == "triton"
     out = torch.empty(batch * q_len, heads, 512, dtype=torch.bfloat16, device=DEV)
     w.run(**t, out=out)
@@ -190,14 +201,8 @@ def test_flashmla_cuda_graph_replay_equals_eager():
     _cached_module.plan.default with other lengths and page ids in the fixed buffer, replayed:
     equal to the reference. A bad id written into the buffer is recorded at replay (the output
     stays finite); a plan FlashMLA cannot serve (varying query lengths) is refused."""
-    batch, q_len, heads, page = 8, 2, 128, 64
-    bufs = dict(qo_indptr=torch.zeros(batch + 1, dtype=I32, device=DEV),
-                kv_indptr=torch.zeros(batch + 1, dtype=I32, device=DEV),
-                kv_indices=torch.zeros(4096, dtype=I32, device=DEV),
-                kv_len_arr=torch.zeros(batch, dtype=I32, device=DEV))
-    lens1 = [17, 64, 65, 300, 1000, 2, 128, 900]
-    arrays, t = _inputs([q_len] * batch, lens1, page, heads, seed=11)
-    w = _wrapper(arrays, page, True, "auto", heads, use_cuda_graph=True, **bufs)
+    batch, q_len, heads, page = GRAPH_BATCH, GRAPH_Q_LEN, GRAPH_HEADS, 64
+    w, t, bufs = _graph_wrapper(page, seed=11)
     assert w.decision.name == "flashmla"
     out = torch.empty(batch * q_len, heads, 512, dtype=torch.bfloat16, device=DEV)
     lse = torch.empty(batch * q_len, heads, dtype=torch.float32, device=DEV)
