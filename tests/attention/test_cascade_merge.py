@@ -281,3 +281,41 @@ def test_shared_prefix_wrappers_equal_attention_over_prefix_and_own_tokens(form)
         assert rel_error(out[qo[b]:qo[b + 1]], want) < 1e-5, b
     with pytest.raises(RuntimeError, match="before begin_forward"):
         type(w)(ws).forward(q, k_shared, v_shared, cache)
+
+
+@pytest.mark.gpu
+def test_gpu_cascade_cuda_graph_replay_equals_eager():
+    """A two-level CUDA-graph cascade wrapper (fixed buffers per level) captured once, re-planned
+    with other own-token lengths, replayed: equal to an eager wrapper planned the same way."""
+    heads, kv_heads, dim, page, batch, prefix = 32, 8, 128, 16, 4, 40
+    dev, i32 = "cuda", torch.int32
+    bufs = [[torch.zeros(n, dtype=i32, device=dev) for n in (2, 2, 64, 1)],
+            [torch.zeros(n, dtype=i32, device=dev) for n in (batch + 1, batch + 1, 64, batch)]]
+    w = flashinfer.MultiLevelCascadeAttentionWrapper(
+        2, torch.empty(128 << 20, dtype=torch.uint8, device=dev), "NHD", use_cuda_graph=True,
+        qo_indptr_buf_arr=[b[0] for b in bufs], paged_kv_indptr_buf_arr=[b[1] for b in bufs],
+        paged_kv_indices_buf_arr=[b[2] for b in bufs],
+        paged_kv_last_page_len_buf_arr=[b[3] for b in bufs])
+    gen = torch.Generator(device=dev).manual_seed(11)
+    cache = torch.randn(40, 2, page, kv_heads, dim, device=dev, generator=gen).to(torch.bfloat16)
+    q = torch.randn(batch, heads, dim, device=dev, generator=gen).to(torch.bfloat16)
+    qo = [torch.tensor([0, batch], dtype=i32), torch.arange(batch + 1, dtype=i32)]
+
+    def plan(wrapper, own):
+        shared = _paged([prefix], page)
+        unique = _paged(own, page, first_page=int(shared[0][-1]))
+        wrapper.plan(qo, [shared[0], unique[0]], [shared[1], unique[1]], [shared[2], unique[2]],
+                     heads, kv_heads, dim, page, q_data_type=torch.bfloat16)
+
+    plan(w, [5, 17, 1, 33])
+    out = w.run(q, cache)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = w.run(q, cache)
+    plan(w, [30, 2, 16, 9])
+    poison(out)
+    graph.replay()
+    eager = flashinfer.MultiLevelCascadeAttentionWrapper(
+        2, torch.empty(128 << 20, dtype=torch.uint8, device=dev), "NHD")
+    plan(eager, [30, 2, 16, 9])
+    assert rel_error(out.double(), eager.run(q, cache).double()) < 1e-2
