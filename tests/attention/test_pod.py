@@ -148,3 +148,23 @@ def test_bad_input_is_refused():
              HQ, HK, D, PAGE, q_data_type=DTYPE)
     with pytest.raises(ValueError, match=r"q_d must be \[1, H_qo, D\]"):
         pod.run(_q(2, 0), torch.zeros(1), _q(3, 0), torch.zeros(1))
+
+
+@pytest.mark.gpu
+def test_gpu_batch_pod_replayed_from_a_cuda_graph_equals_eager():
+    """The two-stream POD (side stream forked and joined inside the capture) replays equal to
+    its eager run; the inputs changed in place before the replay."""
+    qo_p, cache, arrays_p, arrays_d, *_ = _batch_pod_case(seed=12)
+    w = flashinfer.BatchPODWithPagedKVCacheWrapper(_ws())
+    w.plan(*arrays_p, *arrays_d, HQ, HK, D, PAGE, q_data_type=DTYPE)
+    q_p, q_d = _q(sum(qo_p), 13), _q(len(arrays_d[3]), 14)
+    w.run(q_p, cache, q_d, cache, causal_p=True)  # plans the prefill side before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_p, out_d = w.run(q_p, cache, q_d, cache, causal_p=True)
+    q_p.copy_(_q(sum(qo_p), 15))
+    q_d.copy_(_q(len(arrays_d[3]), 16))
+    graph.replay()
+    want_p, want_d = w.run(q_p, cache, q_d, cache, causal_p=True)
+    torch.cuda.synchronize()
+    assert torch.equal(out_p, want_p) and torch.equal(out_d, want_d)
