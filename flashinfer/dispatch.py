@@ -63,6 +63,13 @@ the plain call's kernel on RoPE-rotated copies of q and k when that kernel is no
 gathered, rotated key rows (:mod:`flashinfer.attention.batch_rope`); the reference rotates
 inside its kernel.
 
+Wrappers made of other wrappers are not ops of their own: the cascade, shared-prefix,
+block-sparse, POD and ``BatchAttention`` wrappers plan batch prefill / decode wrappers (and merge
+their states), so each part is decided as that op and the composite exposes those Decisions
+(``level_decisions``, ``decision``, ``decisions`` with its ``mode``); ``explain`` names the ops
+each dispatches (:class:`~flashinfer.op_catalog.PublicFunction`). A new kernel for a part then
+serves every composite built on it, and no record claims a composite the parts cannot show.
+
 Observers: every Decision the dispatcher hands out passes the open observer (:func:`observe`),
 which may hand on another one: :func:`record_decisions` logs them; ``flashinfer.autotune``
 (:mod:`flashinfer.autotuner`) hands out Decisions whose kernel first measures every usable
