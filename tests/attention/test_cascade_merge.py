@@ -206,13 +206,14 @@ def _paged(lengths, page, first_page=0):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_cascade_wrapper_equals_attention_over_prefix_and_own_tokens(causal):
-    """Two levels: a 37-token prefix shared by 3 requests (page 4: a partly filled last page),
+@pytest.mark.parametrize("prefix", [1, 3, 4, 5, 37, 301])  # pages of 4: boundary -1 / 0 / +1
+def test_cascade_wrapper_equals_attention_over_prefix_and_own_tokens(causal, prefix):
+    """Two levels: a prefix shared by 3 requests (page 4: whole or partly filled last page),
     then each request's own 5 / 9 / 1 tokens; equal to one flat prefill of each request over
     [prefix | own] (causal: on the own tokens, bottom-right aligned)."""
-    gen = torch.Generator().manual_seed(9)
+    gen = torch.Generator().manual_seed(9 + prefix)
     heads, kv_heads, dim, page = 4, 2, 32, 4
-    own, q_lens, prefix = [5, 9, 1], [2, 3, 1], 37
+    own, q_lens = [5, 9, 1], [2, 3, 1]
     shared = _paged([prefix], page)
     unique = _paged(own, page, first_page=int(shared[0][-1]))
     n_pages = int(shared[0][-1]) + int(unique[0][-1])
@@ -244,6 +245,9 @@ def test_cascade_wrapper_refusals():
                4, 2, 32, 4)
     with pytest.raises(RuntimeError, match="before plan"):
         w.run(torch.randn(2, 4, 32), torch.randn(4, 2, 4, 2, 32))
+    with pytest.raises(ValueError, match=r"num_qo_heads \(3\) must be a multiple"):
+        w.plan([one, one], [one, one], [torch.arange(2, dtype=torch.int32)] * 2,
+               [torch.tensor([4], dtype=torch.int32)] * 2, 3, 2, 32, 4)
     with pytest.raises(ValueError, match="num_levels"):
         flashinfer.MultiLevelCascadeAttentionWrapper(0, torch.empty(8, dtype=torch.uint8))
 
