@@ -19,6 +19,8 @@ are comparable; decode: TB/s of the KV bytes the flat decode reads.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 
 import torch
@@ -34,6 +36,8 @@ TIMING = ("eager calls back to back between CUDA events, a group of 10 (5 for th
           "per sample, median of the samples after a warm-up group")
 HQ, HK, D, PAGE = 32, 8, 128, 16
 BF16 = torch.bfloat16
+#: ours: POD with this many SMs left to the decode (FLASHINFER_POD_RESERVED_SMS), to set it from
+RESERVED_SMS = (16, 32, 48)
 
 # ------------------------------------------------------------------------------ shape table
 FULL = ([{"kind": "merge", "rows": 4096, "heads": 32, "dim": 128}]
@@ -75,7 +79,8 @@ def backends(case: dict, args) -> list[str]:
         base = ["auto", "flat_decode"]
     elif kind == "pod":
         base = ["auto", "back_to_back", "batch_attention"] + (
-            ["single_prefill_pod"] if case["prefill"] == 1 else [])
+            ["single_prefill_pod"] if case["prefill"] == 1 else []) + (
+            [f"reserve_{n}" for n in RESERVED_SMS] if args.impl == "ours" else [])
     else:  # ours: also the paged prefill kernels it can be mapped onto
         base = ["auto", "dense"] + (["cudnn", "triton"] if args.impl == "ours" else [])
     return harness.pick(args, base)
@@ -167,10 +172,12 @@ def _pod(case, backend, iters, device):
     kv_d = torch.arange(b + 1, dtype=torch.int32) * pages_d
     ids_d = n_p * pages_p + torch.arange(b * pages_d, dtype=torch.int32)
     last_d = torch.full((b,), (kv - 1) % PAGE + 1, dtype=torch.int32)
-    if backend == "auto":
+    if backend == "auto" or backend.startswith("reserve_"):  # reserve_N: N SMs left to decode
         w = flashinfer.BatchPODWithPagedKVCacheWrapper(_ws(device), "NHD")
-        w.plan(qo_p, kv_p, ids_p, last_p, torch.arange(b + 1, dtype=torch.int32), kv_d, ids_d,
-               last_d, HQ, HK, D, PAGE, q_data_type=BF16)
+        reserve = backend.removeprefix("reserve_") if backend != "auto" else ""
+        with _env("FLASHINFER_POD_RESERVED_SMS", reserve):  # (read by plan)
+            w.plan(qo_p, kv_p, ids_p, last_p, torch.arange(b + 1, dtype=torch.int32), kv_d,
+                   ids_d, last_d, HQ, HK, D, PAGE, q_data_type=BF16)
         call = lambda: w.run(q_p, cache, q_d, cache, causal_p=True)  # noqa: E731
         extra = lambda: {"chosen": getattr(w, "mode", None)}  # noqa: E731
     elif backend == "single_prefill_pod":  # contiguous k_p / v_p: the prefill's pages in order
@@ -200,6 +207,22 @@ def _pod(case, backend, iters, device):
     call()
     ms = timing.eager_ms(lambda: [call() for _ in range(5)], iters, calls=5, warmup=1)
     return {"ms": ms, **extra()}
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    """``os.environ[name] = value`` within the block (nothing when ``value`` is empty)."""
+    old = os.environ.get(name)
+    if value:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if value:
+            if old is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = old
 
 
 def _sparse(case, backend, iters, device):

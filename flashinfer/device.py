@@ -7,7 +7,9 @@ device index (``torch.cuda.get_device_capability`` is not free on the hot path).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -116,3 +118,23 @@ def current() -> DeviceFacts:
     if torch.cuda.is_available():
         return _cuda_facts(torch.cuda.current_device())
     return _CPU
+
+
+_RESERVED_SMS: ContextVar[int] = ContextVar("flashinfer_reserved_sms", default=0)
+
+
+def reserved_sms() -> int:
+    """How many SMs a kernel launched now should leave free for work on another stream (0
+    outside :func:`reserving_sms`). Kernels with such a knob honour it (FA3's ``sm_margin``),
+    the others ignore it."""
+    return _RESERVED_SMS.get()
+
+
+@contextlib.contextmanager
+def reserving_sms(count: int):
+    """Within the block, :func:`reserved_sms` is ``count`` (context-local, restored on exit)."""
+    token = _RESERVED_SMS.set(max(0, int(count)))
+    try:
+        yield
+    finally:
+        _RESERVED_SMS.reset(token)

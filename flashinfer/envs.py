@@ -93,6 +93,10 @@ _VARS: list[EnvVar] = [
            "debugging: calls whose index arrays live on the GPU read them back and check them "
            "before launching (a synchronisation per call), so a bad entry raises at the call "
            "itself instead of at the next check_errors() / plan()", _parse_bool),
+    EnvVar("FLASHINFER_POD_RESERVED_SMS", "int", 0,
+           "POD wrappers and BatchAttention: SMs the prefill half leaves free for the decode "
+           "running beside it on another stream (FA3's sm_margin; other kernels ignore it); "
+           "read at plan()", _parse_int),
     EnvVar("FLASHINFER_TUNED_RULES", "path", None,
            "JSON file of measured dispatch rules, consulted before the default rules", _parse_str),
     EnvVar("FLASHINFER_LOGLEVEL", "int", 0,
@@ -128,6 +132,7 @@ CACHE_DIR = REGISTRY["FLASHINFER_CACHE_DIR"]
 KERNEL_PACK_DIR = REGISTRY["FLASHINFER_KERNEL_PACK_DIR"]
 TRITON_INTERPRET = REGISTRY["TRITON_INTERPRET"]
 TRITON_FAST_LAUNCH = REGISTRY["FLASHINFER_TRITON_FAST_LAUNCH"]
+POD_RESERVED_SMS = REGISTRY["FLASHINFER_POD_RESERVED_SMS"]
 
 
 _FAMILY_VARS = {fam: REGISTRY[f"FLASHINFER_{fam.upper()}_BACKEND"] for fam in FAMILIES}

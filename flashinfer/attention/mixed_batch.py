@@ -17,6 +17,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .. import envs
 from ..api_logging import flashinfer_api
 from .batch_checks import host_index_arrays
 from .batch_decode import BatchDecodeWithPagedKVCacheWrapper
@@ -103,6 +104,7 @@ class BatchAttention:
         self.decisions = {k: (self._decode if k == "decode" else self._prefill).decision
                           for k in kinds}
         self._cap = logits_soft_cap or 0.0
+        self._reserve = envs.POD_RESERVED_SMS.get()
         self._shape = (int(qo[-1]), num_qo_heads, head_dim_vo)
         self._planned = True
 
@@ -129,7 +131,7 @@ class BatchAttention:
             lambda: self._prefill.run(q.index_select(0, rows_p), kv_cache, return_lse=True,
                                       **scales),
             lambda: self._decode.run(q.index_select(0, rows_d), kv_cache, return_lse=True,
-                                     **scales))
+                                     **scales), self._reserve)
         total, heads, dim = self._shape
         if out is None:
             out = torch.empty(total, heads, dim, dtype=o_p.dtype, device=o_p.device)

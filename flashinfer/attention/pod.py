@@ -6,6 +6,8 @@ No vendor ships a fused POD kernel. Here the prefill (single or batch prefill wr
 a side stream while the decode (batch decode wrapper, tensor-core form as upstream's POD) runs on
 the caller's stream, joined before returning, so the memory-bound decode can overlap the
 compute-bound prefill (``wrapper.mode`` ``"two_streams"``; ``wrapper.decisions`` the kernels).
+``FLASHINFER_POD_RESERVED_SMS`` (read at ``plan``, default 0) makes the prefill's kernels leave
+that many SMs to the decode where they can (FA3's ``sm_margin``): a partition instead of a race.
 One batch prefill launch over both kinds of request was measured 2.4-2.5x slower than the two
 wrappers back to back on the H200 (1 x 4096 prefill + 128 x 4096 decode: 1.87 ms against
 0.74; benchmarks/results/compositions_h200_2026-12-04_0145utc.jsonl), so it is not used.
@@ -20,7 +22,9 @@ from typing import Optional
 
 import torch
 
+from .. import envs
 from ..api_logging import flashinfer_api
+from ..device import reserving_sms
 from .batch_checks import host_index_arrays
 from .batch_decode import BatchDecodeWithPagedKVCacheWrapper
 from .batch_prefill import BatchPrefillWithPagedKVCacheWrapper
@@ -29,10 +33,11 @@ from .single import single_prefill_with_kv_cache
 _SIDE_STREAMS: dict = {}
 
 
-def concurrently(first, second):
+def concurrently(first, second, reserve: int = 0):
     """``(first(), second())`` with ``first`` on a side stream of the current device, overlapping
     ``second`` on the current stream; the current stream waits for both (also under CUDA-graph
-    capture). On the CPU: one after the other."""
+    capture). ``first``'s kernels leave ``reserve`` SMs free where they can
+    (:func:`~flashinfer.device.reserving_sms`). On the CPU: one after the other."""
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return first(), second()
     main = torch.cuda.current_stream()
@@ -40,7 +45,7 @@ def concurrently(first, second):
     if side is None:
         side = _SIDE_STREAMS[main.device] = torch.cuda.Stream(main.device)
     side.wait_stream(main)
-    with torch.cuda.stream(side):
+    with torch.cuda.stream(side), reserving_sms(reserve):
         a = first()
     b = second()
     main.wait_stream(side)
@@ -89,6 +94,7 @@ class PODWithPagedKVCacheWrapper:
                           sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
                           non_blocking=non_blocking)
         self.decisions = {"decode": self._decode.decision}
+        self._reserve = envs.POD_RESERVED_SMS.get()
         self._planned = True
 
     @flashinfer_api
@@ -120,7 +126,8 @@ class PODWithPagedKVCacheWrapper:
                 window_left=window_left_p, rope_scale=rope_scale_p, rope_theta=rope_theta_p)
 
         return concurrently(prefill, lambda: self._decode.run(
-            q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale))
+            q_d, paged_kv_cache_d, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale),
+            self._reserve)
 
     def end_forward(self) -> None:
         """Upstream no-op."""
@@ -176,6 +183,7 @@ class BatchPODWithPagedKVCacheWrapper:
         self._args = {"prefill": (qo_p, kv_p, ids_p, last_p), "common": common}
         self._planned_for = None
         self._rows = (int(qo_p[-1]), batch_d)
+        self._reserve = envs.POD_RESERVED_SMS.get()
 
     def _planned(self, causal: bool, mask, packed_mask):
         """The prefill-side wrapper, (re-)planned when causal or the mask changed."""
@@ -217,7 +225,8 @@ class BatchPODWithPagedKVCacheWrapper:
         self.decisions = {"prefill": w.decision, "decode": self._decode.decision}
         return concurrently(
             lambda: w.run(q_p, paged_kv_cache_p, return_lse=return_lse, **scales),
-            lambda: self._decode.run(q_d, paged_kv_cache_d, return_lse=return_lse, **scales))
+            lambda: self._decode.run(q_d, paged_kv_cache_d, return_lse=return_lse, **scales),
+            self._reserve)
 
     def _one_side(self, q_p, cache_p, q_d, cache_d, mask, packed_mask, causal, return_lse,
                   scales):

@@ -644,3 +644,24 @@ def test_gpu_paged_cuda_graph_replay(variant, layout):
         want, _ = naive_batch(q2.cpu().float(), k2.cpu().float(), v2.cpu().float(), qo_lens,
                               kv_lens, sm_scale=plan.sm_scale, causal=True)
         assert rel_error(out.cpu(), want) < TOLERANCE[torch.bfloat16]
+
+
+def test_fa3_leaves_the_reserved_sms_and_splits_few_long_rows(monkeypatch):
+    """The raw FA3 op gets ``sm_margin`` from ``reserving_sms`` (0 outside it) and the split
+    count it is given; ``key_splits`` cuts only few, long rows."""
+    from flashinfer.device import reserving_sms
+
+    seen = []
+
+    def raw(*args):
+        seen.append((args[-3], args[-1]))  # (num_splits, sm_margin)
+        return (args[0].new_zeros(args[0].shape), None)
+    monkeypatch.setattr(fa, "_fa3_forward_op", lambda: raw)
+    q = torch.zeros(4, 2, 8)
+    call = dict(scale=1.0, causal=False, window=(-1, -1), softcap=0.0)
+    fa.fa3_varlen(q, q, q, None, None, 4, 4, **call)
+    with reserving_sms(16):
+        fa.fa3_varlen(q, q, q, None, None, 4, 4, num_splits=3, **call)
+    fa.fa3_varlen(q, q, q, None, None, 4, 4, **call)
+    assert seen == [(1, 0), (3, 16), (1, 0)]
+    assert fa.key_splits(1, 32, 64, 32768, "cpu") == 1  # (CPU: never split)

@@ -168,3 +168,25 @@ def test_gpu_batch_pod_replayed_from_a_cuda_graph_equals_eager():
     want_p, want_d = w.run(q_p, cache, q_d, cache, causal_p=True)
     torch.cuda.synchronize()
     assert torch.equal(out_p, want_p) and torch.equal(out_d, want_d)
+
+
+def test_reserved_sms_reach_the_prefill_side(monkeypatch):
+    """FLASHINFER_POD_RESERVED_SMS, read at plan(), is what the prefill half runs under."""
+    import flashinfer.attention.pod as pod
+    from flashinfer.device import reserved_sms
+
+    seen = []
+
+    def spy(first, second, reserve=0):
+        seen.append(reserve)
+        with pod.reserving_sms(reserve):
+            seen.append(reserved_sms())
+            a = first()
+        return a, second()
+    monkeypatch.setattr(pod, "concurrently", spy)
+    monkeypatch.setenv("FLASHINFER_POD_RESERVED_SMS", "24")
+    qo_p, cache, arrays_p, arrays_d, *_ = _batch_pod_case(seed=17)
+    w = flashinfer.BatchPODWithPagedKVCacheWrapper(_ws())
+    w.plan(*arrays_p, *arrays_d, HQ, HK, D, PAGE, q_data_type=DTYPE)
+    w.run(_q(sum(qo_p), 1), cache, _q(len(arrays_d[3]), 2), cache, causal_p=True)
+    assert seen == [24, 24] and reserved_sms() == 0

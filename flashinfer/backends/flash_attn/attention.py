@@ -38,6 +38,7 @@ import torch
 
 from ...attention.params import AttentionParams
 from ...attention.batch_params import BatchPlan, KVInput, RunScales
+from ...device import reserved_sms
 from ...optional_packages import import_error
 from ...reasons import Reason
 from ..torch.attention import (
@@ -97,18 +98,22 @@ def fa3_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, causal, window, soft
 
     ``out``: an optional contiguous ``[total_q, H, Dv]`` tensor in q's dtype the kernel writes
     (the returned output is then that tensor). ``num_splits``: the key chunks each row tile is
-    cut into (:func:`key_splits`; FA3 merges them)."""
+    cut into (:func:`key_splits`; FA3 merges them). FA3 leaves
+    :func:`~flashinfer.device.reserved_sms` SMs free (its ``sm_margin``)."""
     raw = _fa3_forward_op()
     if raw is not None:
         result = raw(q, k, v, None, None, None, out, cu_q, cu_k, None, None, None, max_q, max_k,
                      None, None, None, None, None, None, None, None, None, scale, causal,
-                     window[0], window[1], 0, softcap, True, None, num_splits, None, 0)
+                     window[0], window[1], 0, softcap, True, None, num_splits, None,
+                     reserved_sms())
         return result[0], result[1]
     module = importlib.import_module(fa3_module_name() or FA3_MODULES[0])
     fn = module.flash_attn_varlen_func
     kwargs = {"softmax_scale": scale, "causal": causal, "window_size": window, "softcap": softcap}
     if _takes(fn, "num_splits"):
         kwargs["num_splits"] = num_splits
+    if _takes(fn, "sm_margin"):
+        kwargs["sm_margin"] = reserved_sms()
     if _takes(fn, "return_attn_probs"):  # older FA3 releases always return (out, lse)
         kwargs["return_attn_probs"] = True
     result = fn(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
