@@ -43,6 +43,9 @@ FAMILY_ALIASES: dict[str, dict[str, str | None]] = {
     "segment_gemm": {"sm80": "torch", "sm90": "torch", "cutile": None, "cake": None},
     # cutlass_fused_moe's "cutlass" is its own default kernel: ours is auto's choice
     "moe": {"cutlass": "auto", "cake": None},
+    # BatchMLAPagedAttentionWrapper's upstream kernels: the dispatcher's choice serves them (our
+    # flash_attn:fa3 MLA, FA3's qv path, is asked for by that name only)
+    "mla": {"fa2": "auto", "fa3": "auto", "cutlass": "auto"},
     "fp8_quantization": {"cutile": "torch"},
     "fp4_quantization": {"cuda": "torch", "cute-dsl": "torch"},
 }

@@ -31,6 +31,7 @@ import torch
 
 from .. import dispatch
 from ..api_logging import flashinfer_api
+from ..backend_names import family_spelling
 from ..dispatch import Problem
 from ..shape_buckets import length_bucket
 from ..index_checks import host_check_wanted
@@ -60,6 +61,7 @@ class BatchMLAPagedAttentionWrapper:
                  kv_indices: Optional[torch.Tensor] = None,
                  kv_len_arr: Optional[torch.Tensor] = None, backend: str = "auto") -> None:
         self._workspace_bytes = adopt_workspace(self, float_workspace_buffer, backend)
+        backend = family_spelling("mla", backend)
         self._upload = PlanUpload(self.device)
         self._backend = backend
         self._use_cuda_graph = bool(use_cuda_graph)

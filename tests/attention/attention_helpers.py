@@ -53,10 +53,10 @@ def ws():
 # --- emulation of FlashAttention's varlen forward --------------------------------------------
 
 def emulated_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, causal, window, softcap,
-                    calls=None, out=None, block_table=None, num_splits=1):
+                    calls=None, out=None, block_table=None, num_splits=1, qv=None):
     """FA2/FA3 ``flash_attn_varlen_func`` in float64 (mask.h semantics; ``num_splits``, FA3's
-    key chunks, changes nothing exact); like FA3's compiled op, a given ``out`` is written and
-    returned; like FA2's, with ``block_table`` ``k`` / ``v``
+    key chunks, changes nothing exact; FA3's ``qv [total_q, H, Dv]`` adds ``qv . v`` to the
+    scores); like FA3's compiled op, a given ``out`` is written and returned; like FA2's, with ``block_table`` ``k`` / ``v``
     are paged caches ``[pages, page_size, H, D]`` whose pages of multiples of 256 slots it reads
     through the table."""
     if block_table is not None:
@@ -78,7 +78,8 @@ def emulated_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, causal, window,
         return result, lse
     if out is not None:
         result, lse = emulated_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale,
-                                      causal=causal, window=window, softcap=softcap, calls=calls)
+                                      causal=causal, window=window, softcap=softcap, calls=calls,
+                                      qv=qv)
         out.copy_(result)
         return out, lse
     for t in (q, k, v):
@@ -111,7 +112,10 @@ def emulated_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, causal, window,
             keep &= (j >= i - left) & (j <= i + (right if right >= 0 else max_k))
         kk = k[k0:k1].double().repeat_interleave(group, 1)
         vv = v[k0:k1].double().repeat_interleave(group, 1)
-        s = torch.einsum("qhd,khd->hqk", q[q0:q1].double(), kk) * scale
+        s = torch.einsum("qhd,khd->hqk", q[q0:q1].double(), kk)
+        if qv is not None:
+            s = s + torch.einsum("qhd,khd->hqk", qv[q0:q1].double(), vv)
+        s = s * scale
         if softcap > 0:
             s = softcap * torch.tanh(s / softcap)
         s = s.masked_fill(~keep, float("-inf"))

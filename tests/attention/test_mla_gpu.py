@@ -1,7 +1,8 @@
-"""MLA kernels on a GPU against the reference (on the same GPU) at DeepSeek shapes: Triton and
-FlashMLA's sparse kernel at pages 1 / 16 / 64 and FlashMLA's dense decode at page 64, ragged kv lengths around the page boundaries, q_len
-1 and 2 (causal), 128 and 16 heads, both lse bases, fp8 caches (Triton), CUDA-graph replay equal
-to eager after a re-plan, separate caches re-decided, bad page ids given on the device recorded."""
+"""MLA kernels on a GPU against the reference (on the same GPU) at DeepSeek shapes: Triton,
+FA3's qv path and FlashMLA's sparse kernel at pages 1 / 16 / 64, FlashMLA's dense decode at page
+64, ragged kv lengths around the page boundaries, q_len 1 and 2 (causal), 128 and 16 heads, both
+lse bases, fp8 caches (Triton), CUDA-graph replay equal to eager after a re-plan (Triton,
+FlashMLA), separate caches re-decided, bad page ids given on the device recorded."""
 
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ if not torch.cuda.is_available():
 DEV = "cuda:0"
 SCALE = 192 ** -0.5
 HAS_FLASHMLA = import_error("flash_mla") is None and torch.cuda.get_device_capability() == (9, 0)
-KERNELS = ["triton"] + (["flashmla", "flashmla:sparse"] if HAS_FLASHMLA else [])
+HAS_FA3 = torch.cuda.get_device_capability() == (9, 0) and any(
+    import_error(m) is None for m in ("flash_attn_interface", "fa3_fwd_interface"))
+KERNELS = (["triton"] + (["flashmla", "flashmla:sparse"] if HAS_FLASHMLA else [])
+           + (["flash_attn:fa3"] if HAS_FA3 else []))
 
 
 def _wrapper(arrays, page_size, causal, backend, heads, kv_dtype=torch.bfloat16, on_device=False,

@@ -93,16 +93,17 @@ _FA3_OP: list = []  # the compiled op once found (an installed wheel stays insta
 
 
 def fa3_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, causal, window, softcap, out=None,
-               num_splits=1):
+               num_splits=1, qv=None):
     """``(out [total_q, H, Dv], lse [H, total_q] natural log)`` from FA3's varlen forward.
 
     ``out``: an optional contiguous ``[total_q, H, Dv]`` tensor in q's dtype the kernel writes
     (the returned output is then that tensor). ``num_splits``: the key chunks each row tile is
-    cut into (:func:`key_splits`; FA3 merges them). FA3 leaves
+    cut into (:func:`key_splits`; FA3 merges them). ``qv``: FA3's second query part (MLA:
+    scores ``q . k + qv . v``, :mod:`.mla`). FA3 leaves
     :func:`~flashinfer.device.reserved_sms` SMs free (its ``sm_margin``)."""
     raw = _fa3_forward_op()
     if raw is not None:
-        result = raw(q, k, v, None, None, None, out, cu_q, cu_k, None, None, None, max_q, max_k,
+        result = raw(q, k, v, None, None, qv, out, cu_q, cu_k, None, None, None, max_q, max_k,
                      None, None, None, None, None, None, None, None, None, scale, causal,
                      window[0], window[1], 0, softcap, True, None, num_splits, None,
                      reserved_sms())
@@ -114,6 +115,8 @@ def fa3_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, causal, window, soft
         kwargs["num_splits"] = num_splits
     if _takes(fn, "sm_margin"):
         kwargs["sm_margin"] = reserved_sms()
+    if qv is not None:
+        kwargs["qv"] = qv
     if _takes(fn, "return_attn_probs"):  # older FA3 releases always return (out, lse)
         kwargs["return_attn_probs"] = True
     result = fn(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
