@@ -106,6 +106,30 @@ def test_triton_fp8_cache(per_token):
     _check(got, want)
 
 
+@pytest.mark.skipif(not HAS_FLASHMLA, reason="needs flash_mla (sgl-flash-mla) on SM 9.0")
+@pytest.mark.parametrize("heads,q_len", [(128, 1), (16, 1), (128, 2)])
+def test_flashmla_fp8_cache(heads, q_len):
+    """FlashMLA's dense fp8 decode (q quantised to e4m3 by the runner) against the reference of
+    the dequantised cache: the error that decides whether auto may pick it."""
+    arrays, t = _inputs([q_len] * 4, [5, 64, 300, 2000], 64, heads, seed=30 + heads + q_len)
+    caches = {k: t[k].to(E4M3) for k in ("ckv_cache", "kpe_cache")}
+    joint = torch.cat([caches["ckv_cache"], caches["kpe_cache"]], -1)  # one buffer, as engines
+    w = _wrapper(arrays, 64, q_len > 1, "flashmla:fp8", heads, kv_dtype=E4M3)
+    lse = poison(torch.empty(4 * q_len, heads, device=DEV))
+    got = w.run(t["q_nope"], t["q_pe"], joint[..., :512], joint[..., 512:], lse=lse,
+                ckv_scale=0.75, kpe_scale=1.5)
+    ref = flashinfer.BatchMLAPagedAttentionWrapper(torch.empty(1, device=DEV), backend="reference")
+    ref.plan(arrays["qo_indptr"], arrays["kv_indptr"], arrays["kv_indices"], arrays["kv_len_arr"],
+             heads, 512, 64, 64, q_len > 1, SCALE, torch.float32, torch.float32)
+    want, want_lse = ref.run(t["q_nope"].float(), t["q_pe"].float(),
+                             (caches["ckv_cache"].float() * 0.75).contiguous(),
+                             (caches["kpe_cache"].float() * 1.5).contiguous(), return_lse=True)
+    err = float((got.float() - want).norm() / want.norm())
+    print(f"flashmla:fp8 H={heads} q_len={q_len}: relative error {err:.4f}")
+    assert err < 0.05
+    assert torch.allclose(lse, want_lse, rtol=2e-2, atol=2e-2)
+
+
 GRAPH_BATCH, GRAPH_Q_LEN, GRAPH_HEADS = 8, 2, 128
 
 
