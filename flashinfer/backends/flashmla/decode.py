@@ -126,19 +126,30 @@ class FlashMLARunner:
     def __call__(self, q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales: MLAScales):
         plan = self.plan  # (the caches are views of one buffer: the record has no separate_caches)
         num_pages = ckv_cache.shape[0]
-        width = plan.head_dim_ckv + plan.head_dim_kpe
-        k = ckv_cache.as_strided((num_pages, plan.page_size, 1, width),
-                                 (ckv_cache.stride(0), ckv_cache.stride(1), width, 1))
-        o, l_e, meta, splits = self.fwd(self._q(q_nope, q_pe), k, plan.head_dim_ckv, plan.kv_len,
+        o, l_e, meta, splits = self.fwd(self._q(q_nope, q_pe), self._joint_cache(ckv_cache),
+                                        plan.head_dim_ckv, plan.kv_len,
                                         self._block_table(num_pages), plan.sm_scale, plan.causal,
                                         self.meta, self.splits)
         if not plan.cuda_graph:  # (a graph's lengths change at each plan: made by every run)
             self.meta, self.splits = meta, splits
+        return self._finish(o, l_e, out, lse)
+
+    def _joint_cache(self, ckv_cache: torch.Tensor) -> torch.Tensor:
+        """``[pages, page_size, 1, 576]``: the one buffer ``ckv_cache`` is the first 512 of."""
+        plan = self.plan
+        width = plan.head_dim_ckv + plan.head_dim_kpe
+        return ckv_cache.as_strided((ckv_cache.shape[0], plan.page_size, 1, width),
+                                    (ckv_cache.stride(0), ckv_cache.stride(1), width, 1))
+
+    def _finish(self, o: torch.Tensor, l_e: torch.Tensor, out, lse) -> torch.Tensor:
+        """The kernel's ``o [B, q_len, H, 512]`` (into ``out`` when given) and its ``l_e [B, H,
+        q_len]`` (natural log, +inf where no key) into ``lse [total_qo, H]`` base 2, -inf."""
+        plan = self.plan
         o = o.view(plan.total_qo, plan.num_heads, plan.head_dim_ckv)
         if out is not None:
             out.copy_(o)
             o = out
-        if lse is not None:  # [B, H, q_len] natural log, +inf where no key -> base 2, -inf
+        if lse is not None:
             torch.mul(l_e.transpose(1, 2).reshape(plan.total_qo, plan.num_heads), _LOG2E, out=lse)
             lse.masked_fill_(lse == float("inf"), float("-inf"))
         return o

@@ -22,7 +22,6 @@ from ...attention.mla_params import MLAPlan, MLAScales
 from . import legacy_ops
 from .decode import FlashMLARunner, _host_arrays
 
-_LOG2E = 1.4426950408889634
 #: the largest finite e4m3 magnitude
 E4M3_MAX = 448.0
 
@@ -53,9 +52,6 @@ class FlashMLAFp8Runner(FlashMLARunner):
                              "dequantises a token with one scale); ckv_scale_arr (per-token "
                              "scales) is served by backend='triton'")
         num_pages = ckv_cache.shape[0]
-        width = plan.head_dim_ckv + plan.head_dim_kpe
-        k = ckv_cache.as_strided((num_pages, plan.page_size, 1, width),
-                                 (ckv_cache.stride(0), ckv_cache.stride(1), width, 1))
         q8, descale_q = self._quantised_q(q_nope, q_pe, scales.kpe_scale / scales.ckv_scale)
         descale_k = self.descale_k.get(scales.ckv_scale)
         if descale_k is None:
@@ -63,17 +59,10 @@ class FlashMLAFp8Runner(FlashMLARunner):
                 (1,), scales.ckv_scale, dtype=torch.float32, device=plan.device)
         if self.meta8 is None:
             self.meta8 = tuple(self.metadata8(plan.kv_len, self.q_len * plan.num_heads, 1))
-        o, l_e = self.fwd8(q8, k, plan.head_dim_ckv, plan.kv_len, self._block_table(num_pages),
-                           plan.sm_scale, plan.causal, self.meta8[0], self.meta8[1], descale_q,
-                           descale_k)
-        o = o.view(plan.total_qo, plan.num_heads, plan.head_dim_ckv)
-        if out is not None:
-            out.copy_(o)
-            o = out
-        if lse is not None:  # [B, H, q_len] natural log, +inf where no key -> base 2, -inf
-            torch.mul(l_e.transpose(1, 2).reshape(plan.total_qo, plan.num_heads), _LOG2E, out=lse)
-            lse.masked_fill_(lse == float("inf"), float("-inf"))
-        return o
+        o, l_e = self.fwd8(q8, self._joint_cache(ckv_cache), plan.head_dim_ckv, plan.kv_len,
+                           self._block_table(num_pages), plan.sm_scale, plan.causal,
+                           self.meta8[0], self.meta8[1], descale_q, descale_k)
+        return self._finish(o, l_e, out, lse)
 
 
 def batch_mla(plan: MLAPlan) -> FlashMLAFp8Runner:
