@@ -12,8 +12,9 @@ One batch prefill launch over both kinds of request was measured 2.4-2.5x slower
 wrappers back to back on the H200 (1 x 4096 prefill + 128 x 4096 decode: 1.87 ms against
 0.74; benchmarks/results/compositions_h200_2026-12-04_0145utc.jsonl), so it is not used.
 
-The prefill side is planned at the first ``run`` (``causal_p`` and the mask arrive with it) and
-again when they change; index arrays are taken to the host in ``plan``.
+The batch form's prefill side is planned in ``plan`` for ``causal_p=True`` (what engines pass);
+``causal_p`` and the mask arrive with ``run``, which re-plans only when they differ from the
+planned ones (host work, no synchronisation).
 """
 
 from __future__ import annotations
@@ -184,6 +185,8 @@ class BatchPODWithPagedKVCacheWrapper:
         self._planned_for = None
         self._rows = (int(qo_p[-1]), batch_d)
         self._reserve = envs.POD_RESERVED_SMS.get()
+        if self._sides[0]:  # planned here for causal_p=True, what engines pass: a run() with
+            self._planned(True, None, None)  # another causal_p or a mask re-plans
 
     def _planned(self, causal: bool, mask, packed_mask):
         """The prefill-side wrapper, (re-)planned when causal or the mask changed."""

@@ -11,6 +11,8 @@
 
 import math
 
+import pytest
+
 import torch
 
 from conftest import poison, rel_error
@@ -51,6 +53,21 @@ def ws():
 
 
 # --- emulation of FlashAttention's varlen forward --------------------------------------------
+
+@pytest.fixture(name="calls")
+def emulated_fa_calls(monkeypatch):
+    """``calls``: FA3's and FA2's vendor entry points replaced by :func:`emulated_varlen`, the
+    list of their calls' arguments (import this fixture into a test module to use it)."""
+    from flashinfer.backends.flash_attn import attention as fa
+
+    log = []
+
+    def fake(*args, **kwargs):
+        return emulated_varlen(*args, calls=log, **kwargs)
+    monkeypatch.setattr(fa, "fa3_varlen", fake)
+    monkeypatch.setattr(fa, "fa2_varlen", fake)
+    return log
+
 
 def emulated_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, causal, window, softcap,
                     calls=None, out=None, block_table=None, num_splits=1, qv=None):

@@ -14,8 +14,9 @@ import dataclasses
 import pytest
 import torch
 
-from attention_helpers import (SMS, assert_lse_close, candidate, emulated_varlen, make_plan,
+from attention_helpers import (SMS, assert_lse_close, candidate, make_plan,
                                naive_batch, ragged_inputs, ragged_problem, run_planner)
+from attention_helpers import emulated_fa_calls  # noqa: F401 - the `calls` fixture
 from conftest import capture_cuda_graph, HAS_CUDA, TOLERANCE, poison, rel_error
 from flashinfer.attention.params import AttentionParams
 from flashinfer.backends.flash_attn import attention as fa
@@ -37,17 +38,6 @@ RAGGED_CASES = [
     ([3, 4], [7, 4], {"num_qo_heads": 4, "num_kv_heads": 4}),
     ([3, 4], [7, 4], {"num_qo_heads": 6, "num_kv_heads": 1, "causal": True}),
 ]
-
-
-@pytest.fixture
-def calls(monkeypatch):
-    log = []
-
-    def fake(*args, **kwargs):
-        return emulated_varlen(*args, calls=log, **kwargs)
-    monkeypatch.setattr(fa, "fa3_varlen", fake)
-    monkeypatch.setattr(fa, "fa2_varlen", fake)
-    return log
 
 
 @pytest.mark.parametrize("variant", ["fa3", "fa2"])

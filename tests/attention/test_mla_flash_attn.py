@@ -9,25 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention_helpers import emulated_varlen
+from attention_helpers import emulated_fa_calls  # noqa: F401 - the `calls` fixture
 from conftest import poison, rel_error
 from mla_helpers import _assert_lse, _case, _plan, naive
 import flashinfer
 from flashinfer.attention.mla_params import MLAScales
-from flashinfer.backends.flash_attn import attention as fa
 from flashinfer.dispatch import kernel_for
 
 SCALE = 0.17
-
-
-@pytest.fixture
-def calls(monkeypatch):
-    log = []
-
-    def fake(*args, **kwargs):
-        return emulated_varlen(*args, calls=log, **kwargs)
-    monkeypatch.setattr(fa, "fa3_varlen", fake)
-    return log
 
 
 def _runner_for(arrays, page_size, causal, on_device_ids=False):

@@ -158,7 +158,7 @@ def test_gpu_batch_pod_replayed_from_a_cuda_graph_equals_eager():
     w = flashinfer.BatchPODWithPagedKVCacheWrapper(_ws())
     w.plan(*arrays_p, *arrays_d, HQ, HK, D, PAGE, q_data_type=DTYPE)
     q_p, q_d = _q(sum(qo_p), 13), _q(len(arrays_d[3]), 14)
-    w.run(q_p, cache, q_d, cache, causal_p=True)  # plans the prefill side before the capture
+    w.run(q_p, cache, q_d, cache, causal_p=True)  # warm (workspaces) before the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out_p, out_d = w.run(q_p, cache, q_d, cache, causal_p=True)
