@@ -12,9 +12,11 @@ One batch prefill launch over both kinds of request was measured 2.4-2.5x slower
 wrappers back to back on the H200 (1 x 4096 prefill + 128 x 4096 decode: 1.87 ms against
 0.74; benchmarks/results/compositions_h200_2026-12-04_0145utc.jsonl), so it is not used.
 
-The batch form's prefill side is planned in ``plan`` for ``causal_p=True`` (what engines pass);
-``causal_p`` and the mask arrive with ``run``, which re-plans only when they differ from the
-planned ones (host work, no synchronisation).
+The batch form is not CUDA-graph capturable (upstream's constructor takes no fixed buffers
+either; ``run`` under capture raises); the single-prefill form is, with ``use_cuda_graph=True``
+and the decode side's buffers. The batch form's prefill side is planned in ``plan`` for
+``causal_p=True`` (what engines pass); ``causal_p`` and the mask arrive with ``run``, which
+re-plans only when they differ from the planned ones (host work, no synchronisation).
 """
 
 from __future__ import annotations
@@ -214,6 +216,12 @@ class BatchPODWithPagedKVCacheWrapper:
         ``q_p [qo_indptr_p[-1], H_qo, D]``, ``q_d [B_d, H_qo, D]``."""
         if self._args is None:
             raise RuntimeError("BatchPODWithPagedKVCacheWrapper.run() called before plan()")
+        if q_p.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "BatchPODWithPagedKVCacheWrapper.run() is being captured in a CUDA graph; like "
+                "upstream's it has no fixed index buffers, so a replay after another plan() would "
+                "read freed arrays. Capture PODWithPagedKVCacheWrapper(use_cuda_graph=True, ...) "
+                "or the batch prefill and decode wrappers built with use_cuda_graph=True")
         n_p, n_d = self._rows
         for name, t, rows in (("q_p", q_p, n_p), ("q_d", q_d, n_d)):
             if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[0] != rows:

@@ -127,7 +127,9 @@ def test_flashmla_fp8_cache(heads, q_len):
     err = float((got.float() - want).norm() / want.norm())
     print(f"flashmla:fp8 H={heads} q_len={q_len}: relative error {err:.4f}")
     assert err < 0.05
-    assert torch.allclose(lse, want_lse, rtol=2e-2, atol=2e-2)
+    # q in e4m3 moves each logit by up to ~2^-4 of its size: the H200 run (2026-12-04) saw lse
+    # 0.05 from the reference at 128 heads; a wrong kpe/ckv fold would move it by far more
+    assert torch.allclose(lse, want_lse, rtol=2e-2, atol=0.1)
 
 
 GRAPH_BATCH, GRAPH_Q_LEN, GRAPH_HEADS = 8, 2, 128

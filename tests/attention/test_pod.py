@@ -151,23 +151,45 @@ def test_bad_input_is_refused():
 
 
 @pytest.mark.gpu
-def test_gpu_batch_pod_replayed_from_a_cuda_graph_equals_eager():
-    """The two-stream POD (side stream forked and joined inside the capture) replays equal to
-    its eager run; the inputs changed in place before the replay."""
+def test_gpu_single_prefill_pod_replayed_from_a_cuda_graph_equals_eager():
+    """The single-prefill POD with use_cuda_graph=True (side stream forked and joined inside the
+    capture) replays equal to its eager run, after the inputs changed in place."""
+    qo_len, kv_d = 37, [5, 4, 9, 1, 16]
+    gen = torch.Generator().manual_seed(21)
+    q_p = _q(qo_len, 22)
+    k_p, v_p = (torch.randn(qo_len, HK, D, generator=gen).to(DEV, DTYPE) for _ in range(2))
+    cache, indptr, indices, last, *_ = _paged(kv_d, seed=23)
+    q_d = _q(len(kv_d), 24)
+    bufs = [indptr.to(DEV), indices.to(DEV), last.to(DEV)]
+    w = flashinfer.PODWithPagedKVCacheWrapper(_ws(), use_cuda_graph=True,
+                                              paged_kv_indptr_buffer=bufs[0],
+                                              paged_kv_indices_buffer=bufs[1],
+                                              paged_kv_last_page_len_buffer=bufs[2])
+    w.plan(indptr, indices, last, HQ, HK, D, PAGE, q_data_type=DTYPE)
+    w.run(q_p, k_p, v_p, q_d, cache, causal_p=True)  # warm (workspaces) before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_p, out_d = w.run(q_p, k_p, v_p, q_d, cache, causal_p=True)
+    q_p.copy_(_q(qo_len, 25))
+    q_d.copy_(_q(len(kv_d), 26))
+    graph.replay()
+    want_p, want_d = w.run(q_p, k_p, v_p, q_d, cache, causal_p=True)
+    torch.cuda.synchronize()
+    assert torch.equal(out_p, want_p) and torch.equal(out_d, want_d)
+
+
+@pytest.mark.gpu
+def test_gpu_batch_pod_refuses_a_cuda_graph_capture():
+    """The batch POD has no fixed buffers (as upstream's): a capture is refused by name."""
     qo_p, cache, arrays_p, arrays_d, *_ = _batch_pod_case(seed=12)
     w = flashinfer.BatchPODWithPagedKVCacheWrapper(_ws())
     w.plan(*arrays_p, *arrays_d, HQ, HK, D, PAGE, q_data_type=DTYPE)
     q_p, q_d = _q(sum(qo_p), 13), _q(len(arrays_d[3]), 14)
-    w.run(q_p, cache, q_d, cache, causal_p=True)  # warm (workspaces) before the capture
+    w.run(q_p, cache, q_d, cache, causal_p=True)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_p, out_d = w.run(q_p, cache, q_d, cache, causal_p=True)
-    q_p.copy_(_q(sum(qo_p), 15))
-    q_d.copy_(_q(len(arrays_d[3]), 16))
-    graph.replay()
-    want_p, want_d = w.run(q_p, cache, q_d, cache, causal_p=True)
-    torch.cuda.synchronize()
-    assert torch.equal(out_p, want_p) and torch.equal(out_d, want_d)
+    with pytest.raises(RuntimeError, match="BatchPODWithPagedKVCacheWrapper.*CUDA graph"):
+        with torch.cuda.graph(graph):
+            w.run(q_p, cache, q_d, cache, causal_p=True)
 
 
 def test_reserved_sms_reach_the_prefill_side(monkeypatch):
