@@ -549,7 +549,7 @@ def _export_pack(args: argparse.Namespace) -> int:
 
     import triton
 
-    from .warmup import warm_gemm, warm_mla, warm_moe, warm_sampling
+    from .warmup import warm_gemm, warm_merge, warm_mla, warm_moe, warm_sampling
 
     fresh = tempfile.mkdtemp(prefix="flashinfer_pack_")
     # a fresh Triton cache (Triton reads the variable at every lookup), not seeded from the
@@ -561,6 +561,7 @@ def _export_pack(args: argparse.Namespace) -> int:
         warm_sampling(args.vocab, "cuda", only=args.only)
         warm_gemm("cuda", args.only)
         warm_mla("cuda", args.only, backend="triton")  # what runs where FlashMLA is absent
+        warm_merge("cuda", args.only)
         if args.moe is not None:
             warm_moe("cuda", *args.moe, quant=args.moe_quant)
     finally:
@@ -604,7 +605,7 @@ def _warm_cutlass(args: argparse.Namespace) -> int:
 def cmd_warmup(args: argparse.Namespace) -> int:
     import torch
 
-    from .warmup import check_only, warm_gemm, warm_mla, warm_moe, warm_sampling
+    from .warmup import check_only, warm_gemm, warm_merge, warm_mla, warm_moe, warm_sampling
 
     try:
         check_only(args.only)  # a bad --only fails here, GPU or not
@@ -618,7 +619,7 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     if args.export_pack is not None:
         return _export_pack(args)
     results = (warm_sampling(args.vocab, "cuda", only=args.only) + warm_gemm("cuda", args.only)
-               + warm_mla("cuda", args.only))
+               + warm_mla("cuda", args.only) + warm_merge("cuda", args.only))
     if args.moe is not None:
         results += warm_moe("cuda", *args.moe, quant=args.moe_quant)
     if args.json:

@@ -139,6 +139,53 @@ def mla_calls() -> list[tuple[str, Callable]]:
             for b, kv in MLA_BATCHES]
 
 
+#: the state-merge warm-up grid (cascade levels, shared-prefix wrappers): query heads 8 and 32
+#: (the two head tiles of a 128-wide head), head dims 64 / 128 / 256, fp16 and bf16 states
+MERGE_HEADS, MERGE_DIMS, MERGE_DTYPES = (8, 32), (64, 128, 256), ("bfloat16", "float16")
+
+
+def merge_calls() -> list[tuple[str, Callable]]:
+    """The state-merge warm-up calls: ``merge_state``, ``merge_state_in_place`` (also with a
+    mask, a compile of its own) and ``merge_states`` of 3 states, per grid point; and the
+    block-table kernel FlashMLA's CUDA-graph decode rebuilds its table with."""
+    calls = [(f"merge[{fn}:h{h}:d{d}:{dt}]",
+              lambda device, backend, a=(fn, h, d, dt): _merge_call(device, backend, *a))
+             for fn in ("merge_state", "merge_state_in_place", "merge_state_in_place+mask",
+                        "merge_states")
+             for h in MERGE_HEADS for d in MERGE_DIMS for dt in MERGE_DTYPES]
+    return calls + [("block_table[mla_graph]", _block_table_call)]
+
+
+def _merge_call(device, backend: str, fn: str, heads: int, dim: int, dtype: str):
+    from .attention import merge
+
+    rows = 64
+    gen = torch.Generator(device=device).manual_seed(heads * dim)
+    v = torch.randn(rows, 3, heads, dim, generator=gen, device=device).to(getattr(torch, dtype))
+    s = torch.randn(rows, 3, heads, generator=gen, device=device)
+    if fn == "merge_states":
+        return merge.merge_states(v, s, backend=backend)[0]
+    if fn == "merge_state":
+        return merge.merge_state(v[:, 0], s[:, 0], v[:, 1], s[:, 1], backend=backend)[0]
+    out, lse = v[:, 0].contiguous(), s[:, 0].contiguous()
+    mask = torch.ones(rows, dtype=torch.bool, device=device) if fn.endswith("+mask") else None
+    merge.merge_state_in_place(out, lse, v[:, 1], s[:, 1], mask=mask, backend=backend)
+    return out
+
+
+def _block_table_call(device, backend: str):
+    """The block-table kernel (it runs under FlashMLA, but compiles the same without it)."""
+    from .attention.mla_params import MLA_PAGE
+    from .backends.shared.block_table import fill_block_table
+
+    batch, pages_each = 64, 64
+    indptr = torch.arange(batch + 1, dtype=torch.int32, device=device) * pages_each
+    ids = torch.randperm(batch * pages_each, device=device).to(torch.int32)
+    table = torch.zeros(batch, pages_each, dtype=torch.int32, device=device)
+    fill_block_table(table, indptr, ids, batch * pages_each, MLA_PAGE)
+    return table
+
+
 _MLA_WORKSPACE: dict = {}
 
 
@@ -198,8 +245,9 @@ def check_only(only: str) -> None:
     """ValueError naming every warm-up call when ``only`` (comma-separated substrings) matches
     none of them."""
     if (only.strip() and not select_calls(only) and not select_gemm_calls(only)
-            and not select_mla_calls(only)):
-        names = [name for name, _ in sampling_calls() + gemm_calls()] + ["mla[...]"]
+            and not select_mla_calls(only) and not select_merge_calls(only)):
+        names = [name for name, _ in sampling_calls() + gemm_calls()] + ["mla[...]", "merge[...]",
+                                                                         "block_table[...]"]
         raise ValueError(f"--only {only!r} matches no warm-up call; names: {', '.join(names)}")
 
 
@@ -217,6 +265,11 @@ def select_gemm_calls(only: str = "") -> list[tuple[str, Callable]]:
 def select_mla_calls(only: str = "") -> list[tuple[str, Callable]]:
     """:func:`mla_calls` picked by ``only`` as :func:`select_calls` picks."""
     return _matching(mla_calls(), only)
+
+
+def select_merge_calls(only: str = "") -> list[tuple[str, Callable]]:
+    """:func:`merge_calls` picked by ``only`` as :func:`select_calls` picks."""
+    return _matching(merge_calls(), only)
 
 
 def warm_sampling(vocab_sizes, device: str | torch.device = "cuda", rows: int = 2,
@@ -275,6 +328,12 @@ def warm_mla(device: str | torch.device = "cuda", only: str = "",
                 for name, call in select_mla_calls(only)]
     finally:
         _MLA_WORKSPACE.clear()
+
+
+def warm_merge(device: str | torch.device = "cuda", only: str = "") -> list[dict]:
+    """Run every merge warm-up call (those :func:`select_merge_calls` picks) once on ``device``
+    with ``backend="auto"``; one ``{"function", "seconds", "kernel"}`` per call."""
+    return [_timed(name, device, call, device, "auto") for name, call in select_merge_calls(only)]
 
 
 #: quantisation of the experts a MoE warm-up builds (``--moe-quant``)

@@ -638,6 +638,23 @@ def test_mla_warm_up_covers_the_deepseek_grid_and_selects_by_name():
     assert warm_gemm("cpu", only="mla[") == []
 
 
+def test_merge_warm_up_covers_each_merge_and_the_block_table_kernel(monkeypatch):
+    """One call per merge function, heads, head dim and dtype, plus the block-table kernel; the
+    calls run (on the CPU: the merges' reference; the block table in the Triton interpreter)
+    and build the right table."""
+    from flashinfer.warmup import (MERGE_DIMS, MERGE_DTYPES, MERGE_HEADS, _block_table_call,
+                                   merge_calls, warm_merge)
+
+    names = [name for name, _ in merge_calls()]
+    assert len(set(names)) == 4 * len(MERGE_HEADS) * len(MERGE_DIMS) * len(MERGE_DTYPES) + 1
+    results = warm_merge("cpu", only="merge[merge_state_in_place+mask:h8:d64:float16]")
+    assert [r["kernel"] for r in results] == ["reference"]
+    assert {r["kernel"] for r in warm_merge("cpu", only="merge[merge_states:h32")} == {"reference"}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    table = _block_table_call("cpu", "auto")
+    assert table.shape == (64, 64) and sorted(table.reshape(-1).tolist()) == list(range(4096))
+
+
 def test_gemm_warm_up_reaches_each_triton_tile_height_on_sm90():
     """On SM 9.0 every bmm_fp8 warm-up call goes to the Triton kernel (the batched rule), each
     with another tile height, so each compiles a kernel a serving call would need."""
