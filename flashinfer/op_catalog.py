@@ -53,6 +53,18 @@ BATCH_ATTENTION_FEATURES = (
     "cuda_graph",      # wrapper built with use_cuda_graph=True (fixed buffers, capturable run)
 )
 
+BLOCK_SPARSE_FEATURES = (
+    "causal",          # each row block's last query aligned with its last selected key
+    "gqa",             # num_qo_heads > num_kv_heads
+    "soft_cap",        # logits_soft_cap > 0
+    "rope_llama",      # pos_encoding_mode="ROPE_LLAMA"
+    "custom_mask",     # a bool mask [nnz, R, C] inside the blocks
+    "packed_mask",     # the same mask bit-packed (convert_bsr_mask_layout's layout)
+    "lse",             # return_lse=True (base-2 log-sum-exp)
+    "fp8_kv",          # k / v in float8 with scale_k / scale_v
+    "o_dtype_differs",  # output dtype differs from q dtype (upstream's default: float16)
+)
+
 MLA_FEATURES = (
     "causal",          # bottom-right aligned causal mask per request (q_len > 1)
     "lse",             # return_lse=True (base 2, or base e on request)
@@ -122,6 +134,10 @@ _ATTN_SHAPE = ("head_dim_qk", "head_dim_vo", "num_qo_heads", "num_kv_heads", "qo
 _BATCH_SHAPE = ("head_dim_qk", "head_dim_vo", "num_qo_heads", "num_kv_heads", "batch_size",
                 "max_qo_len", "max_kv_len", "total_qo_len", "page_size", "q_len_per_req")
 
+# block-sparse: the block shape exactly, num_rows (M) and num_cols (N) bucketed to powers of two
+_BLOCK_SPARSE_SHAPE = ("num_qo_heads", "num_kv_heads", "head_dim", "block_rows", "block_cols",
+                       "num_rows", "num_cols")
+
 # state merging: num_rows and num_states bucketed to powers of two
 _MERGE_SHAPE = ("num_heads", "head_dim", "num_rows")
 
@@ -144,6 +160,10 @@ OPS: dict[str, OpSpec] = {
                BATCH_ATTENTION_FEATURES, ("NHD", "HND"), "ragged queries against ragged K/V"),
         OpSpec("batch_mla", "attention", ("q", "kv", "o"), _MLA_SHAPE, MLA_FEATURES, (),
                "multi-head latent attention (DeepSeek MLA): ragged queries, a paged latent cache"),
+        OpSpec("block_sparse_attention", "attention", ("q", "kv", "o"), _BLOCK_SPARSE_SHAPE,
+               BLOCK_SPARSE_FEATURES, (),
+               "attention of q [M, H, D] over k / v [N, H_kv, D] restricted to a BSR map of "
+               "R x C blocks"),
         OpSpec("merge_state", "attention", ("v", "s"), _MERGE_SHAPE, ("in_place", "mask"), (),
                "merge two attention states per row (outputs and their base-2 lse)"),
         OpSpec("merge_states", "attention", ("v", "s"), _MERGE_SHAPE + ("num_states",),
@@ -308,9 +328,10 @@ PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
                        note="plans one batch paged prefill per level in plan(); run() merges "
                             "the levels' states"),
         PublicFunction("BlockSparseAttentionWrapper", "flashinfer.sparse",
-                       ("batch_prefill_paged",),
-                       note="a batch paged prefill: row blocks as requests, column blocks as "
-                            "pages of gcd(C, 64) tokens"),
+                       ("block_sparse_attention", "batch_prefill_paged"), ("o_dtype_differs",),
+                       note="flex_attention over a BlockMask, or a batch paged prefill (row blocks "
+                            "as requests, column blocks as pages of gcd(C, 64) tokens) on the "
+                            "kernel the block_sparse_attention Decision names"),
         PublicFunction("VariableBlockSparseAttentionWrapper", "flashinfer.sparse",
                        ("batch_prefill_paged",), ("lse",),
                        note="a batch paged prefill of one request per (KV head, row block), "

@@ -2,9 +2,12 @@
 (one BSR block map of ``R x C`` blocks shared by every head) and
 ``VariableBlockSparseAttentionWrapper`` (one map per KV head, blocks of varying sizes).
 
-Both are a paged batch prefill in disguise, planned through
-:class:`~flashinfer.attention.batch_prefill.BatchPrefillWithPagedKVCacheWrapper` (so each runs
-on the kernel that Decision picks: ``wrapper.decision``):
+``BlockSparseAttentionWrapper`` decides op ``block_sparse_attention`` (``wrapper.decision``):
+``torch:flex`` runs flex_attention over a BlockMask of the map (backends/torch/flex.py); the
+other records are the paged-prefill mapping below, planned on that record's batch prefill kernel
+(``wrapper.prefill_decision``; when that kernel refuses the plan, the next usable record). The
+variable form is always the mapping. The mapping is a paged batch prefill in disguise, planned
+through :class:`~flashinfer.attention.batch_prefill.BatchPrefillWithPagedKVCacheWrapper`:
 
 * BSR: row block ``i`` (``R`` query rows, the last one the remainder of ``M``) is a request whose
   pages are its column blocks, ``indices[indptr[i]:indptr[i+1]]``: ``k`` / ``v [N, H_kv, D]``
@@ -29,9 +32,13 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .. import dispatch
 from ..api_logging import flashinfer_api
-from .batch_checks import check_indptr, host_index_arrays, positive_int
+from ..dispatch import Problem
+from ..shape_buckets import length_bucket
+from .batch_checks import check_indptr, host_index_arrays, plan_dtypes, positive_int
 from .batch_prefill import BatchPrefillWithPagedKVCacheWrapper
+from .block_sparse_params import BlockSparsePlan
 
 #: the largest page the paged prefill kernels take (a wider block is several pages)
 MAX_PAGE = 64
@@ -88,23 +95,44 @@ def _check_block_indices(ind: np.ndarray, idx: np.ndarray, num_col_blocks: int) 
 
 
 class _OnBatchPrefill:
-    """What both wrappers share: the batch prefill wrapper they plan (``backend``: its
-    ``"auto"``, a backend name or an upstream spelling) and its Decision."""
+    """What both wrappers share: the batch prefill wrappers they plan (one per kernel asked for;
+    ``backend``: ``"auto"``, a backend name or an upstream spelling)."""
 
     def __init__(self, float_workspace_buffer: torch.Tensor, backend: str = "auto") -> None:
-        self._prefill = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, "NHD",
-                                                            backend=backend)
-        self.device = self._prefill.device
+        self._ws = float_workspace_buffer
+        self._backend = backend
+        self._prefills: dict[str, BatchPrefillWithPagedKVCacheWrapper] = {}
+        self._prefill = None  # the planned one
+        self._flex = None
+        self.block_decision = None
+        if not isinstance(float_workspace_buffer, torch.Tensor):
+            raise TypeError(f"float_workspace_buffer must be a torch.Tensor, got "
+                            f"{type(float_workspace_buffer).__name__}")
+        self.device = float_workspace_buffer.device
         self._shape = None
+
+    def _prefill_for(self, backend: str) -> BatchPrefillWithPagedKVCacheWrapper:
+        w = self._prefills.get(backend)
+        if w is None:
+            w = self._prefills[backend] = BatchPrefillWithPagedKVCacheWrapper(
+                self._ws, "NHD", backend=backend)
+        return w
+
+    @property
+    def prefill_decision(self):
+        """The Decision of the planned batch prefill (None when flex runs)."""
+        return getattr(self._prefill, "decision", None) if self._prefill is not None else None
 
     @property
     def decision(self):
         """The Decision of the planned batch prefill (the kernel that runs)."""
-        return getattr(self._prefill, "decision", None)
+        return self.prefill_decision
 
     def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor,
                                int_workspace_buffer: torch.Tensor) -> None:
-        self._prefill.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+        self._ws = float_workspace_buffer
+        for w in self._prefills.values():
+            w.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
 
     def end_forward(self) -> None:
         """Upstream no-op."""
@@ -113,6 +141,12 @@ class _OnBatchPrefill:
 class BlockSparseAttentionWrapper(_OnBatchPrefill):
     """Attention of ``q [M, H_qo, D]`` over ``k`` / ``v [N, H_kv, D]`` restricted to the BSR
     block map (``R x C`` blocks), every head sharing it."""
+
+    @property
+    def decision(self):
+        """The ``block_sparse_attention`` Decision (None for an upstream spelling only the batch
+        prefill takes, e.g. ``"fa2"``: then :attr:`prefill_decision`)."""
+        return self.block_decision or self.prefill_decision
 
     @flashinfer_api
     def plan(self, indptr: torch.Tensor, indices: torch.Tensor, M: int, N: int, R: int, C: int,
@@ -134,6 +168,12 @@ class BlockSparseAttentionWrapper(_OnBatchPrefill):
             raise NotImplementedError("block_mask (upstream's VSA backends for SM 10.x / 12.x) is "
                                       "not supported: give the BSR indptr / indices")
         M, N, R, C = (positive_int(n, v) for n, v in (("M", M), ("N", N), ("R", R), ("C", C)))
+        num_qo_heads = positive_int("num_qo_heads", num_qo_heads)
+        num_kv_heads = positive_int("num_kv_heads", num_kv_heads)
+        head_dim = positive_int("head_dim", head_dim)
+        if num_qo_heads % num_kv_heads:
+            raise ValueError(f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads "
+                             f"({num_kv_heads})")
         if N % C:
             raise ValueError(f"N ({N}) must be a multiple of the block width C ({C})")
         num_row_blocks = -(-M // R)
@@ -156,6 +196,48 @@ class BlockSparseAttentionWrapper(_OnBatchPrefill):
                                  f"{tuple(getattr(mask, 'shape', ()))}")
             custom = mask[_bsr_mask_order(ind_np, R, C, M, mask.device)] if nnz else \
                 torch.zeros(0, dtype=torch.bool)
+        q_dtype, kv_dtype, o_dtype, _ = plan_dtypes(q_data_type, kv_data_type, o_data_type)
+        features = {"o_dtype_differs"} if o_dtype != q_dtype else set()
+        for name, on in (("causal", causal), ("gqa", num_qo_heads != num_kv_heads),
+                         ("soft_cap", bool(logits_soft_cap)), ("lse", True),
+                         ("rope_llama", pos_encoding_mode == "ROPE_LLAMA"),
+                         ("custom_mask", mask is not None),
+                         ("packed_mask", packed_mask is not None),
+                         ("fp8_kv", kv_dtype.itemsize == 1)):
+            if on:
+                features.add(name)
+        dt = lambda d: str(d).removeprefix("torch.")  # noqa: E731
+        problem = Problem.make(
+            "block_sparse_attention", self.device,
+            dtypes={"q": dt(q_dtype), "kv": dt(kv_dtype), "o": dt(o_dtype)},
+            shape={"num_qo_heads": num_qo_heads, "num_kv_heads": num_kv_heads,
+                   "head_dim": head_dim, "block_rows": R, "block_cols": C,
+                   "num_rows": length_bucket(M), "num_cols": length_bucket(N)},
+            features=features)
+        try:
+            self.block_decision = dispatch.decide(problem, self._backend)
+            order = [n for n in self.block_decision.order if n != self.block_decision.name]
+            order = [self.block_decision.name] + order
+        except dispatch.NoBackendError:
+            if self._backend in (None, "auto"):
+                raise
+            # an upstream spelling only the batch prefill knows (e.g. "fa2"): the mapping on it
+            self.block_decision, order = None, [self._backend]
+        self.M, self.N, self.R, self.C = M, N, R, C
+        self._shape = None
+        if order[0] == "torch:flex":
+            self._prefill = None
+            plan = BlockSparsePlan(
+                device=self.device, num_rows=M, num_cols=N, block_rows=R, block_cols=C,
+                num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                indptr=ind_np.astype(np.int32), indices=idx_np.astype(np.int32),
+                mask=None if mask is None else mask.to(self.device, torch.bool), causal=causal,
+                sm_scale=head_dim ** -0.5 if sm_scale is None else float(sm_scale),
+                logits_soft_cap=float(logits_soft_cap or 0.0), o_dtype=o_dtype)
+            self._flex = self.block_decision.kernel(plan)
+            self._shape = (M, N, None, num_qo_heads, num_kv_heads, head_dim, o_dtype)
+            return
+        self._flex = None
         qo = np.minimum(np.arange(num_row_blocks + 1, dtype=np.int64) * R, M).astype(np.int32)
         counts = ind_np[1:] - ind_np[:-1]
         # pages of at most 64 tokens (what the paged kernels take): a column block is `split`
@@ -166,17 +248,30 @@ class BlockSparseAttentionWrapper(_OnBatchPrefill):
         if split > 1:
             ids = (ids[:, None] * split + torch.arange(split, dtype=torch.int32)).reshape(-1)
         last = np.where(counts > 0, page, 0).astype(np.int32)
-        self._prefill.plan(
-            torch.from_numpy(qo), torch.from_numpy(ind_np * split), ids, torch.from_numpy(last),
-            num_qo_heads, num_kv_heads, head_dim, page, custom_mask=custom,
-            packed_custom_mask=packed_mask,
-            causal=causal, pos_encoding_mode=pos_encoding_mode,
-            use_fp16_qk_reduction=use_fp16_qk_reduction, sm_scale=sm_scale,
-            logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta,
-            q_data_type=q_data_type, kv_data_type=kv_data_type, o_data_type=o_data_type,
-            non_blocking=non_blocking)
-        self._shape = (M, N, page, num_qo_heads, num_kv_heads, head_dim)
-        self.M, self.N, self.R, self.C = M, N, R, C
+        failures = []
+        for name in order:  # the first kernel of the Decision whose batch prefill takes it
+            if name == "torch:flex":
+                continue
+            w = self._prefill_for(name)
+            try:
+                w.plan(torch.from_numpy(qo), torch.from_numpy(ind_np * split), ids,
+                       torch.from_numpy(last), num_qo_heads, num_kv_heads, head_dim, page,
+                       custom_mask=custom, packed_custom_mask=packed_mask, causal=causal,
+                       pos_encoding_mode=pos_encoding_mode,
+                       use_fp16_qk_reduction=use_fp16_qk_reduction, sm_scale=sm_scale,
+                       logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
+                       rope_theta=rope_theta, q_data_type=q_data_type,
+                       kv_data_type=kv_data_type, o_data_type=o_data_type,
+                       non_blocking=non_blocking)
+            except dispatch.NoBackendError as err:
+                failures.append(f"{name}: {err}")
+                continue
+            self._prefill = w
+            break
+        else:
+            raise dispatch.NoBackendError("no batch prefill kernel takes this block-sparse plan: "
+                                          + "; ".join(failures))
+        self._shape = (M, N, page, num_qo_heads, num_kv_heads, head_dim, o_dtype)
 
     begin_forward = plan
 
@@ -191,14 +286,33 @@ class BlockSparseAttentionWrapper(_OnBatchPrefill):
         ``k_scale`` / ``v_scale``."""
         if self._shape is None:
             raise RuntimeError("BlockSparseAttentionWrapper.run() called before plan()")
-        M, N, page, hq, hk, d = self._shape
+        M, N, page, hq, hk, d, o_dtype = self._shape
         for name, t, rows, heads in (("q", q, M, hq), ("k", k, N, hk), ("v", v, N, hk)):
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != (rows, heads, d):
                 raise ValueError(f"{name} must be [{rows}, {heads}, {d}] as planned, got "
                                  f"{tuple(getattr(t, 'shape', ())) or type(t).__name__}")
+        if self._flex is not None:
+            return self._run_flex(q, k, v, (scale_q, scale_k, scale_v), out, lse, return_lse,
+                                  o_dtype)
         pages = (k.reshape(N // page, page, hk, d), v.reshape(N // page, page, hk, d))
         return self._prefill.run(q, pages, q_scale=scale_q, k_scale=scale_k, v_scale=scale_v,
                                  out=out, lse=lse, return_lse=return_lse, enable_pdl=enable_pdl)
+
+    def _run_flex(self, q, k, v, scales, out, lse, return_lse, o_dtype):
+        M, hq, d = q.shape
+        for name, t, shape, dtype in (("out", out, (M, hq, d), o_dtype),
+                                      ("lse", lse, (M, hq), torch.float32)):
+            if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != shape
+                                  or t.dtype != dtype):
+                raise ValueError(f"{name} must be {dtype} {list(shape)}, got "
+                                 f"{getattr(t, 'dtype', type(t).__name__)} "
+                                 f"{tuple(getattr(t, 'shape', ()))}")
+        if out is None:
+            out = torch.empty(M, hq, d, dtype=o_dtype, device=q.device)
+        if lse is None and return_lse:
+            lse = torch.empty(M, hq, dtype=torch.float32, device=q.device)
+        self._flex(q, k, v, out, lse, scales)
+        return (out, lse) if return_lse else out
 
     def forward(self, q, k, v, scale_q=None, scale_k=None, scale_v=None,
                 pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
@@ -257,6 +371,7 @@ class VariableBlockSparseAttentionWrapper(_OnBatchPrefill):
         kv_indptr = np.concatenate([[0], np.cumsum(kv_counts)]).astype(np.int32)
         qo_indptr = np.concatenate([[0], np.cumsum(rows.reshape(-1))]).astype(np.int32)
         last = (kv_counts > 0).astype(np.int32)
+        self._prefill = self._prefill_for(self._backend)
         self._prefill.plan(
             torch.from_numpy(qo_indptr), torch.from_numpy(kv_indptr),
             torch.from_numpy(ids.astype(np.int32)), torch.from_numpy(last),

@@ -67,13 +67,20 @@ def _dense_allowed(blocks, r, c, m, n, inner=None, indptr=None):
     return allowed[None, :m, :n]
 
 
+#: the paged mapping (auto) and flex_attention (eager on the CPU, compiled on a GPU)
+BACKENDS = ["auto", "torch:flex"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("density", [0.0, 0.1, 0.5, 1.0])
 @pytest.mark.parametrize("r,c", [(16, 16), (8, 32), (16, 128)])  # 128: two pages of 64 a block
-def test_matches_dense_attention_under_the_block_mask(density, r, c):
+def test_matches_dense_attention_under_the_block_mask(density, r, c, backend):
+    if backend == "torch:flex" and r % 16:
+        pytest.skip("flex takes blocks of multiples of 16 (its record)")
     m, n, hq, hk, d = 60, max(128, 3 * c), 4, 2, 32  # M % R != 0: a partial last row block
     indptr, indices, blocks = _bsr(-(-m // r), n // c, density, seed=int(density * 10) + r)
     q, k, v = _qkv(m, n, hq, hk, d, seed=1)
-    w = flashinfer.BlockSparseAttentionWrapper(_ws())
+    w = flashinfer.BlockSparseAttentionWrapper(_ws(), backend=backend)
     w.plan(indptr.to(DEV), indices.to(DEV), m, n, r, c, hq, hk, d, q_data_type=DTYPE,
            o_data_type=DTYPE)
     out = poison(torch.empty(m, hq, d, dtype=DTYPE, device=DEV))
@@ -98,14 +105,15 @@ def test_o_data_type_defaults_to_float16_as_upstream():
     assert w.run(q, k, v).dtype == torch.float16
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_masks_inside_blocks(packed):
+@pytest.mark.parametrize("packed,backend", [(False, "auto"), (True, "auto"),
+                                            (False, "torch:flex")])
+def test_masks_inside_blocks(packed, backend):
     m, n, r, c, h, d = 32, 64, 16, 16, 2, 16
     indptr, indices, blocks = _bsr(m // r, n // c, 0.6, seed=5)
     nnz = int(indptr[-1])
     inner = torch.rand(nnz, r, c, generator=torch.Generator().manual_seed(6)) < 0.7
     q, k, v = _qkv(m, n, h, h, d, seed=3)
-    w = flashinfer.BlockSparseAttentionWrapper(_ws())
+    w = flashinfer.BlockSparseAttentionWrapper(_ws(), backend=backend)
     if packed:
         flat = convert_bsr_mask_layout(inner, indptr)
         sizes = (r * (indptr[1:] - indptr[:-1]) * c).tolist()
@@ -121,19 +129,99 @@ def test_masks_inside_blocks(packed):
     assert rel_error(w.run(q, k, v).cpu(), want) < TOL
 
 
-def test_causal_block_pattern_is_global_causality():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_causal_block_pattern_is_global_causality(backend):
     """Row blocks that end with their diagonal block: causal equals the global causal mask
     intersected with the block map."""
     m = n = 64
     r = c = 16
     indptr, indices, blocks = _bsr(4, 4, 0.5, seed=7, causal=True)
     q, k, v = _qkv(m, n, 4, 4, 16, seed=4)
-    w = flashinfer.BlockSparseAttentionWrapper(_ws())
+    w = flashinfer.BlockSparseAttentionWrapper(_ws(), backend=backend)
     w.plan(indptr, indices, m, n, r, c, 4, 4, 16, causal=True, q_data_type=DTYPE,
            o_data_type=DTYPE)
     allowed = _dense_allowed(blocks, r, c, m, n) & torch.ones(m, n, dtype=torch.bool).tril()
     want, _ = naive(q.cpu(), k.cpu(), v.cpu(), allowed, 16 ** -0.5)
     assert rel_error(w.run(q, k, v).cpu(), want) < TOL
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_causal_rows_align_with_the_last_selected_key(backend):
+    """A row block whose blocks end before its diagonal (and a partial last row block): query r
+    of n_r rows sees the first n_keys - n_r + r + 1 selected keys, as upstream aligns them."""
+    m, n, r, c, h, d = 40, 64, 16, 16, 2, 16
+    indptr = torch.tensor([0, 1, 3, 5], dtype=I32)
+    indices = torch.tensor([2, 0, 3, 1, 2], dtype=I32)
+    q, k, v = _qkv(m, n, h, h, d, seed=8)
+    w = flashinfer.BlockSparseAttentionWrapper(_ws(), backend=backend)
+    w.plan(indptr, indices, m, n, r, c, h, h, d, causal=True, q_data_type=DTYPE,
+           o_data_type=DTYPE)
+    got, lse = w.run(q, k, v, return_lse=True)
+    allowed = torch.zeros(1, m, n, dtype=torch.bool)
+    for i in range(3):
+        keys = [j * c + t for j in indices[indptr[i]:indptr[i + 1]].tolist() for t in range(c)]
+        rows = list(range(i * r, min(m, (i + 1) * r)))
+        for qi, row in enumerate(rows):
+            allowed[0, row, keys[:max(0, len(keys) - len(rows) + qi + 1)]] = True
+    want, want_lse = naive(q.cpu(), k.cpu(), v.cpu(), allowed, d ** -0.5)
+    assert rel_error(got.cpu(), want) < TOL
+    assert torch.equal(torch.isneginf(lse.cpu()), torch.isneginf(want_lse))
+
+
+def test_flex_soft_cap_and_its_decision():
+    """flex's score_mod soft cap against the capped float64 scores; the Decision names
+    torch:flex (and auto on the CPU names the reference mapping)."""
+    m = n = 64
+    r = c = 16
+    cap = 4.0
+    indptr, indices, blocks = _bsr(4, 4, 0.5, seed=11)
+    q, k, v = _qkv(m, n, 4, 2, 32, seed=12)
+    w = flashinfer.BlockSparseAttentionWrapper(_ws(), backend="torch:flex")
+    w.plan(indptr, indices, m, n, r, c, 4, 2, 32, logits_soft_cap=cap, q_data_type=DTYPE,
+           o_data_type=DTYPE)
+    assert w.decision.name == "torch:flex" and w.prefill_decision is None
+    got = w.run(q * 4, k, v)
+    qd, kd, vd = (t.cpu().double() for t in (q * 4, k, v))
+    s = torch.einsum("mhd,nhd->hmn", qd, kd.repeat_interleave(2, 1)) * 32 ** -0.5
+    s = cap * torch.tanh(s / cap)
+    s = s.masked_fill(~_dense_allowed(blocks, r, c, m, n), -math.inf)
+    p = torch.softmax(s, -1).nan_to_num()
+    want = torch.einsum("hmn,nhd->mhd", p, vd.repeat_interleave(2, 1))
+    assert rel_error(got.cpu(), want) < TOL
+    if not HAS_CUDA:
+        auto = flashinfer.BlockSparseAttentionWrapper(_ws())
+        auto.plan(indptr, indices, m, n, r, c, 4, 2, 32, q_data_type=DTYPE)
+        assert auto.decision.name == "reference" and auto.prefill_decision.name == "reference"
+
+
+def test_block_sparse_decisions_on_simulated_sms():
+    """Every SM family has a usable kernel for a plain bf16 map; flex stays behind the mapping
+    until a benchmark ranks it; fp8 K/V or a packed mask leave flex out."""
+    from flashinfer.device import simulated
+    from flashinfer.dispatch import Problem, select
+
+    def problem(sm, features=("lse", "o_dtype_differs"), kv="bfloat16"):
+        return Problem.make("block_sparse_attention", simulated(sm),
+                            dtypes={"q": "bfloat16", "kv": kv, "o": "float16"},
+                            shape={"num_qo_heads": 32, "num_kv_heads": 8, "head_dim": 128,
+                                   "block_rows": 64, "block_cols": 64, "num_rows": 8192,
+                                   "num_cols": 8192}, features=set(features) | {"gqa"})
+    for sm in ("7.5", "8.0", "8.9", "9.0", "10.0", "12.0"):
+        d = select(problem(sm), assume_installed=True)
+        assert d.name != "torch:flex"
+        assert ("torch:flex" in d.order) == (sm != "7.5")
+    assert select(problem("9.0"), assume_installed=True).name == "flash_attn:fa3"
+    d = select(problem("9.0", ("lse", "packed_mask")), assume_installed=True)
+    assert d.name == "triton" and "torch:flex" not in d.order
+    assert "torch:flex" not in select(problem("9.0", kv="float8_e4m3fn"),
+                                      assume_installed=True).order
+
+
+def test_a_named_backend_runs_the_mapping_on_it():
+    indptr, indices, _ = _bsr(2, 2, 1.0, seed=0)
+    w = flashinfer.BlockSparseAttentionWrapper(_ws(), backend="reference")
+    w.plan(indptr, indices, 32, 32, 16, 16, 2, 2, 16, q_data_type=DTYPE)
+    assert w.decision.name == "reference"
 
 
 def test_convert_bsr_mask_layout_is_the_row_blocks_flattened():
@@ -216,3 +304,29 @@ def test_bad_runs_are_refused():
     with pytest.raises(ValueError, match="agree with num_kv_heads=1"):
         vw.plan(torch.ones(2, 2, 2, dtype=torch.bool), torch.tensor([[8, 8], [8, 8]]),
                 torch.tensor([[8, 8], [8, 8]]), 2, 1, 16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["flash_attn:fa3", "cudnn", "triton", "torch:flex"])
+@pytest.mark.parametrize("r,c,density", [(64, 64, 0.25), (128, 128, 0.5)])
+def test_gpu_each_block_sparse_kernel(backend, r, c, density):
+    """Each block_sparse_attention record, asked for by name on the GPU, against float64
+    attention under the map (bf16, GQA 8 / 2, head dim 128, a partial last row block)."""
+    from flashinfer.dispatch import NoBackendError
+
+    m, n, hq, hk, d = 500, 1024, 8, 2, 128
+    indptr, indices, blocks = _bsr(-(-m // r), n // c, density, seed=r + 3)
+    q, k, v = _qkv(m, n, hq, hk, d, seed=r)
+    w = flashinfer.BlockSparseAttentionWrapper(_ws(), backend=backend)
+    try:
+        w.plan(indptr, indices, m, n, r, c, hq, hk, d, q_data_type=DTYPE, o_data_type=DTYPE)
+    except NoBackendError as err:
+        pytest.skip(f"{backend} not usable here: {str(err)[:120]}")
+    assert w.decision.name == backend
+    out = poison(torch.empty(m, hq, d, dtype=DTYPE, device=DEV))
+    got, lse = w.run(q, k, v, out=out, return_lse=True)
+    want, want_lse = naive(q.cpu(), k.cpu(), v.cpu(), _dense_allowed(blocks, r, c, m, n), d ** -0.5)
+    assert rel_error(got.cpu(), want) < TOL
+    seen = ~torch.isneginf(want_lse)
+    assert torch.equal(~torch.isneginf(lse.cpu()), seen)
+    assert rel_error(lse.cpu()[seen], want_lse[seen]) < TOL

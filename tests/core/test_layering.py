@@ -41,6 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # (the attention package's own __init__ imports nothing, so the contracts can live in it)
     ("kernel contracts", ("flashinfer.attention", "flashinfer.attention.params",
                           "flashinfer.attention.batch_params", "flashinfer.attention.mla_params",
+                          "flashinfer.attention.block_sparse_params",
                           "flashinfer.attention.page_rules", "flashinfer.fp4_format",
                           "flashinfer.rope_params",
                           "flashinfer.kernel_pack")),

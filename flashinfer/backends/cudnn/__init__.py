@@ -22,6 +22,7 @@ from __future__ import annotations
 import sys
 
 from . import batch_support, support
+from ..shared.paged_mapping import block_sparse as block_sparse_paged  # noqa: F401 (a record's kernel)
 
 
 

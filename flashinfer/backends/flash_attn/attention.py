@@ -40,6 +40,7 @@ from ...attention.params import AttentionParams
 from ...attention.batch_params import BatchPlan, KVInput, RunScales
 from ...device import reserved_sms
 from ...optional_packages import import_error
+from ..shared.paged_mapping import block_sparse as block_sparse_paged  # noqa: F401 (a record's kernel)
 from ...reasons import Reason
 from ..torch.attention import (
     aligned, aligned_qkv, cu_seqlens, fill_empty, finish_lse, store_outputs, window_needs_causal,

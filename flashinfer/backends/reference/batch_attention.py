@@ -23,6 +23,7 @@ import torch
 from ...attention.params import AttentionParams, cached_alibi_slopes
 from ...attention.batch_params import BatchPlan, KVInput, RunScales
 from ...reasons import Reason
+from ..shared.paged_mapping import block_sparse as block_sparse_paged  # noqa: F401 (a record's kernel)
 from .attention import attention
 
 _LN2 = math.log(2.0)
