@@ -328,7 +328,7 @@ PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
                        note="plans one batch paged prefill per level in plan(); run() merges "
                             "the levels' states"),
         PublicFunction("BlockSparseAttentionWrapper", "flashinfer.sparse",
-                       ("block_sparse_attention", "batch_prefill_paged"), ("o_dtype_differs",),
+                       ("block_sparse_attention", "batch_prefill_paged"),
                        note="flex_attention over a BlockMask, or a batch paged prefill (row blocks "
                             "as requests, column blocks as pages of gcd(C, 64) tokens) on the "
                             "kernel the block_sparse_attention Decision names"),

@@ -57,6 +57,9 @@ OP_FACTS: dict[str, dict[str, int]] = {
     # DeepSeek-V3 decode on one GPU: 128 heads, latent 512 + RoPE 64, pages of 64
     "batch_mla": {"num_heads": 128, "head_dim_ckv": 512, "head_dim_kpe": 64, "max_qo_len": 1,
                   "total_qo_len": 64, "page_size": 64},
+    # a video-diffusion-like map: 8192 x 8192 in blocks of 64
+    "block_sparse_attention": {"block_rows": 64, "block_cols": 64, "num_rows": 8192,
+                               "num_cols": 8192},
     "moe_routing": {"num_experts": 256, "top_k": 8},
     "fused_moe": {"num_experts": 256, "top_k": 8, "intermediate_size": 2048},
 }
@@ -68,7 +71,8 @@ FEATURE_FACTS: dict[str, dict[str, int]] = {"top_k": {"top_k": 64}}
 #: facts that are lengths / row counts: the op modules bucket them with ``length_bucket``.
 BUCKETED_FACTS = frozenset({"qo_len", "kv_len", "num_tokens", "num_rows", "batch_size",
                             "vocab_size", "m", "batch", "max_qo_len", "max_kv_len",
-                            "total_qo_len", "num_groups", "rows_per_group", "num_states"})
+                            "total_qo_len", "num_groups", "rows_per_group", "num_states",
+                            "num_cols"})
 
 #: short dtype spellings accepted besides the torch names.
 DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32",
