@@ -42,7 +42,7 @@ SM_SCALE = 192 ** -0.5
 #: the issue's target points first (a run cut short at its budget still has them), then the grid
 FULL = ([(h, 64, 4096, 2, 64, "bfloat16") for h in (128, 16)]         # MTP / speculative
         + [(h, 64, 4096, 1, p, "bfloat16") for h in (128, 16) for p in (1, 16)]
-        + [(h, 64, 4096, 1, 64, "float8_e4m3fn") for h in (128, 16)]
+        + [(h, 64, 4096, 1, p, "float8_e4m3fn") for h in (128, 16) for p in (64, 1)]
         + [(h, b, kv, 1, 64, "bfloat16") for h in (128, 16) for b in (64, 128, 16, 1)
            for kv in (4096, 16384, 1024)])
 QUICK = [(128, 64, 4096, 1, 64, "bfloat16"), (16, 64, 4096, 1, 64, "bfloat16"),

@@ -132,6 +132,43 @@ def test_flashmla_fp8_cache(heads, q_len):
     assert torch.allclose(lse, want_lse, rtol=2e-2, atol=0.1)
 
 
+@pytest.mark.skipif(not HAS_FLASHMLA, reason="needs flash_mla (sgl-flash-mla) on SM 9.0")
+@pytest.mark.parametrize("heads,q_len,page_size,on_device", [
+    (128, 1, 64, False), (16, 1, 1, False), (128, 2, 16, True)])
+def test_flashmla_dequant_fp8_cache(heads, q_len, page_size, on_device):
+    """fp8 caches of any page size gathered into bf16 pages of 64 for FlashMLA's dense decode,
+    against the reference of the dequantised cache (q stays bf16: the bf16 tolerance); separate
+    ckv / kpe buffers; a bad device page id recorded, its token read as 0."""
+    arrays, t = _inputs([q_len] * 4, [5, 64, 300, 2000], page_size, heads,
+                        seed=40 + heads + page_size)
+    caches = {k: t[k].to(E4M3).contiguous() for k in ("ckv_cache", "kpe_cache")}
+    w = _wrapper(arrays, page_size, q_len > 1, "flashmla:dequant", heads, kv_dtype=E4M3,
+                 on_device=on_device)
+    lse = poison(torch.empty(4 * q_len, heads, device=DEV))
+    out = poison(torch.empty(4 * q_len, heads, 512, dtype=torch.bfloat16, device=DEV))
+    got = w.run(t["q_nope"], t["q_pe"], caches["ckv_cache"], caches["kpe_cache"], out=out,
+                lse=lse, ckv_scale=0.75, kpe_scale=1.5)
+    assert got is out and w.decision.name == "flashmla:dequant"
+    ref = flashinfer.BatchMLAPagedAttentionWrapper(torch.empty(1, device=DEV), backend="reference")
+    ref.plan(arrays["qo_indptr"], arrays["kv_indptr"], arrays["kv_indices"], arrays["kv_len_arr"],
+             heads, 512, 64, page_size, q_len > 1, SCALE, torch.float32, torch.float32)
+    want, want_lse = ref.run(t["q_nope"].float(), t["q_pe"].float(),
+                             (caches["ckv_cache"].float() * 0.75).contiguous(),
+                             (caches["kpe_cache"].float() * 1.5).contiguous(), return_lse=True)
+    _check(got, want, lse, want_lse)
+    if on_device:
+        flashinfer.check_errors()
+        bad = arrays["kv_indices"].to(DEV)
+        bad[3] = 1 << 20
+        w2 = _wrapper(dict(arrays, kv_indices=bad), page_size, q_len > 1, "flashmla:dequant",
+                      heads, kv_dtype=E4M3)
+        assert torch.isfinite(w2.run(t["q_nope"], t["q_pe"], caches["ckv_cache"],
+                                     caches["kpe_cache"], ckv_scale=0.75,
+                                     kpe_scale=1.5).float()).all()
+        with pytest.raises(ValueError, match=r"kv_indices\[3\] = 1048576"):
+            flashinfer.check_errors()
+
+
 GRAPH_BATCH, GRAPH_Q_LEN, GRAPH_HEADS = 8, 2, 128
 
 

@@ -155,3 +155,43 @@ def test_block_table_from_csr_page_ids():
     assert int(full[2, 7]) == 0
     with pytest.raises(ValueError, match=rf"kv_indices\[{int(indptr[2]) + 7}\] = 1000"):
         flashinfer.check_errors(DEV)
+
+
+@pytest.mark.parametrize("kv_dtype", [E4M3, torch.bfloat16])
+def test_latent_gather_into_pages_of_64(kv_dtype):
+    """gather_latent (flashmla:dequant's first step): request b's tokens, in order, fill the
+    output pages gathered_layout gives it, times their scales, rows past its length 0; separate
+    ckv / kpe caches of page 3; a bad page id recorded (its entry named) and its token 0."""
+    from flashinfer.attention.mla_params import MLA_PAGE
+    from flashinfer.backends.shared.latent_gather import gather_latent, gathered_layout
+
+    kv_lens = torch.tensor([5, 0, 130], dtype=I32)
+    page = 3
+    pages = (kv_lens + page - 1) // page
+    indptr = torch.cat([torch.zeros(1, dtype=I32), pages.cumsum(0).to(I32)])
+    g = torch.Generator().manual_seed(8)
+    ids = torch.randperm(60, generator=g)[:int(indptr[-1])].to(I32)
+    ckv = torch.randn(60, page, 32, generator=g).to(kv_dtype)
+    kpe = torch.randn(60, page, 16, generator=g).to(kv_dtype)
+    page_indptr, req, first = gathered_layout(kv_lens.numpy())
+    assert page_indptr.tolist() == [0, 1, 1, 4] and req.tolist() == [0, 2, 2, 2]
+    out = poison(torch.empty(int(page_indptr[-1]), 64, 48, dtype=torch.bfloat16, device=DEV))
+    dev = lambda a: torch.as_tensor(a).to(DEV)  # noqa: E731
+    flashinfer.check_errors(DEV)
+    gather_latent(out, ckv.to(DEV), kpe.to(DEV), dev(req), dev(first), dev(indptr), dev(ids),
+                  dev(kv_lens), 0.5, 2.0, MLA_PAGE)
+    for b, n in enumerate(kv_lens.tolist()):
+        toks = [ids[int(indptr[b]) + t // page] for t in range(n)]
+        want = torch.stack([torch.cat([ckv[p, t % page].float() * 0.5, kpe[p, t % page].float()
+                                       * 2.0]) for t, p in enumerate(toks)]) if n else None
+        rows = out.cpu().float()[int(page_indptr[b]):int(page_indptr[b + 1])].reshape(-1, 48)
+        if n:
+            torch.testing.assert_close(rows[:n], want.to(torch.bfloat16).float())
+        assert (rows[n:] == 0).all()
+    flashinfer.check_errors(DEV)  # nothing recorded
+    ids[int(indptr[2]) + 1] = 60
+    gather_latent(out, ckv.to(DEV), kpe.to(DEV), dev(req), dev(first), dev(indptr), dev(ids),
+                  dev(kv_lens), 0.5, 2.0, MLA_PAGE)
+    assert (out.cpu()[1, 3:6] == 0).all()  # request 2's tokens 3..5: the bad page's
+    with pytest.raises(ValueError, match=rf"kv_indices\[{int(indptr[2]) + 1}\] = 60"):
+        flashinfer.check_errors(DEV)
