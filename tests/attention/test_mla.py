@@ -184,7 +184,10 @@ def test_cuda_graph_wrapper_keeps_its_first_kernel():
     ("9.0", 64, "bfloat16", ("multi_query", "varying_qo_len"), 128, 64, "flashmla:sparse"),
     ("9.0", 1, "bfloat16", (), 128, 4, "triton"),  # few rows: the split-K kernel
     ("9.0", 1, "bfloat16", (), 16, 64, "triton"),
-    ("9.0", 64, "float8_e4m3fn", (), 128, 64, "triton"),
+    ("9.0", 64, "float8_e4m3fn", ("fp8_kv",), 128, 64, "flashmla:dequant"),
+    ("9.0", 1, "float8_e4m3fn", ("fp8_kv",), 128, 64, "flashmla:dequant"),
+    ("9.0", 64, "float8_e4m3fn", ("fp8_kv",), 16, 64, "triton"),  # memory-bound: Triton's
+    ("9.0", 64, "float8_e4m3fn", ("fp8_kv", "cuda_graph"), 128, 64, "triton"),
     ("9.0", 64, "bfloat16", ("separate_caches",), 128, 64, "triton"),
     ("9.0", 64, "bfloat16", ("cuda_graph",), 128, 64, "flashmla"),
     ("9.0", 1, "bfloat16", ("cuda_graph",), 128, 64, "triton"),  # (sparse: not capturable)
@@ -194,8 +197,9 @@ def test_cuda_graph_wrapper_keeps_its_first_kernel():
 ])
 def test_decision_on_simulated_sms(sm, page_size, kv, features, heads, rows, want, monkeypatch):
     """SM 9.0: FlashMLA's dense decode at page 64 (bf16, one q_len, a joint cache), its sparse
-    kernel at other pages and varying q_len (64 / 128 heads, more than 4 rows); Triton on every
-    other GPU problem from SM 8.0, the reference below and on the CPU."""
+    kernel at other pages and varying q_len (64 / 128 heads, more than 4 rows), fp8 caches at
+    many heads gathered into bf16 for the dense decode; Triton on every other GPU problem from
+    SM 8.0, the reference below and on the CPU."""
     from flashinfer import capability_db, dispatch
 
     real = capability_db.import_error  # flash_mla counts as installed
