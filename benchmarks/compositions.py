@@ -157,7 +157,17 @@ def _cascade(case, backend, iters, device):
         call = lambda: w.run(q, cache)  # noqa: E731
     ms = timing.eager_ms(lambda: [call() for _ in range(5)], iters, calls=5, warmup=1)
     flat_bytes = b * (prefix + unique) * 2 * HK * D * 2
-    return {"ms": ms, "tb_per_s": flat_bytes / ms / 1e9, **_chosen(w)}
+    return {"ms": ms, "tb_per_s": flat_bytes / ms / 1e9, **_where_time_goes(call), **_chosen(w)}
+
+
+def _where_time_goes(call) -> dict:
+    """On a GPU: the host time of one call (Python and launches) and each kernel's GPU time
+    (what an eager ms above the kernels' sum is made of)."""
+    if not torch.cuda.is_available():
+        return {}
+    kernels = timing.kernel_ms(call)
+    return {"host_ms": timing.host_ms(call), "gpu_ms": sum(kernels.values()),
+            "kernels_ms": {k: round(v, 4) for k, v in kernels.items()}}
 
 
 def _pod(case, backend, iters, device):
@@ -208,7 +218,7 @@ def _pod(case, backend, iters, device):
         extra = lambda: {}  # noqa: E731
     call()
     ms = timing.eager_ms(lambda: [call() for _ in range(5)], iters, calls=5, warmup=1)
-    return {"ms": ms, **extra()}
+    return {"ms": ms, **_where_time_goes(call), **extra()}
 
 
 @contextlib.contextmanager

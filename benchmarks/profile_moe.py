@@ -15,11 +15,11 @@ the input already fp8 with its 1x128 scales. The weight bytes of the experts use
 from __future__ import annotations
 
 import argparse
-import collections
 
 import torch
 
 from moe import LAYER, expert_weights, route
+from timing import kernel_ms
 
 from flashinfer.backends.triton import moe as tmoe
 from flashinfer.fused_moe.core import ExpertSpec
@@ -31,20 +31,6 @@ def quantise_1x128(x: torch.Tensor):
     inv = torch.where(amax > 0, 448.0 / amax.clamp_min(1e-30), torch.zeros_like(amax))
     q = (groups * inv[..., None]).to(torch.float8_e4m3fn).view_as(x)
     return q, amax / 448.0
-
-
-def kernel_times(fn, reps: int = 5) -> dict[str, float]:
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    times = collections.defaultdict(float)
-    for evt in prof.events():
-        if evt.device_type == torch.autograd.DeviceType.CUDA:
-            times[evt.name[:40]] += evt.device_time / reps / 1e3
-    return dict(times)
 
 
 def main() -> None:
@@ -74,7 +60,7 @@ def main() -> None:
             inputs = (("bf16 in", x, None),) + (() if args.bf16_only else (("fp8 in", xq, xs),))
             for label, a, a_s in inputs:
                 try:
-                    t = kernel_times(lambda: tmoe.fused_moe(a, a_s, w1, s1, w2, s2, ids, values,
+                    t = kernel_ms(lambda: tmoe.fused_moe(a, a_s, w1, s1, w2, s2, ids, values,
                                                             spec, out))
                 except Exception as exc:  # noqa: BLE001 - a config that does not fit is a finding
                     print(f"T={tokens:<5d} cfg={cfg} {label}: {type(exc).__name__}: {str(exc)[:90]}")

@@ -15,6 +15,7 @@ process.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import signal
@@ -69,6 +70,22 @@ def eager_ms(step: Callable[[], object], iters: int, calls: int = 1, warmup: int
             step()
             times.append((time.perf_counter() - t) * 1e3 / calls)
     return statistics.median(times)
+
+
+def kernel_ms(fn: Callable[[], object], reps: int = 5) -> dict[str, float]:
+    """GPU time per call of each kernel ``fn()`` launches, in ms, by name (its first 40
+    characters), from the torch profiler over ``reps`` calls after a warm one."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    times: dict[str, float] = collections.defaultdict(float)
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            times[evt.name[:40]] += evt.device_time / reps / 1e3
+    return dict(times)
 
 
 def host_ms(fn: Callable[[], object], n: int = 30, warmup: int = 3) -> float:
