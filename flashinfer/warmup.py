@@ -34,6 +34,11 @@ attention at 128 and 16 heads, pages 1 / 16 / 64, bf16 and fp8 caches, over the 
 split counts a serving loop meets most. Where FlashMLA serves (SM 9.0 with ``sgl-flash-mla``)
 nothing compiles; the pack is exported with the Triton kernel forced, for machines without it.
 
+The state merges of the cascade and shared-prefix wrappers (:func:`merge_calls`) compile per
+head tile, head dim and dtype: the warm-up covers 8 and 32 heads, head dims 64 / 128 / 256, fp16
+and bf16; with them FlashMLA's helper kernels (its CUDA-graph block table, the fp8 latent
+gather of ``flashmla:dequant``), which compile without FlashMLA installed.
+
 The fused MoE's kernels depend on the model (expert count, top-k, hidden and intermediate sizes,
 the weights' quantisation) and on the tile bucket the tokens per expert fall in, so they are
 warmed only when asked: ``--moe E,K,H,I`` (:func:`moe_calls`) runs the layer at 1 token and at
@@ -146,14 +151,17 @@ MERGE_HEADS, MERGE_DIMS, MERGE_DTYPES = (8, 32), (64, 128, 256), ("bfloat16", "f
 
 def merge_calls() -> list[tuple[str, Callable]]:
     """The state-merge warm-up calls: ``merge_state``, ``merge_state_in_place`` (also with a
-    mask, a compile of its own) and ``merge_states`` of 3 states, per grid point; and the
-    block-table kernel FlashMLA's CUDA-graph decode rebuilds its table with."""
+    mask, a compile of its own) and ``merge_states`` of 3 states, per grid point; and FlashMLA's
+    helper kernels: the block table its CUDA-graph decode rebuilds, the fp8 latent gather of
+    ``flashmla:dequant`` at each warm page size (they compile the same without FlashMLA)."""
     calls = [(f"merge[{fn}:h{h}:d{d}:{dt}]",
               lambda device, backend, a=(fn, h, d, dt): _merge_call(device, backend, *a))
              for fn in ("merge_state", "merge_state_in_place", "merge_state_in_place+mask",
                         "merge_states")
              for h in MERGE_HEADS for d in MERGE_DIMS for dt in MERGE_DTYPES]
-    return calls + [("block_table[mla_graph]", _block_table_call)]
+    return calls + [("block_table[mla_graph]", _block_table_call)] + [
+        (f"latent_gather[page{p}:float8_e4m3fn]",
+         lambda device, backend, p=p: _latent_gather_call(device, p)) for p in MLA_PAGES]
 
 
 def _merge_call(device, backend: str, fn: str, heads: int, dim: int, dtype: str):
@@ -170,6 +178,24 @@ def _merge_call(device, backend: str, fn: str, heads: int, dim: int, dtype: str)
     out, lse = v[:, 0].contiguous(), s[:, 0].contiguous()
     mask = torch.ones(rows, dtype=torch.bool, device=device) if fn.endswith("+mask") else None
     merge.merge_state_in_place(out, lse, v[:, 1], s[:, 1], mask=mask, backend=backend)
+    return out
+
+
+def _latent_gather_call(device, page: int):
+    from .attention.mla_params import MLA_PAGE
+    from .backends.shared.latent_gather import gather_latent, gathered_layout
+
+    batch, kv = 4, 200
+    pages_each = -(-kv // page)
+    lens = torch.full((batch,), kv, dtype=torch.int32)
+    indptr = torch.arange(batch + 1, dtype=torch.int32) * pages_each
+    cache = torch.randn(batch * pages_each, page, 576, device=device).to(torch.float8_e4m3fn)
+    page_indptr, req, first = gathered_layout(lens.numpy())
+    out = torch.empty(int(page_indptr[-1]), 64, 576, dtype=torch.bfloat16, device=device)
+    dev = lambda a: torch.as_tensor(a).to(device)  # noqa: E731
+    gather_latent(out, cache[..., :512], cache[..., 512:], dev(req), dev(first), dev(indptr),
+                  dev(torch.arange(batch * pages_each, dtype=torch.int32)), dev(lens), 1.0, 1.0,
+                  MLA_PAGE)
     return out
 
 

@@ -646,7 +646,7 @@ def test_merge_warm_up_covers_each_merge_and_the_block_table_kernel(monkeypatch)
                                    merge_calls, warm_merge)
 
     names = [name for name, _ in merge_calls()]
-    assert len(set(names)) == 4 * len(MERGE_HEADS) * len(MERGE_DIMS) * len(MERGE_DTYPES) + 1
+    assert len(set(names)) == 4 * len(MERGE_HEADS) * len(MERGE_DIMS) * len(MERGE_DTYPES) + 1 + 3
     results = warm_merge("cpu", only="merge[merge_state_in_place+mask:h8:d64:float16]")
     assert [r["kernel"] for r in results] == ["reference"]
     assert {r["kernel"] for r in warm_merge("cpu", only="merge[merge_states:h32")} == {"reference"}
