@@ -122,9 +122,10 @@ class BatchMLAPagedAttentionWrapper:
         check_indptr("qo_indptr", qo, batch)
         check_indptr("kv_indptr", kv, batch)
         pages = kv[1:] - kv[:-1]
-        if batch and bool((lens < 0).any()):
-            raise ValueError(f"kv_len_arr must be >= 0, got {lens.tolist()[:16]}")
-        if batch and bool((lens > pages.astype("int64") * page_size).any()):
+        # one pass for both bounds: as uint32 a negative length is above every page capacity
+        if batch and bool((lens.view("uint32") > pages.astype("int64") * page_size).any()):
+            if bool((lens < 0).any()):
+                raise ValueError(f"kv_len_arr must be >= 0, got {lens.tolist()[:16]}")
             b = int((lens > pages.astype("int64") * page_size).argmax())
             raise ValueError(f"kv_len_arr[{b}]={int(lens[b])} tokens need "
                              f"{-(-int(lens[b]) // page_size)} pages of {page_size}, but "
@@ -134,8 +135,10 @@ class BatchMLAPagedAttentionWrapper:
         if kv_indices.shape[0] < n_pages:
             raise ValueError(f"kv_indices must hold kv_indptr[-1]={n_pages} page ids, got "
                              f"{kv_indices.shape[0]}")
-        ids = kv_indices[:n_pages]
-        if ids.device.type == "cpu" or host_check_wanted(ids.device):
+        ids = kv_indices if kv_indices.shape[0] == n_pages else kv_indices[:n_pages]
+        if ids.device.type == "cpu":
+            max_id = largest_page_id(ids.numpy(), "kv_indices") if n_pages else -1
+        elif host_check_wanted(ids.device):
             max_id = largest_page_id(ids.cpu().numpy(), "kv_indices") if n_pages else -1
         else:  # no read-back: the kernels check each id they read (rule MLA_PAGE)
             max_id = None
