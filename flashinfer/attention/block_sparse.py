@@ -42,6 +42,11 @@ from .block_sparse_params import BlockSparsePlan
 
 #: the largest page the paged prefill kernels take (a wider block is several pages)
 MAX_PAGE = 64
+#: the variant of a mapping record that packs each KV head's query heads into rows: the batch
+#: prefill then runs one head per KV head over ``g`` times the rows (``R * g`` a request), which
+#: fills a kernel's row tile where ``R`` alone would leave it half empty (cuDNN's, with blocks of
+#: 64 and GQA). Rows of one query share its position, so no causal mask or custom mask then.
+_PACKED = ":packed_gqa"
 
 def convert_bsr_mask_layout(mask: torch.Tensor, indptr: torch.Tensor) -> torch.Tensor:
     """A BSR block mask ``[nnz, R, C]`` as the flat ``[nnz * R * C]`` custom mask of the row
@@ -94,6 +99,15 @@ def _check_block_indices(ind: np.ndarray, idx: np.ndarray, num_col_blocks: int) 
                              f"indices[{e}] = {int(idx[e])}")
 
 
+def _names_a_record(backend: str) -> bool:
+    """Whether ``backend`` names a ``block_sparse_attention`` record (``"cudnn"``,
+    ``"reference:packed_gqa"``): its refusal stands (the batch prefill must not run it)."""
+    from ..capability_db import database
+
+    return any(backend in (r.backend, f"{r.backend}:{r.variant}")
+               for r in database().for_op("block_sparse_attention"))
+
+
 class _OnBatchPrefill:
     """What both wrappers share: the batch prefill wrappers they plan (one per kernel asked for;
     ``backend``: ``"auto"``, a backend name or an upstream spelling)."""
@@ -103,6 +117,7 @@ class _OnBatchPrefill:
         self._backend = backend
         self._prefills: dict[str, BatchPrefillWithPagedKVCacheWrapper] = {}
         self._prefill = None  # the planned one
+        self._group = 1  # query heads per row of the planned batch prefill (see _PACKED)
         self._flex = None
         self.block_decision = None
         if not isinstance(float_workspace_buffer, torch.Tensor):
@@ -219,7 +234,7 @@ class BlockSparseAttentionWrapper(_OnBatchPrefill):
             order = [n for n in self.block_decision.order if n != self.block_decision.name]
             order = [self.block_decision.name] + order
         except dispatch.NoBackendError:
-            if self._backend in (None, "auto"):
+            if self._backend in (None, "auto") or _names_a_record(self._backend):
                 raise
             # an upstream spelling only the batch prefill knows (e.g. "fa2"): the mapping on it
             self.block_decision, order = None, [self._backend]
@@ -249,13 +264,17 @@ class BlockSparseAttentionWrapper(_OnBatchPrefill):
             ids = (ids[:, None] * split + torch.arange(split, dtype=torch.int32)).reshape(-1)
         last = np.where(counts > 0, page, 0).astype(np.int32)
         failures = []
+        group = num_qo_heads // num_kv_heads
         for name in order:  # the first kernel of the Decision whose batch prefill takes it
             if name == "torch:flex":
                 continue
-            w = self._prefill_for(name)
+            # packed_gqa: each KV head's query heads as rows (see _PACKED), one head per KV head
+            packed = name.endswith(_PACKED)
+            w = self._prefill_for(name.removesuffix(_PACKED))
             try:
-                w.plan(torch.from_numpy(qo), torch.from_numpy(ind_np * split), ids,
-                       torch.from_numpy(last), num_qo_heads, num_kv_heads, head_dim, page,
+                w.plan(torch.from_numpy(qo * group if packed else qo),
+                       torch.from_numpy(ind_np * split), ids, torch.from_numpy(last),
+                       num_kv_heads if packed else num_qo_heads, num_kv_heads, head_dim, page,
                        custom_mask=custom, packed_custom_mask=packed_mask, causal=causal,
                        pos_encoding_mode=pos_encoding_mode,
                        use_fp16_qk_reduction=use_fp16_qk_reduction, sm_scale=sm_scale,
@@ -266,7 +285,7 @@ class BlockSparseAttentionWrapper(_OnBatchPrefill):
             except dispatch.NoBackendError as err:
                 failures.append(f"{name}: {err}")
                 continue
-            self._prefill = w
+            self._prefill, self._group = w, (group if packed else 1)
             break
         else:
             raise dispatch.NoBackendError("no batch prefill kernel takes this block-sparse plan: "
@@ -295,8 +314,26 @@ class BlockSparseAttentionWrapper(_OnBatchPrefill):
             return self._run_flex(q, k, v, (scale_q, scale_k, scale_v), out, lse, return_lse,
                                   o_dtype)
         pages = (k.reshape(N // page, page, hk, d), v.reshape(N // page, page, hk, d))
-        return self._prefill.run(q, pages, q_scale=scale_q, k_scale=scale_k, v_scale=scale_v,
-                                 out=out, lse=lse, return_lse=return_lse, enable_pdl=enable_pdl)
+        g = self._group
+        if g == 1:
+            return self._prefill.run(q, pages, q_scale=scale_q, k_scale=scale_k, v_scale=scale_v,
+                                     out=out, lse=lse, return_lse=return_lse,
+                                     enable_pdl=enable_pdl)
+        # packed: q [M, H_kv * g, D] as [M * g, H_kv, D] (row r * g + j: query head h * g + j)
+        rows = q.view(M, hk, g, d).transpose(1, 2).reshape(M * g, hk, d)
+        o, s = self._prefill.run(rows, pages, q_scale=scale_q, k_scale=scale_k, v_scale=scale_v,
+                                 return_lse=True, enable_pdl=enable_pdl)
+        o = o.view(M, g, hk, d).transpose(1, 2)
+        s = s.view(M, g, hk).transpose(1, 2)
+        if out is None:
+            out = o.reshape(M, hq, d)
+        else:
+            out.view(M, hk, g, d).copy_(o)
+        if lse is not None:
+            lse.view(M, hk, g).copy_(s)
+        elif return_lse:
+            lse = s.reshape(M, hq)
+        return (out, lse) if return_lse else out
 
     def _run_flex(self, q, k, v, scales, out, lse, return_lse, o_dtype):
         M, hq, d = q.shape

@@ -67,11 +67,13 @@ def _dense_allowed(blocks, r, c, m, n, inner=None, indptr=None):
     return allowed[None, :m, :n]
 
 
-#: the paged mapping (auto) and flex_attention (eager on the CPU, compiled on a GPU)
+#: the paged mapping (auto), flex_attention (eager on the CPU, compiled on a GPU), and the
+#: mapping with each KV head's query heads packed into rows (through the reference)
 BACKENDS = ["auto", "torch:flex"]
+PLAIN_BACKENDS = BACKENDS + ["reference:packed_gqa"]  # (packed: no causal, no custom mask)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", PLAIN_BACKENDS)
 @pytest.mark.parametrize("density", [0.0, 0.1, 0.5, 1.0])
 @pytest.mark.parametrize("r,c", [(16, 16), (8, 32), (16, 128)])  # 128: two pages of 64 a block
 def test_matches_dense_attention_under_the_block_mask(density, r, c, backend):
@@ -217,6 +219,30 @@ def test_block_sparse_decisions_on_simulated_sms():
                                       assume_installed=True).order
 
 
+def test_packed_gqa_refuses_what_it_cannot_serve_and_fills_given_buffers():
+    """The packed mapping has no causal and no custom mask (its record): asked for with one, the
+    plan is refused naming the feature (never run packed); a given out / lse are filled in the
+    heads' order."""
+    from flashinfer.dispatch import NoBackendError
+
+    m, n, r, c, hq, hk, d = 32, 64, 16, 16, 4, 2, 16
+    indptr, indices, blocks = _bsr(m // r, n // c, 0.6, seed=13)
+    q, k, v = _qkv(m, n, hq, hk, d, seed=14)
+    w = flashinfer.BlockSparseAttentionWrapper(_ws(), backend="reference:packed_gqa")
+    with pytest.raises(NoBackendError, match="causal"):
+        w.plan(indptr, indices, m, n, r, c, hq, hk, d, causal=True, q_data_type=DTYPE)
+    w.plan(indptr, indices, m, n, r, c, hq, hk, d, q_data_type=DTYPE, o_data_type=DTYPE)
+    out = poison(torch.empty(m, hq, d, dtype=DTYPE, device=DEV))
+    lse = poison(torch.empty(m, hq, dtype=torch.float32, device=DEV))
+    assert w.decision.name == "reference:packed_gqa" and w._group == 2
+    got, got_lse = w.run(q, k, v, out=out, lse=lse, return_lse=True)
+    assert got is out and got_lse is lse
+    want, want_lse = naive(q.cpu(), k.cpu(), v.cpu(), _dense_allowed(blocks, r, c, m, n), d ** -0.5)
+    assert rel_error(out.cpu(), want) < TOL
+    seen = ~torch.isneginf(want_lse)
+    assert rel_error(lse.cpu()[seen], want_lse[seen]) < TOL
+
+
 def test_a_named_backend_runs_the_mapping_on_it():
     indptr, indices, _ = _bsr(2, 2, 1.0, seed=0)
     w = flashinfer.BlockSparseAttentionWrapper(_ws(), backend="reference")
@@ -307,7 +333,8 @@ def test_bad_runs_are_refused():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["flash_attn:fa3", "cudnn", "triton", "torch:flex"])
+@pytest.mark.parametrize("backend", ["flash_attn:fa3", "cudnn", "triton", "torch:flex",
+                                     "cudnn:packed_gqa"])
 @pytest.mark.parametrize("r,c,density", [(64, 64, 0.25), (128, 128, 0.5)])
 def test_gpu_each_block_sparse_kernel(backend, r, c, density):
     """Each block_sparse_attention record, asked for by name on the GPU, against float64
