@@ -83,8 +83,8 @@ def backends(case: dict, args) -> list[str]:
             ["single_prefill_pod"] if case["prefill"] == 1 else []) + (
             [f"reserve_{n}" for n in RESERVED_SMS] if args.impl == "ours" else [])
     else:  # ours: also each block_sparse_attention record (flex, and the paged mapping's kernels)
-        base = ["auto", "dense"] + (["flash_attn:fa3", "cudnn", "triton", "torch:flex"]
-                                    if args.impl == "ours" else [])
+        base = ["auto", "dense"] + (["flash_attn:fa3", "cudnn", "cudnn:packed_gqa", "triton",
+                                     "torch:flex"] if args.impl == "ours" else [])
     return harness.pick(args, base)
 
 
