@@ -69,7 +69,9 @@ def backends(case: dict, args) -> list[str]:
         return harness.pick(args, UPSTREAM + [f"{b}+graph" for b in UPSTREAM])
     extra = ["flashmla_direct"] if case["page"] == 64 and case["kv_dtype"] == "bfloat16" else []
     kernels = [k for k in harness.declared_kernels("batch_mla") if k != "reference:default"]
-    return harness.pick(args, ["auto"] + kernels + extra + ["auto+graph"])
+    graphs = ["auto+graph"] + (["flashmla:dequant_graph+graph"]
+                               if case["kv_dtype"] == "float8_e4m3fn" else [])
+    return harness.pick(args, ["auto"] + kernels + extra + graphs)
 
 
 def _inputs(case: dict, device: str) -> dict:

@@ -304,3 +304,44 @@ def test_flashmla_cuda_graph_replay_equals_eager():
         w.plan(ragged["qo_indptr"], ragged["kv_indptr"], ragged["kv_indices"],
                ragged["kv_len_arr"], heads, 512, 64, page, True, SCALE, torch.bfloat16,
                torch.bfloat16)
+
+
+@pytest.mark.skipif(not HAS_FLASHMLA, reason="needs flash_mla (sgl-flash-mla) on SM 9.0")
+def test_flashmla_dequant_cuda_graph_replay_equals_eager():
+    """flashmla:dequant_graph (fp8 cache, page 16): captured once, re-planned with other lengths
+    and page ids in the fixed buffers, replayed: the layout made on the device, equal to the
+    reference of the dequantised cache."""
+    batch, q_len, heads, page = 8, 1, 128, 16
+    bufs = dict(qo_indptr=torch.zeros(batch + 1, dtype=I32, device=DEV),
+                kv_indptr=torch.zeros(batch + 1, dtype=I32, device=DEV),
+                kv_indices=torch.zeros(4096, dtype=I32, device=DEV),
+                kv_len_arr=torch.zeros(batch, dtype=I32, device=DEV))
+    lens = [17, 64, 65, 300, 1000, 2, 128, 900]
+    arrays, t = _inputs([q_len] * batch, lens, page, heads, seed=50)
+    caches = {k: t[k].to(E4M3) for k in ("ckv_cache", "kpe_cache")}
+    joint = torch.cat([caches["ckv_cache"], caches["kpe_cache"]], -1)
+    w = _wrapper(arrays, page, False, "flashmla:dequant_graph", heads, kv_dtype=E4M3,
+                 use_cuda_graph=True, **bufs)
+    assert w.decision.name == "flashmla:dequant_graph"
+    out = torch.empty(batch * q_len, heads, 512, dtype=torch.bfloat16, device=DEV)
+    run = lambda: w.run(t["q_nope"], t["q_pe"], joint[..., :512], joint[..., 512:], out=out,  # noqa: E731
+                        ckv_scale=0.75, kpe_scale=1.5)
+    run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    lens2 = [1000, 3, 64, 63, 129, 400, 2, 777]
+    arrays2, _ = _case([q_len] * batch, lens2, page_size=page, heads=heads, ckv=512, kpe=64,
+                       spare=joint.shape[0] - sum(-(-n // page) for n in lens2), seed=51)
+    w.plan(arrays2["qo_indptr"], arrays2["kv_indptr"], arrays2["kv_indices"],
+           arrays2["kv_len_arr"], heads, 512, 64, page, False, SCALE, torch.bfloat16, E4M3)
+    poison(out)
+    graph.replay()
+    ref = flashinfer.BatchMLAPagedAttentionWrapper(torch.empty(1, device=DEV), backend="reference")
+    ref.plan(arrays2["qo_indptr"], arrays2["kv_indptr"], arrays2["kv_indices"],
+             arrays2["kv_len_arr"], heads, 512, 64, page, False, SCALE, torch.float32,
+             torch.float32)
+    want = ref.run(t["q_nope"].float(), t["q_pe"].float(),
+                   (caches["ckv_cache"].float() * 0.75).contiguous(),
+                   (caches["kpe_cache"].float() * 1.5).contiguous())
+    _check(out, want)

@@ -195,3 +195,39 @@ def test_latent_gather_into_pages_of_64(kv_dtype):
     assert (out.cpu()[1, 3:6] == 0).all()  # request 2's tokens 3..5: the bad page's
     with pytest.raises(ValueError, match=rf"kv_indices\[{int(indptr[2]) + 1}\] = 60"):
         flashinfer.check_errors(DEV)
+
+
+def test_latent_gather_layout_made_on_the_device():
+    """fill_gathered_table (the CUDA-graph form of gathered_layout) and the gather driven by
+    its starts: the same pages as the host layout; output pages past the total are not
+    written (a graph's capacity-sized buffer); table rows capped at their width."""
+    from flashinfer.attention.mla_params import MLA_PAGE
+    from flashinfer.backends.shared.latent_gather import (fill_gathered_table, gather_latent,
+                                                          gathered_layout)
+
+    kv_lens = torch.tensor([5, 0, 130, 64], dtype=I32)
+    page = 4
+    pages = (kv_lens + page - 1) // page
+    indptr = torch.cat([torch.zeros(1, dtype=I32), pages.cumsum(0).to(I32)])
+    g = torch.Generator().manual_seed(9)
+    ids = torch.randperm(80, generator=g)[:int(indptr[-1])].to(I32)
+    cache = torch.randn(80, page, 48, generator=g).to(E4M3)
+    page_indptr, req, first = gathered_layout(kv_lens.numpy())
+    dev = lambda a: torch.as_tensor(a).to(DEV)  # noqa: E731
+    starts = torch.full((5,), -1, dtype=I32, device=DEV)
+    table = torch.full((4, 2), -7, dtype=I32, device=DEV)
+    fill_gathered_table(dev(kv_lens), starts, table)
+    assert starts.cpu().tolist() == page_indptr.tolist()  # [0, 1, 1, 4, 5]
+    assert table.cpu().tolist() == [[0, -7], [-7, -7], [1, 2], [4, -7]]
+    n = int(page_indptr[-1])
+    want = torch.empty(n, 64, 48, dtype=torch.bfloat16, device=DEV)
+    args = (dev(indptr), dev(ids), dev(kv_lens), 0.5, 2.0, MLA_PAGE)
+    flashinfer.check_errors(DEV)
+    gather_latent(want, cache[..., :32].to(DEV), cache[..., 32:].to(DEV), dev(req), dev(first),
+                  *args)
+    got = poison(torch.empty(n + 2, 64, 48, dtype=torch.bfloat16, device=DEV))
+    gather_latent(got, cache[..., :32].to(DEV), cache[..., 32:].to(DEV), None, None, *args,
+                  starts=starts)
+    assert torch.equal(got[:n].cpu(), want.cpu())
+    assert got[n:].float().isnan().all()  # the spare pages: untouched
+    flashinfer.check_errors(DEV)

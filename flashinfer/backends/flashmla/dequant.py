@@ -11,6 +11,13 @@ The gathered cache costs a read of the fp8 tokens and a write of twice their byt
 ``batch_size x max_kv_len`` is bounded by :data:`MAX_TOKENS` (the check), 1.2 GB of bf16 at
 most. Any source page size; separate ckv / kpe caches; one per-tensor scale each (per-token
 scales are the Triton kernel's).
+
+CUDA-graph plans (record ``flashmla:dequant_graph``): the layout is made on the device by every
+run (:func:`~flashinfer.backends.shared.latent_gather.fill_gathered_table` from the fixed
+lengths), the gather covers a cache sized for the fixed ``kv_indices`` buffer's capacity (its
+pages x the page size, in pages of 64, plus one a request) and writes only the pages the
+lengths need, and the dense decode makes its scheduler metadata in the graph; the cache, the
+layout and the table live in the wrapper's graph store (a captured graph reads them).
 """
 
 from __future__ import annotations
@@ -21,9 +28,9 @@ import torch
 
 from ...attention.mla_params import MLA_PAGE, MLAPlan, MLAScales
 from ...reasons import Reason
-from ..shared.latent_gather import OUT_PAGE, gather_latent, gathered_layout
+from ..shared.latent_gather import OUT_PAGE, fill_gathered_table, gather_latent, gathered_layout
 from ..shared.upload import upload_array
-from .decode import BLOCK_TABLE, FlashMLARunner, _host_table
+from .decode import BLOCK_TABLE, FlashMLARunner, _host_table, _kept
 
 #: the most ``batch_size x max_kv_len`` (bucketed) a plan may gather
 MAX_TOKENS = 1 << 20
@@ -50,11 +57,27 @@ def _dense_plan(plan: MLAPlan, page_indptr, table) -> MLAPlan:
                    extra={} if table is None else {BLOCK_TABLE: table})
 
 
+class _GatheredTableRunner(FlashMLARunner):
+    """The dense decode of a CUDA-graph plan over the gathered cache: its block table is the
+    one :func:`fill_gathered_table` makes (the graph-store buffer ``table``)."""
+
+    def __init__(self, plan: MLAPlan, table: torch.Tensor):
+        super().__init__(plan)
+        self.gathered = table
+
+    def _block_table(self, num_pages: int) -> torch.Tensor:
+        return self.gathered
+
+
 class FlashMLADequantRunner:
     makes_output = True
 
     def __init__(self, plan: MLAPlan):
         self.plan = plan
+        if plan.cuda_graph:
+            self._init_graph(plan)
+            return
+        self.starts = None
         page_indptr, req, first = gathered_layout(plan.kv_len_host.numpy())
         dev = plan.device
         self.request = plan.extra.get(_REQ)
@@ -69,22 +92,42 @@ class FlashMLADequantRunner:
         self.cache = torch.empty(max(1, self.pages), OUT_PAGE, width, dtype=torch.bfloat16,
                                  device=dev)
 
+    def _init_graph(self, plan: MLAPlan) -> None:
+        """Capacity-sized graph-store buffers (see the module note)."""
+        tokens = plan.kv_indices.numel() * plan.page_size
+        width = max(1, -(-tokens // OUT_PAGE))
+        self.pages = width + plan.batch_size  # (each request may round up one page)
+        d = plan.head_dim_ckv + plan.head_dim_kpe
+        self.cache = _kept(plan, ("flashmla_gathered", self.pages, OUT_PAGE, d), torch.bfloat16)
+        self.starts = _kept(plan, ("flashmla_gather_starts", plan.batch_size + 1), torch.int32)
+        table = _kept(plan, ("flashmla_gather_table", plan.batch_size, width), torch.int32)
+        dense = replace(plan, page_size=OUT_PAGE, kv_dtype=torch.bfloat16,
+                        kv_indices_host=None, extra={})
+        self.request = self.first = None
+        self.dense = _GatheredTableRunner(dense, table)
+        self.table = table
+
     def __call__(self, q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales: MLAScales):
         plan = self.plan
         if scales.ckv_scale is None and plan.kv_dtype.itemsize == 1:
             raise ValueError("backend flashmla:dequant takes one ckv_scale for the cache; "
                              "ckv_scale_arr (per-token scales) is served by backend='triton'")
         ckv_scale = 1.0 if scales.ckv_scale is None else scales.ckv_scale
+        if self.starts is not None:  # a CUDA-graph plan: the layout from the fixed lengths
+            fill_gathered_table(plan.kv_len, self.starts, self.table)
         gather_latent(self.cache[:self.pages], ckv_cache, kpe_cache, self.request, self.first,
                       plan.kv_indptr, plan.kv_indices, plan.kv_len, ckv_scale, scales.kpe_scale,
-                      MLA_PAGE)
+                      MLA_PAGE, starts=self.starts)
         d = plan.head_dim_ckv
         return self.dense(q_nope, q_pe, self.cache[..., :d], self.cache[..., d:], out, lse,
                           MLAScales())
 
 
 def _host_arrays(plan: MLAPlan) -> dict:
-    """The gather's page layout and the dense decode's block table, in the plan's upload."""
+    """The gather's page layout and the dense decode's block table, in the plan's upload (a
+    CUDA-graph plan makes them on the device)."""
+    if plan.cuda_graph:
+        return {}
     page_indptr, req, first = gathered_layout(plan.kv_len_host.numpy())
     dense = _dense_plan(plan, page_indptr, None)
     return {_REQ: req, _FIRST: first, BLOCK_TABLE: _host_table(dense)}

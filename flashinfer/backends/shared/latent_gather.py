@@ -26,26 +26,51 @@ def gathered_layout(kv_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nda
     return indptr.astype(np.int32), req.astype(np.int32), first.astype(np.int32)
 
 
-def gather_latent(out: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor, request: torch.Tensor,
-                  first_token: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
-                  kv_lens: torch.Tensor, ckv_scale: float, kpe_scale: float, fault: Fault) -> None:
+def fill_gathered_table(kv_lens: torch.Tensor, starts: torch.Tensor, table: torch.Tensor) -> None:
+    """The :func:`gathered_layout` of device lengths ``kv_lens [B]`` (int32), made on the device
+    (what a CUDA graph replays): ``starts [B+1]`` int32, each request's first output page and
+    the total; ``table [B, W]`` int32, row ``b`` its pages ``starts[b] + j`` (at most ``W``;
+    the rest of the row left as it is). One launch, no host sync."""
+    from ..triton import _latent_gather_kernels as K
+    from ..triton.launch import device_of, fast, pow2
+
+    batch, width = table.shape
+    if batch == 0:
+        return
+    with device_of(table):
+        fast(K.gathered_table_kernel)[(batch,)](kv_lens, starts, table, batch, width,
+                                                OUT_PAGE=OUT_PAGE, BLOCK_B=max(16, pow2(batch)),
+                                                BLOCK_W=256)
+
+
+def gather_latent(out: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor,
+                  request: torch.Tensor | None, first_token: torch.Tensor | None,
+                  kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_lens: torch.Tensor,
+                  ckv_scale: float, kpe_scale: float, fault: Fault,
+                  starts: torch.Tensor | None = None) -> None:
     """``out [n, 64, D_CKV + D_KPE]`` (16-bit, contiguous) <- the tokens :func:`gathered_layout`
-    assigns, times their scale. ``ckv [pages, P, D_CKV]`` / ``kpe [pages, P, D_KPE]`` with unit
+    assigns, times their scale: the layout given as ``request`` / ``first_token [n]``, or as
+    ``starts [B+1]`` (:func:`fill_gathered_table`; pages past ``starts[B]`` are not written, so
+    ``n`` may be a capacity). ``ckv [pages, P, D_CKV]`` / ``kpe [pages, P, D_KPE]`` with unit
     last stride; the index arrays int32 on ``out``'s device. No host sync."""
     from ..triton import _latent_gather_kernels as K
     from ..triton.launch import device_of, fast, pow2
 
     n, d_ckv, d_kpe = out.shape[0], ckv.shape[-1], kpe.shape[-1]
-    if n == 0:
+    batch = kv_lens.shape[0]
+    if n == 0 or batch == 0:
         return
+    unused = kv_lens  # a pointer argument its constexpr switches off
     with device_of(out):
         fast(K.latent_gather_kernel)[(n,)](
-            ckv, kpe, out, record(out.device), request, first_token, kv_indptr, kv_indices,
-            kv_lens, ckv.stride(0), ckv.stride(1), kpe.stride(0), kpe.stride(1),
-            float(ckv_scale), float(kpe_scale), min(ckv.shape[0], kpe.shape[0]), fault.code,
-            kv_indices.numel(), PAGE=ckv.shape[1], D_CKV=d_ckv, D_KPE=d_kpe, BLOCK_T=OUT_PAGE,
-            BLOCK_CKV=max(16, pow2(d_ckv)), BLOCK_KPE=max(16, pow2(max(d_kpe, 1))),
-            num_warps=8)
+            ckv, kpe, out, record(out.device), unused if request is None else request,
+            unused if first_token is None else first_token, unused if starts is None else starts,
+            kv_indptr, kv_indices, kv_lens, ckv.stride(0), ckv.stride(1), kpe.stride(0),
+            kpe.stride(1), float(ckv_scale), float(kpe_scale), min(ckv.shape[0], kpe.shape[0]),
+            fault.code, kv_indices.numel(), batch, PAGE=ckv.shape[1], D_CKV=d_ckv, D_KPE=d_kpe,
+            BLOCK_T=OUT_PAGE, BLOCK_CKV=max(16, pow2(d_ckv)),
+            BLOCK_KPE=max(16, pow2(max(d_kpe, 1))), FROM_STARTS=starts is not None,
+            BLOCK_B=max(16, pow2(batch)) if starts is not None else 16, num_warps=8)
 
 
-__all__ = ["OUT_PAGE", "gather_latent", "gathered_layout"]
+__all__ = ["OUT_PAGE", "fill_gathered_table", "gather_latent", "gathered_layout"]
