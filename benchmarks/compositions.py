@@ -76,8 +76,9 @@ def backends(case: dict, args) -> list[str]:
     kind = case["kind"]
     if kind == "merge":
         base = ["auto", "copy"] + (["triton", "reference"] if args.impl == "ours" else [])
-    elif kind == "cascade":
-        base = ["auto", "flat_decode"]
+    elif kind == "cascade":  # ours: also every level on one batch prefill kernel
+        base = ["auto", "flat_decode"] + (["flash_attn:fa3", "cudnn", "triton"]
+                                          if args.impl == "ours" else [])
     elif kind == "pod":
         base = ["auto", "back_to_back", "batch_attention"] + (
             ["single_prefill_pod"] if case["prefill"] == 1 else []) + (
@@ -148,8 +149,8 @@ def _cascade(case, backend, iters, device):
         w.plan(torch.arange(b + 1, dtype=torch.int32) * (p_pages + u_pages), indices,
                torch.full((b,), last_u, dtype=torch.int32), HQ, HK, D, PAGE, q_data_type=BF16)
         call = lambda: w.run(q, cache)  # noqa: E731
-    else:
-        w = flashinfer.MultiLevelCascadeAttentionWrapper(2, _ws(device), "NHD")
+    else:  # auto, or every level on the named kernel
+        w = flashinfer.MultiLevelCascadeAttentionWrapper(2, _ws(device), "NHD", backend=backend)
         w.plan([_i32([0, b]), torch.arange(b + 1, dtype=torch.int32)],
                [_i32([0, p_pages]), torch.arange(b + 1, dtype=torch.int32) * u_pages],
                [shared, own], [_i32([PAGE]), torch.full((b,), last_u, dtype=torch.int32)],
