@@ -157,6 +157,17 @@ def test_block_table_from_csr_page_ids():
         flashinfer.check_errors(DEV)
 
 
+def _latent_case(lens, page, num_pages, dtype, seed):
+    """``(kv_lens, kv_indptr, kv_indices, cache [num_pages, page, 48])`` of requests of
+    ``lens`` tokens on random distinct pages (ckv 32 + kpe 16 per token)."""
+    kv_lens = torch.tensor(lens, dtype=I32)
+    pages = (kv_lens + page - 1) // page
+    indptr = torch.cat([torch.zeros(1, dtype=I32), pages.cumsum(0).to(I32)])
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randperm(num_pages, generator=g)[:int(indptr[-1])].to(I32)
+    return kv_lens, indptr, ids, torch.randn(num_pages, page, 48, generator=g).to(dtype)
+
+
 @pytest.mark.parametrize("kv_dtype", [E4M3, torch.bfloat16])
 def test_latent_gather_into_pages_of_64(kv_dtype):
     """gather_latent (flashmla:dequant's first step): request b's tokens, in order, fill the
@@ -165,14 +176,9 @@ def test_latent_gather_into_pages_of_64(kv_dtype):
     from flashinfer.attention.mla_params import MLA_PAGE
     from flashinfer.backends.shared.latent_gather import gather_latent, gathered_layout
 
-    kv_lens = torch.tensor([5, 0, 130], dtype=I32)
     page = 3
-    pages = (kv_lens + page - 1) // page
-    indptr = torch.cat([torch.zeros(1, dtype=I32), pages.cumsum(0).to(I32)])
-    g = torch.Generator().manual_seed(8)
-    ids = torch.randperm(60, generator=g)[:int(indptr[-1])].to(I32)
-    ckv = torch.randn(60, page, 32, generator=g).to(kv_dtype)
-    kpe = torch.randn(60, page, 16, generator=g).to(kv_dtype)
+    kv_lens, indptr, ids, cache = _latent_case([5, 0, 130], page, 60, kv_dtype, seed=8)
+    ckv, kpe = cache[..., :32], cache[..., 32:]
     page_indptr, req, first = gathered_layout(kv_lens.numpy())
     assert page_indptr.tolist() == [0, 1, 1, 4] and req.tolist() == [0, 2, 2, 2]
     out = poison(torch.empty(int(page_indptr[-1]), 64, 48, dtype=torch.bfloat16, device=DEV))
@@ -205,13 +211,8 @@ def test_latent_gather_layout_made_on_the_device():
     from flashinfer.backends.shared.latent_gather import (fill_gathered_table, gather_latent,
                                                           gathered_layout)
 
-    kv_lens = torch.tensor([5, 0, 130, 64], dtype=I32)
     page = 4
-    pages = (kv_lens + page - 1) // page
-    indptr = torch.cat([torch.zeros(1, dtype=I32), pages.cumsum(0).to(I32)])
-    g = torch.Generator().manual_seed(9)
-    ids = torch.randperm(80, generator=g)[:int(indptr[-1])].to(I32)
-    cache = torch.randn(80, page, 48, generator=g).to(E4M3)
+    kv_lens, indptr, ids, cache = _latent_case([5, 0, 130, 64], page, 80, E4M3, seed=9)
     page_indptr, req, first = gathered_layout(kv_lens.numpy())
     dev = lambda a: torch.as_tensor(a).to(DEV)  # noqa: E731
     starts = torch.full((5,), -1, dtype=I32, device=DEV)

@@ -32,7 +32,7 @@ import torch
 from ...attention.batch_params import BatchPlan, KVInput, RunScales
 from ...attention.params import cached_alibi_slopes
 from ...reasons import Reason
-from ..shared.paged_mapping import block_sparse as block_sparse_paged  # noqa: F401 (a record's kernel)
+from ..shared.paged_mapping import block_sparse as block_sparse_paged  # (a record's kernel)
 from .launch import cdiv, device_of, fast, pow2, sm_count
 
 #: programs per SM the split count aims for.
@@ -294,4 +294,4 @@ def reasons(problem) -> list[Reason]:
 
 
 __all__ = ["BatchAttentionRunner", "LaunchConfig", "batch_decode", "batch_prefill",
-           "launch_config", "make_runner", "scratch_bytes", "split_scratch"]
+           "block_sparse_paged", "launch_config", "make_runner", "scratch_bytes", "split_scratch"]
