@@ -320,23 +320,24 @@ class BlockSparseAttentionWrapper(_OnBatchPrefill):
                                      out=out, lse=lse, return_lse=return_lse,
                                      enable_pdl=enable_pdl)
         # packed: q [M, H_kv * g, D] as [M * g, H_kv, D] (row r * g + j: query head h * g + j)
-        rows = q.view(M, hk, g, d).transpose(1, 2).reshape(M * g, hk, d)
+        self._check_given(out, lse, M, hq, d, o_dtype)
+        rows = q.reshape(M, hk, g, d).transpose(1, 2).reshape(M * g, hk, d)
         o, s = self._prefill.run(rows, pages, q_scale=scale_q, k_scale=scale_k, v_scale=scale_v,
                                  return_lse=True, enable_pdl=enable_pdl)
-        o = o.view(M, g, hk, d).transpose(1, 2)
-        s = s.view(M, g, hk).transpose(1, 2)
-        if out is None:
-            out = o.reshape(M, hq, d)
-        else:
-            out.view(M, hk, g, d).copy_(o)
+        o = o.view(M, g, hk, d).transpose(1, 2).reshape(M, hq, d)
+        s = s.view(M, g, hk).transpose(1, 2).reshape(M, hq)
+        if out is not None:
+            out.copy_(o)
+            o = out
         if lse is not None:
-            lse.view(M, hk, g).copy_(s)
-        elif return_lse:
-            lse = s.reshape(M, hq)
-        return (out, lse) if return_lse else out
+            lse.copy_(s)
+            s = lse
+        return (o, s) if return_lse else o
 
-    def _run_flex(self, q, k, v, scales, out, lse, return_lse, o_dtype):
-        M, hq, d = q.shape
+    @staticmethod
+    def _check_given(out, lse, M: int, hq: int, d: int, o_dtype) -> None:
+        """A given ``out [M, H_qo, D]`` (the planned output dtype) / ``lse [M, H_qo]`` float32,
+        for the paths that write them themselves (flex, the packed mapping)."""
         for name, t, shape, dtype in (("out", out, (M, hq, d), o_dtype),
                                       ("lse", lse, (M, hq), torch.float32)):
             if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != shape
@@ -344,6 +345,10 @@ class BlockSparseAttentionWrapper(_OnBatchPrefill):
                 raise ValueError(f"{name} must be {dtype} {list(shape)}, got "
                                  f"{getattr(t, 'dtype', type(t).__name__)} "
                                  f"{tuple(getattr(t, 'shape', ()))}")
+
+    def _run_flex(self, q, k, v, scales, out, lse, return_lse, o_dtype):
+        M, hq, d = q.shape
+        self._check_given(out, lse, M, hq, d, o_dtype)
         if out is None:
             out = torch.empty(M, hq, d, dtype=o_dtype, device=q.device)
         if lse is None and return_lse:
