@@ -95,6 +95,11 @@ class FlashMLADequantRunner:
     def _init_graph(self, plan: MLAPlan) -> None:
         """Capacity-sized graph-store buffers (see the module note)."""
         tokens = plan.kv_indices.numel() * plan.page_size
+        if tokens > MAX_TOKENS:
+            raise ValueError(f"flashmla:dequant_graph gathers into a cache sized for the fixed "
+                             f"kv_indices buffer: {plan.kv_indices.numel()} pages of "
+                             f"{plan.page_size} = {tokens} tokens, over its {MAX_TOKENS}-token "
+                             "bound; use a smaller buffer or backend='triton'")
         width = max(1, -(-tokens // OUT_PAGE))
         self.pages = width + plan.batch_size  # (each request may round up one page)
         d = plan.head_dim_ckv + plan.head_dim_kpe
