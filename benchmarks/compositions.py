@@ -283,13 +283,7 @@ RUNNERS = {"merge": _merge, "cascade": _cascade, "pod": _pod, "sparse": _sparse}
 
 
 def run_case(case: dict, args) -> dict:
-    out = {}
-    for backend in backends(case, args):
-        try:
-            out[backend] = RUNNERS[case["kind"]](case, backend, args.iters, args.device)
-        except Exception as exc:  # noqa: BLE001 - a backend that cannot run a case is a finding
-            out[backend] = harness.error_entry(exc)
-    return {"backends": out}
+    return harness.each_backend(case, args, backends(case, args), RUNNERS[case["kind"]])
 
 
 def main(argv=None, prog=None) -> int:

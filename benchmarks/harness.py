@@ -110,6 +110,18 @@ def default_out(runner, args) -> str:
 
 
 # ------------------------------------------------------------------------------ entries
+def each_backend(case: dict, args, backends, bench) -> dict:
+    """``{"backends": {name: bench(case, name, iters, device) or its error_entry}}`` over
+    ``backends``: a backend that cannot run a case is a finding, not a failure."""
+    out = {}
+    for backend in backends:
+        try:
+            out[backend] = bench(case, backend, args.iters, args.device)
+        except Exception as exc:  # noqa: BLE001 - recorded, as the docstring says
+            out[backend] = error_entry(exc)
+    return {"backends": out}
+
+
 def error_entry(exc: BaseException) -> dict:
     """A backend that could not run a case: its error's type and first line, or ``rejected``
     with the first reason the dispatcher gives (its NoBackendError and subclasses)."""

@@ -161,13 +161,7 @@ def _flashmla_direct(case: dict, t: dict, iters: int) -> dict:
 
 
 def run_case(case: dict, args) -> dict:
-    out = {}
-    for backend in backends(case, args):
-        try:
-            out[backend] = bench(case, backend, args.iters, args.device)
-        except Exception as exc:  # noqa: BLE001 - a backend that cannot run a case is a finding
-            out[backend] = harness.error_entry(exc)
-    return {"backends": out}
+    return harness.each_backend(case, args, backends(case, args), bench)
 
 
 def main(argv=None, prog=None) -> int:

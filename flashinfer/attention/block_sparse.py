@@ -99,6 +99,18 @@ def _check_block_indices(ind: np.ndarray, idx: np.ndarray, num_col_blocks: int) 
                              f"indices[{e}] = {int(idx[e])}")
 
 
+def _deliver(o: torch.Tensor, s: torch.Tensor, out, lse, return_lse: bool):
+    """A run's result ``o`` / ``s`` (re-laid from the batch prefill's), copied into the given
+    ``out`` / ``lse`` (checked by the caller) where there are some."""
+    if out is not None:
+        out.copy_(o)
+        o = out
+    if lse is not None:
+        lse.copy_(s)
+        s = lse
+    return (o, s) if return_lse else o
+
+
 def _names_a_record(backend: str) -> bool:
     """Whether ``backend`` names a ``block_sparse_attention`` record (``"cudnn"``,
     ``"reference:packed_gqa"``): its refusal stands (the batch prefill must not run it)."""
@@ -326,13 +338,7 @@ class BlockSparseAttentionWrapper(_OnBatchPrefill):
                                  return_lse=True, enable_pdl=enable_pdl)
         o = o.view(M, g, hk, d).transpose(1, 2).reshape(M, hq, d)
         s = s.view(M, g, hk).transpose(1, 2).reshape(M, hq)
-        if out is not None:
-            out.copy_(o)
-            o = out
-        if lse is not None:
-            lse.copy_(s)
-            s = lse
-        return (o, s) if return_lse else o
+        return _deliver(o, s, out, lse, return_lse)
 
     @staticmethod
     def _check_given(out, lse, M: int, hq: int, d: int, o_dtype) -> None:
@@ -449,13 +455,7 @@ class VariableBlockSparseAttentionWrapper(_OnBatchPrefill):
         o, s = self._prefill.run(rows, pages, return_lse=True, enable_pdl=enable_pdl)
         o = o.view(hk, qo_len, g, d).transpose(1, 2).reshape(hq, qo_len, d)
         s = s.view(hk, qo_len, g).transpose(1, 2).reshape(hq, qo_len)
-        if out is not None:
-            out.copy_(o)
-            o = out
-        if lse is not None:
-            lse.copy_(s)
-            s = lse
-        return (o, s) if return_lse else o
+        return _deliver(o, s, out, lse, return_lse)
 
     forward = run
 
