@@ -187,7 +187,9 @@ def test_cuda_graph_wrapper_keeps_its_first_kernel():
     ("9.0", 64, "float8_e4m3fn", ("fp8_kv",), 128, 64, "flashmla:dequant"),
     ("9.0", 1, "float8_e4m3fn", ("fp8_kv",), 128, 64, "flashmla:dequant"),
     ("9.0", 64, "float8_e4m3fn", ("fp8_kv",), 16, 64, "triton"),  # memory-bound: Triton's
-    ("9.0", 64, "float8_e4m3fn", ("fp8_kv", "cuda_graph"), 128, 64, "triton"),
+    ("9.0", 64, "float8_e4m3fn", ("fp8_kv", "cuda_graph"), 128, 64, "flashmla:dequant_graph"),
+    ("9.0", 1, "float8_e4m3fn", ("fp8_kv", "cuda_graph"), 128, 4, "flashmla:dequant_graph"),
+    ("9.0", 64, "float8_e4m3fn", ("fp8_kv", "cuda_graph"), 16, 64, "triton"),
     ("9.0", 64, "bfloat16", ("separate_caches",), 128, 64, "triton"),
     ("9.0", 64, "bfloat16", ("cuda_graph",), 128, 64, "flashmla"),
     ("9.0", 1, "bfloat16", ("cuda_graph",), 128, 64, "triton"),  # (sparse: not capturable)
@@ -198,7 +200,7 @@ def test_cuda_graph_wrapper_keeps_its_first_kernel():
 def test_decision_on_simulated_sms(sm, page_size, kv, features, heads, rows, want, monkeypatch):
     """SM 9.0: FlashMLA's dense decode at page 64 (bf16, one q_len, a joint cache), its sparse
     kernel at other pages and varying q_len (64 / 128 heads, more than 4 rows), fp8 caches at
-    many heads gathered into bf16 for the dense decode; Triton on every other GPU problem from
+    many heads gathered into bf16 for the dense decode (in CUDA graphs too); Triton on every other GPU problem from
     SM 8.0, the reference below and on the CPU."""
     from flashinfer import capability_db, dispatch
 
