@@ -285,6 +285,38 @@ def test_fa2_block_table_plumbing(layout, split5d, qo_lens, kv_lens, kw, calls):
     assert varlen["cu_k"].tolist() == [0] + torch.tensor(kv_lens).cumsum(0).tolist()
 
 
+@pytest.mark.parametrize("kv_lens, layout, split5d, in_place", [
+    ([8, 16, 5], "NHD", False, True),    # consecutive pages, only the last one part-used
+    ([0, 8, 3], "NHD", False, True),     # (a request with no pages)
+    ([5, 16, 8], "NHD", False, False),   # a hole inside: the gather
+    ([8, 16, 5], "HND", False, False),   # the slots of a page are not one run of rows
+    ([8, 16, 5], "NHD", True, False),    # k and v pages interleaved
+])
+def test_paged_consecutive_pages_read_in_place(kv_lens, layout, split5d, in_place, calls):
+    """Host page ids p, p+1, ... whose tokens leave no hole (every request but the last fills its
+    pages): the varlen kernel gets a view of the cache's rows, no gather; equal either way."""
+    plan, q, k_cache, v_cache, _, _ = make_paged([2] * len(kv_lens), kv_lens, page_size=4,
+                                                 layout=layout, split5d=split5d, causal=True)
+    ids = torch.arange(2, 2 + int(plan.kv_indptr_host[-1]), dtype=torch.int32)
+    plan = dataclasses.replace(plan, kv_indices=ids, kv_indices_host=ids)
+    nhd = (lambda c: c) if layout == "NHD" else (lambda c: c.transpose(1, 2))
+    def tokens(cache, dim):  # request b's first n tokens: the slots of its pages, in order
+        return torch.cat([nhd(cache)[2 + int(plan.kv_indptr_host[b]):].reshape(
+            -1, plan.num_kv_heads, dim)[:n] for b, n in enumerate(kv_lens)])
+    k, v = tokens(k_cache, plan.head_dim_qk), tokens(v_cache, plan.head_dim_vo)
+    for _ in range(2):
+        calls.clear()
+        out, lse = run_paged("fa3", plan, q, k_cache, v_cache)
+        want_out, want_lse = naive_batch(q, k, v, [2] * len(kv_lens), kv_lens,
+                                         sm_scale=plan.sm_scale, causal=True)
+        assert rel_error(out, want_out) < TOLERANCE[torch.float32]
+        assert_lse_close(lse, want_lse, TOLERANCE[torch.float32])
+        (call,) = calls
+        assert torch.equal(call["k"], k) and torch.equal(call["v"], v)
+        viewed = call["k"].untyped_storage().data_ptr() == k_cache.untyped_storage().data_ptr()
+        assert viewed == in_place
+
+
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_paged_unflattenable_strides(layout, calls):
     """A page stride that is no multiple of the slot stride takes the advanced-indexing path."""

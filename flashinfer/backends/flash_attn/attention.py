@@ -5,7 +5,9 @@ Two variants (capability_db/flash_attn.toml), each serving ``single_prefill``,
 whole batch in one launch, ``cu_seqlens`` = the plan's device ``qo_indptr`` / ``kv_indptr``) and
 ``batch_prefill_paged`` (each run gathers the requests' pages into plan-allocated contiguous K/V,
 one ``index_select`` per tensor, then the ragged launch; the (page, slot) of every token is
-built in plan() on the device; variant ``fa2_block_table`` instead hands FA2 the paged cache
+built in plan() on the device; host page ids ``p, p+1, ...`` of an NHD cache whose tokens leave
+no hole are one run of the cache's rows, passed as a view with no gather, e.g. a cascade's
+shared prefix; variant ``fa2_block_table`` instead hands FA2 the paged cache
 and a block table, for pages that are multiples of 256, the only ones FA2 reads in place):
 
 * ``fa3`` — ``flash_attn_varlen_func`` of the FA3 module ``flash_attn_interface`` or, when only
@@ -332,6 +334,27 @@ def paged_gather_index(plan: BatchPlan) -> tuple[torch.Tensor, torch.Tensor, tor
     return page_ids, slots, sent[2 * total_kv:].to(torch.int32)
 
 
+def _one_run_of_pages(plan: BatchPlan) -> int | None:
+    """The first page id when the plan's tokens, in request order, are the consecutive slots of
+    consecutive pages (host ids ``p, p+1, ...``; every request but the last fills its pages):
+    then the gathered K/V would be a copy of one run of the cache's rows. ``None`` otherwise."""
+    host_ids = plan.kv_indices_host
+    indptr = plan.kv_indptr_host.numpy()
+    n_pages = int(indptr[-1])
+    if host_ids is None or n_pages == 0:
+        return None
+    ids = host_ids.numpy()[:n_pages]
+    first = int(ids[0])
+    if first < 0 or (n_pages > 1 and not (np.diff(ids) == 1).all()):
+        return None
+    lens = plan.kv_lens_host.numpy()
+    used = np.flatnonzero(indptr[1:] > indptr[:-1])  # requests that hold pages
+    full = (indptr[1:] - indptr[:-1]) * plan.page_size
+    if used.size and not (lens[used[:-1]] == full[used[:-1]]).all():
+        return None
+    return first
+
+
 def _page_rows(cache: torch.Tensor, layout: str) -> tuple[torch.Tensor, int] | None:
     """``(rows [N, H, D], pitch)``: a view of the cache where token ``(page, slot)`` is row
     ``page * pitch + slot``, when the page stride is a multiple of the slot stride (NHD and HND,
@@ -365,6 +388,16 @@ def _paged_planner(variant: str):
                             device=plan.device)
         varlen = _varlen_runner(variant, plan, cu_k, plan.max_kv_len)
         layout = plan.kv_layout
+        first_page = _one_run_of_pages(plan) if buf_dtype == plan.kv_dtype else None
+
+        def in_place(cache: torch.Tensor) -> torch.Tensor | None:
+            """The tokens as a view of the cache, when they are one run of its rows: page ids
+            consecutive, no hole but the last page's tail, pages one after another in memory."""
+            found = _page_rows(cache, layout) if first_page is not None else None
+            if found is None or found[1] != plan.page_size:
+                return None
+            rows, start = found[0], first_page * plan.page_size
+            return rows[start:start + total_kv] if start + total_kv <= rows.shape[0] else None
 
         def gather(cache: torch.Tensor, buf: torch.Tensor) -> None:
             found = _page_rows(cache, layout)
@@ -385,10 +418,13 @@ def _paged_planner(variant: str):
 
         def run(q: torch.Tensor, kv: KVInput, out: torch.Tensor | None,
                 lse: torch.Tensor | None, scales: RunScales) -> torch.Tensor:
-            if total_kv and q.shape[0]:
+            k, v = in_place(kv.k), in_place(kv.v)
+            if total_kv and q.shape[0] and (k is None or v is None):
                 gather(kv.k, k_buf)
                 gather(kv.v, v_buf)
-            return varlen(q, k_buf, v_buf, out, lse, scales)
+                k, v = k_buf, v_buf
+            return varlen(q, k_buf if k is None else k, v_buf if v is None else v, out, lse,
+                          scales)
 
         run.makes_output = True
         return run
