@@ -100,6 +100,15 @@ def host_index_arrays(*named: tuple[str, object]) -> list[torch.Tensor]:
     return out
 
 
+def host_index_numpy(*named: tuple[str, object]) -> list[np.ndarray]:
+    """:func:`host_index_arrays` as numpy arrays of their own (a CPU tensor is copied: the
+    plan keeps what it was given)."""
+    arrays = [index_array(name, t) for name, t in named]
+    if all(t.device.type == "cpu" for t in arrays):
+        return [t.numpy().copy() for t in arrays]
+    return [t.numpy() for t in host_index_arrays(*named)]
+
+
 def _np(a) -> np.ndarray:
     """A host array as numpy (numpy on the host copy: a few microseconds less per op than
     torch)."""

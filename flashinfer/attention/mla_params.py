@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..index_checks import fault
@@ -55,11 +56,13 @@ MLA_PAGE = fault("BatchMLAPagedAttentionWrapper.run", "kv_indices",
 
 @dataclass(eq=False)
 class MLAPlan:
-    """Everything ``plan()`` fixed. Host arrays are CPU int32 tensors; device arrays the same
-    values on ``device`` (for a CUDA-graph wrapper, its fixed buffers). ``plan()`` decides on
-    the plan with the host arrays in the device fields, then puts the uploaded ones there (not
-    frozen: a ``dataclasses.replace`` costs tens of microseconds per plan on a slow host);
-    runners treat it as read-only."""
+    """Everything ``plan()`` fixed. Host arrays are int32 numpy arrays (plan()'s own copies:
+    numpy because a torch op on a small CPU tensor costs several microseconds); device arrays
+    the same values as tensors on ``device`` (for a CUDA-graph wrapper, its fixed buffers).
+    ``plan()`` decides on the plan before the upload (its device fields then hold None, or the
+    caller's page ids), then puts the uploaded arrays there (not frozen: a
+    ``dataclasses.replace`` costs tens of microseconds per plan on a slow host); runners treat
+    it as read-only."""
 
     device: torch.device
     batch_size: int
@@ -72,9 +75,9 @@ class MLAPlan:
     o_dtype: torch.dtype
     causal: bool
     sm_scale: float
-    qo_indptr_host: torch.Tensor  # [B+1]
-    kv_indptr_host: torch.Tensor  # [B+1] page offsets into kv_indices
-    kv_len_host: torch.Tensor  # [B] tokens per request
+    qo_indptr_host: np.ndarray  # [B+1]
+    kv_indptr_host: np.ndarray  # [B+1] page offsets into kv_indices
+    kv_len_host: np.ndarray  # [B] tokens per request
     qo_indptr: torch.Tensor
     kv_indptr: torch.Tensor
     kv_indices: torch.Tensor  # page ids (at least kv_indptr[-1] of them)
@@ -86,7 +89,7 @@ class MLAPlan:
     # checked by the kernel as it reads them, rule MLA_PAGE)
     cuda_graph: bool = False
     workspace: torch.Tensor | None = None  # the wrapper's float workspace as bytes (scratch)
-    kv_indices_host: torch.Tensor | None = None  # the page ids, when given on the host
+    kv_indices_host: np.ndarray | None = None  # the page ids, when given on the host
     # arrays the planner of the decided kernel built on the host (its ``host_arrays(plan)``),
     # uploaded with the plan's own in one copy: name -> 1-D int32 device tensor
     extra: dict = field(default_factory=dict)

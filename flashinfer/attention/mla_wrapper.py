@@ -35,8 +35,8 @@ from ..backend_names import family_spelling
 from ..dispatch import Problem
 from ..shape_buckets import length_bucket
 from ..index_checks import host_check_wanted
-from .batch_checks import (canonical_dtype, check_indptr, host_index_arrays, index_array,
-                           largest_page_id, paged_kv_lens, positive_int, scale_arg)
+from .batch_checks import (canonical_dtype, check_indptr, host_index_arrays, host_index_numpy,
+                           index_array, largest_page_id, paged_kv_lens, positive_int, scale_arg)
 from .batch_wrapper import adopt_workspace
 from .mla_params import MLAPlan, MLAScales, joint_latent
 from .upload import PlanUpload
@@ -44,6 +44,7 @@ from .upload import PlanUpload
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 KV_DTYPES = Q_DTYPES + (torch.float8_e4m3fn,)
 _LN2 = math.log(2.0)
+_NO_SCALES = MLAScales()
 
 
 class BatchMLAPagedAttentionWrapper:
@@ -81,6 +82,9 @@ class BatchMLAPagedAttentionWrapper:
         self._graph_store: dict | None = {} if self._use_cuda_graph else None
         self._plan_info = None
         self._runner = self._separate = None
+        # the run() layouts that passed the checks under this plan, with their runner
+        # (_layout: an engine's step repeats one; the checks cost more than the kernel's launch)
+        self._checked: dict = {}
         self.decision: dispatch.Decision | None = None
         self._cached_module = None
         self._causal, self._page_size, self._sm_scale = False, None, None
@@ -114,10 +118,9 @@ class BatchMLAPagedAttentionWrapper:
             raise ValueError(f"sm_scale must be a finite float > 0, got {sm_scale!r}")
         q_dtype = canonical_dtype("q_data_type", q_data_type, None, Q_DTYPES)
         kv_dtype = canonical_dtype("kv_data_type", kv_data_type, q_dtype, KV_DTYPES)
-        qo_h, kv_h, lens_h = host_index_arrays(("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr),
-                                               ("kv_len_arr", kv_len_arr))
         # the host math in numpy: a torch op on a small CPU tensor costs several microseconds
-        qo, kv, lens = qo_h.numpy(), kv_h.numpy(), lens_h.numpy()
+        qo, kv, lens = host_index_numpy(("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr),
+                                        ("kv_len_arr", kv_len_arr))
         batch = lens.shape[0]
         check_indptr("qo_indptr", qo, batch)
         check_indptr("kv_indptr", kv, batch)
@@ -136,8 +139,10 @@ class BatchMLAPagedAttentionWrapper:
             raise ValueError(f"kv_indices must hold kv_indptr[-1]={n_pages} page ids, got "
                              f"{kv_indices.shape[0]}")
         ids = kv_indices if kv_indices.shape[0] == n_pages else kv_indices[:n_pages]
-        if ids.device.type == "cpu":
-            max_id = largest_page_id(ids.numpy(), "kv_indices") if n_pages else -1
+        on_host = ids.device.type == "cpu"
+        ids_h = ids.numpy() if on_host else None
+        if on_host:
+            max_id = largest_page_id(ids_h, "kv_indices") if n_pages else -1
         elif host_check_wanted(ids.device):
             max_id = largest_page_id(ids.cpu().numpy(), "kv_indices") if n_pages else -1
         else:  # no read-back: the kernels check each id they read (rule MLA_PAGE)
@@ -152,12 +157,12 @@ class BatchMLAPagedAttentionWrapper:
         host_plan = MLAPlan(
             device=dev, batch_size=batch, num_heads=num_heads, head_dim_ckv=head_dim_ckv,
             head_dim_kpe=head_dim_kpe, page_size=page_size, q_dtype=q_dtype, kv_dtype=kv_dtype,
-            o_dtype=q_dtype, causal=bool(causal), sm_scale=float(sm_scale), qo_indptr_host=qo_h,
-            kv_indptr_host=kv_h, kv_len_host=lens_h, qo_indptr=qo_h, kv_indptr=kv_h,
-            kv_indices=ids, kv_len=lens_h, total_qo=int(qo[-1]),
+            o_dtype=q_dtype, causal=bool(causal), sm_scale=float(sm_scale), qo_indptr_host=qo,
+            kv_indptr_host=kv, kv_len_host=lens, qo_indptr=None, kv_indptr=None,
+            kv_indices=ids, kv_len=None, total_qo=int(qo[-1]),
             max_qo_len=max_qo_len, max_kv_len=int(lens.max(initial=0)),
             max_page_id=max_id, cuda_graph=graph, workspace=self._workspace_bytes,
-            kv_indices_host=ids if ids.device.type == "cpu" else None,
+            kv_indices_host=ids_h,
             graph_store=self._graph_store)
         features = (host_plan.causal, max_qo_len > 1,
                     bool(qo_lens.size) and qo_lens.min() != max_qo_len, graph)
@@ -172,8 +177,8 @@ class BatchMLAPagedAttentionWrapper:
         extra = host_arrays(host_plan) if host_arrays is not None else {}
         arrays = {"qo_indptr": qo, "kv_indptr": kv, "kv_len_arr": lens, **extra}  # (numpy: no
         # .numpy() per array in the upload)
-        if ids.device.type == "cpu":
-            arrays["kv_indices"] = ids
+        if on_host:
+            arrays["kv_indices"] = ids_h
         fixed = ({"qo_indptr": self._qo_indptr_buf, "kv_indptr": self._kv_indptr_buf,
                   "kv_len_arr": self._kv_len_arr_buf, "kv_indices": self._kv_indices_buf}
                  if graph else {})
@@ -188,12 +193,14 @@ class BatchMLAPagedAttentionWrapper:
                                      f"entries, the plan needs {n_pages}")
                 if buf.data_ptr() != ids.data_ptr():
                     buf[:n_pages].copy_(ids, non_blocking=True)
-                d_ids = buf
+        if graph:  # the whole fixed buffer, ids given on the host or not: its capacity sizes
+            d_ids = self._kv_indices_buf  # what a captured run reads (the same every plan)
         plan = host_plan  # now with its device arrays
         plan.qo_indptr, plan.kv_indptr, plan.kv_len = up["qo_indptr"], up["kv_indptr"], up["kv_len_arr"]
         plan.kv_indices, plan.extra = d_ids, {name: up[name] for name in extra}
         self._runner = self.decision.kernel(plan)
         self._separate = None
+        self._checked = {}
         self._plan = plan
         self._causal, self._page_size, self._sm_scale = plan.causal, page_size, plan.sm_scale
         self._q_data_type, self._kv_data_type = q_dtype, kv_dtype
@@ -234,7 +241,7 @@ class BatchMLAPagedAttentionWrapper:
 
     def _problem(self, plan: MLAPlan, separate_caches: bool = False) -> Problem:
         features = {"separate_caches"} if separate_caches else set()
-        qo_lens = (plan.qo_indptr_host[1:] - plan.qo_indptr_host[:-1]).numpy()
+        qo_lens = plan.qo_indptr_host[1:] - plan.qo_indptr_host[:-1]
         if qo_lens.size and qo_lens.min() != qo_lens.max():
             features.add("varying_qo_len")
         if plan.causal:
@@ -275,15 +282,28 @@ class BatchMLAPagedAttentionWrapper:
         plan = self._plan
         if plan is None:
             raise RuntimeError("BatchMLAPagedAttentionWrapper.run() called before plan()")
-        for name, value in (("profiler_buffer", profiler_buffer), ("kv_len", kv_len),
-                            ("page_table", page_table), ("o_scale", o_scale)):
-            if value is not None:
-                raise NotImplementedError(f"{name} (upstream's profiler / cutlass-backend "
-                                          "argument) is not supported; plan() the wrapper")
-        self._check_q(plan, q_nope, q_pe)
-        self._check_caches(plan, ckv_cache, kpe_cache)
-        scales = self._scales(plan, ckv_cache, ckv_scale, ckv_scale_arr, kpe_scale)
-        runner = self._runner if joint_latent(ckv_cache, kpe_cache) else self._separate_runner()
+        layout = runner = None
+        if (lse is None and ckv_scale is None and ckv_scale_arr is None and kpe_scale is None
+                and profiler_buffer is None and kv_len is None and page_table is None
+                and o_scale is None):  # the common call: its checks hold for its layout
+            layout = _layout(q_nope, q_pe, ckv_cache, kpe_cache)
+            runner = self._checked.get(layout)
+        if runner is None:
+            for name, value in (("profiler_buffer", profiler_buffer), ("kv_len", kv_len),
+                                ("page_table", page_table), ("o_scale", o_scale)):
+                if value is not None:
+                    raise NotImplementedError(f"{name} (upstream's profiler / cutlass-backend "
+                                              "argument) is not supported; plan() the wrapper")
+            self._check_q(plan, q_nope, q_pe)
+            self._check_caches(plan, ckv_cache, kpe_cache)
+            scales = self._scales(plan, ckv_cache, ckv_scale, ckv_scale_arr, kpe_scale)
+            runner = self._runner if joint_latent(ckv_cache, kpe_cache) else self._separate_runner()
+            if layout is not None:
+                if len(self._checked) >= 64:
+                    self._checked.clear()
+                self._checked[layout] = runner
+        else:
+            scales = _NO_SCALES
         o_shape = (plan.total_qo, plan.num_heads, plan.head_dim_ckv)
         if out is None:
             if not getattr(runner, "makes_output", False):
@@ -368,6 +388,21 @@ class BatchMLAPagedAttentionWrapper:
                 raise ValueError(f"ckv_scale_arr must be float32 {list(want)} on {plan.device}")
         return MLAScales(None if ckv_scale is None else float(ckv_scale), ckv_scale_arr,
                          float(kpe_scale))
+
+
+def _layout(q_nope, q_pe, ckv_cache, kpe_cache) -> tuple | None:
+    """What run()'s checks read of its four tensors: shapes, strides, dtypes, devices and where
+    ``q_pe`` / ``kpe_cache`` start from ``q_nope`` / ``ckv_cache`` (joint or not); None for an
+    argument that is not a tensor (the checks then name it)."""
+    try:
+        return (q_nope.shape, q_nope.stride(), q_nope.dtype, q_nope.device,
+                q_pe.shape, q_pe.stride(), q_pe.dtype, q_pe.device,
+                q_pe.data_ptr() - q_nope.data_ptr(),
+                ckv_cache.shape, ckv_cache.stride(), ckv_cache.dtype, ckv_cache.device,
+                kpe_cache.shape, kpe_cache.stride(), kpe_cache.dtype, kpe_cache.device,
+                kpe_cache.data_ptr() - ckv_cache.data_ptr())
+    except (AttributeError, TypeError):
+        return None
 
 
 class MLAPlanModule:

@@ -7,7 +7,9 @@ the page-table source, see ``batch_params.Prepared``). Copied one by one that is
 each: most of a plan's host time at batch 64. :class:`PlanUpload` packs the host arrays (numpy
 or CPU tensors) into a pinned buffer and copies them with one non-blocking copy into one device
 buffer the wrapper owns; the returned tensors are views of it (cached: a serving loop repeats
-its layout).
+its layout). When every array is numpy and none has a fixed buffer (the common plan), each sits
+in a slot of a power of two entries, so the offsets hold while a serving loop's page counts
+vary from step to step, and the layout's offsets are worked out once.
 
 Arrays already on the device (page ids kept there by the caller) travel through the same pinned
 buffer: one device-to-host copy into their slot, queued before the host-to-device copy on the
@@ -58,6 +60,8 @@ class PlanUpload:
         # and over, and a tensor slice costs a few microseconds of host time on slow hosts
         self._views: dict[tuple, torch.Tensor] = {}
         self._host_copies: dict[str, np.ndarray] = {}  # the last upload's arrays from the device
+        # the offsets of the last all-numpy layout (_upload_numpy): (layout, offsets)
+        self._memo: tuple | None = None
 
     def upload(self, arrays: dict, fixed: dict, non_blocking: bool) -> dict[str, torch.Tensor]:
         """``arrays``: 1-D int32 arrays — numpy, CPU tensors, tensors on ``self.device``, or a
@@ -65,6 +69,9 @@ class PlanUpload:
         this wrapper's buffer is returned)."""
         if self.device.type != "cuda":
             return {name: _into(fixed.get(name), _tensor(t)) for name, t in arrays.items()}
+        layout = _numpy_layout(arrays) if all(v is None for v in fixed.values()) else None
+        if layout is not None:
+            return self._upload_numpy(arrays, layout, non_blocking)
         parts, length = {}, {}
         for name, t in arrays.items():
             array, count = (t.array, t.count) if isinstance(t, Tail) else (t, 0)
@@ -114,10 +121,39 @@ class PlanUpload:
                                  f"the plan needs {n}")
             target[:n].copy_(self._view(pinned, offset[name], n), non_blocking=non_blocking)
             out[name] = target[:n]
+        self._record(event)
+        return out
+
+    def _upload_numpy(self, arrays: dict, layout: tuple, non_blocking: bool) -> dict:
+        """:meth:`upload` of host arrays only (the common plan): each in a slot of a power of
+        two entries, so the offsets (and the cached views) stay while the lengths of a serving
+        loop's steps vary within their slots; the offsets are worked out once per layout."""
+        if self._memo is None or self._memo[0] != layout:
+            offsets, total = [], 0
+            for _, slot in layout:
+                offsets.append(total)
+                total += slot
+            self._memo = (layout, offsets)
+        offsets = self._memo[1]
+        end = offsets[-1] + next(reversed(arrays.values())).shape[0] if arrays else 0
+        pinned, flat, event = self._staging(end)
+        self._host_copies = {}
+        for array, start in zip(arrays.values(), offsets):
+            flat[start:start + array.shape[0]] = array
+        self._device_buffer(max(end, 1))
+        if end:
+            self._view("device", 0, end).copy_(self._view(pinned, 0, end),
+                                               non_blocking=non_blocking)
+        out = {name: self._view("device", start, array.shape[0])
+               for (name, array), start in zip(arrays.items(), offsets)}
+        self._record(event)
+        return out
+
+    def _record(self, event: torch.cuda.Event | None) -> None:
+        """Records the copy out of the current staging buffer (its event made on first use)."""
         if event is None:
             event = self._ring[self._slot][2] = torch.cuda.Event()
         event.record(self.current_stream())
-        return out
 
     def host_copy(self, name: str) -> np.ndarray:
         """The host copy of the last upload's array ``name`` that came from the device (its
@@ -177,6 +213,18 @@ class PlanUpload:
             size = max(n, 4096, 0 if self._buffer is None else 2 * self._buffer.shape[0])
             self._buffer = torch.empty(size, dtype=torch.int32, device=self.device)
             self._views = {k: v for k, v in self._views.items() if k[0] != "device"}
+
+
+def _numpy_layout(arrays: dict) -> tuple | None:
+    """``(name, slot)`` of each array when all are numpy, else None: the slot its length's
+    power of two, at least :data:`ALIGN` (so every offset stays aligned)."""
+    layout = []
+    for name, t in arrays.items():
+        if type(t) is not np.ndarray:
+            return None
+        n = t.shape[0]
+        layout.append((name, ALIGN if n <= ALIGN else 1 << (n - 1).bit_length()))
+    return tuple(layout)
 
 
 def _tensor(t) -> torch.Tensor:

@@ -424,9 +424,9 @@ def test_flashmla_host_arrays_match_the_naive_tables(pages):
     q_lens = [2] * batch
     qo_indptr = torch.tensor([0] + list(np.cumsum(q_lens)), dtype=torch.int32)
     plan = MLAPlan(torch.device("cpu"), batch, 64, 512, 64, page, torch.bfloat16, torch.bfloat16,
-                   torch.bfloat16, True, 0.1, qo_indptr, kv_indptr, lens, qo_indptr, kv_indptr,
-                   ids, lens, int(qo_indptr[-1]), 2, int(lens.max()) if batch else 0, None,
-                   kv_indices_host=ids)
+                   torch.bfloat16, True, 0.1, qo_indptr.numpy(), kv_indptr.numpy(), lens.numpy(),
+                   qo_indptr, kv_indptr, ids, lens, int(qo_indptr[-1]), 2,
+                   int(lens.max()) if batch else 0, None, kv_indices_host=ids.numpy())
     width = max([1] + pages)
     want = [[int(ids[kv_indptr[b] + j]) if j < pages[b] else 0 for j in range(width)]
             for b in range(batch)]

@@ -266,8 +266,10 @@ def test_bad_page_id_given_on_the_device_is_recorded(backend):
 def test_flashmla_cuda_graph_replay_equals_eager():
     """auto picks FlashMLA for a page-64 CUDA-graph wrapper; captured once, re-planned through
     _cached_module.plan.default with other lengths and page ids in the fixed buffer, replayed:
-    equal to the reference. A bad id written into the buffer is recorded at replay (the output
-    stays finite); a plan FlashMLA cannot serve (varying query lengths) is refused."""
+    equal to the reference (the block table and the scheduler metadata are made by the plan,
+    outside the graph). A bad id written into the buffer is recorded by the next plan (the
+    replay's output stays finite); a plan FlashMLA cannot serve (varying query lengths) is
+    refused."""
     batch, q_len, heads, page = GRAPH_BATCH, GRAPH_Q_LEN, GRAPH_HEADS, 64
     w, t, bufs = _graph_wrapper(page, seed=11)
     assert w.decision.name == "flashmla"
@@ -293,6 +295,8 @@ def test_flashmla_cuda_graph_replay_equals_eager():
 
     flashinfer.check_errors()
     bufs["kv_indices"][5] = 1 << 20
+    w._cached_module.plan.default(None, None, None, arrays2["qo_indptr"], arrays2["kv_indptr"],
+                                  arrays2["kv_len_arr"], heads, 512, True)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.isfinite(out.float()).all()

@@ -164,6 +164,23 @@ def test_cuda_device_arrays_travel_through_pinned_memory(fixed):
             assert out["ids"].data_ptr() == target.data_ptr() and (target[n + tail:] == -9).all()
 
 
+@gpu
+def test_cuda_repeated_numpy_layout_lands_new_values():
+    """A serving loop's plans repeat one layout (the memo: same offsets and device views):
+    each upload lands its own values, also while earlier copies still queue, and a layout
+    in between (a larger one that regrows the device buffer) does not leave stale views."""
+    up = PlanUpload(torch.device("cuda", torch.cuda.current_device()))
+    g = np.random.default_rng(11)
+    for step, n in enumerate((5, 5, 5, 9000, 5, 5)):
+        arrays = {"indptr": g.integers(0, 1 << 20, 9, dtype=np.int32),
+                  "ids": g.integers(0, 1 << 20, n, dtype=np.int32)}
+        torch.cuda._sleep(200_000)
+        out = up.upload(arrays, {"ids": None}, non_blocking=True)
+        torch.cuda.synchronize()
+        for name, array in arrays.items():
+            assert out[name].cpu().numpy().tolist() == array.tolist(), (step, name)
+
+
 def test_device_arrays_on_another_device_are_refused():
     """Their copy to the host would be queued on that device's stream, unordered with the
     upload's own copy (checked before any CUDA call: runs without a GPU)."""

@@ -92,8 +92,8 @@ class FA3MLARunner:
 def _host_arrays(plan: MLAPlan) -> dict:
     """``cu_seqlens_k``, each token's slot, and its page (page ids on the host, checked by
     plan()) or its entry in ``kv_indices`` (ids on the device)."""
-    lens = plan.kv_len_host.numpy().astype(np.int64)
-    kv = plan.kv_indptr_host.numpy().astype(np.int64)
+    lens = plan.kv_len_host.astype(np.int64)
+    kv = plan.kv_indptr_host.astype(np.int64)
     cu_k = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
     t = np.arange(int(cu_k[-1])) - np.repeat(cu_k[:-1].astype(np.int64), lens)  # token in request
     entry = np.repeat(kv[:-1], lens) + t // plan.page_size
@@ -101,7 +101,7 @@ def _host_arrays(plan: MLAPlan) -> dict:
     if plan.kv_indices_host is None:
         arrays[ENTRY] = entry.astype(np.int32)
     else:
-        arrays[PAGE] = plan.kv_indices_host.numpy()[entry].astype(np.int32)
+        arrays[PAGE] = plan.kv_indices_host[entry].astype(np.int32)
     return arrays
 
 

@@ -19,16 +19,25 @@ returns ``out [B, q_len, H, 512]`` and ``lse [B, H, q_len]`` (natural log). So:
 
 Page ids on the device (not read back by plan()) are checked at the first run against the
 caches' page count (rule ``MLA_PAGE``: recorded, and read as page 0), once per plan and cache
-size. (On the H200, runs given ``get_mla_decoding_metadata``'s output made in plan() took 99 us
-a call against the direct call's 84 at 16 heads, B=64, kv 4096.)
+size.
 
-CUDA-graph plans (``plan.cuda_graph``): every run rebuilds the block table on the device from
-the wrapper's fixed ``kv_indptr`` / ``kv_indices`` buffers (one Triton launch,
-:func:`~flashinfer.backends.shared.block_table.fill_block_table`, which checks each id) and lets
-the kernel make the scheduler metadata from the fixed lengths, so a captured run replays with
-what a later plan wrote. The table is ``[B, W]`` with ``W`` the fewer of the ``kv_indices``
-buffer's capacity and the caches' page count (a request of more pages would repeat one); it and
-the joined-query buffer live in ``plan.graph_store``, where they outlive the plan.
+CUDA-graph plans (``plan.cuda_graph``): a captured run must replay with what a later plan
+wrote, so plan() itself refreshes, in buffers of ``plan.graph_store`` (they outlive the plan),
+what the kernel reads besides q and the cache:
+
+* the scheduler metadata, made on the device from the fixed lengths by the wheel's
+  ``get_mla_decoding_metadata`` and copied into kept buffers (made inside the graph instead,
+  its one-warp kernel took 27 us of a 95 us replay at 16 heads, B=64, kv 4096 on the H200:
+  ``benchmarks/results/mla_graph_probe_h200_2026-12-04_1710utc.jsonl``);
+* the block table, rebuilt on the device from the wrapper's fixed ``kv_indptr`` /
+  ``kv_indices`` buffers (one Triton launch,
+  :func:`~flashinfer.backends.shared.block_table.fill_block_table`, which checks each id
+  against the caches' page count). plan() knows that count from the wrapper's earlier runs; a
+  run on caches of another count (or the first run of a wrapper) rebuilds the table itself,
+  and a graph captured then rebuilds it at every replay.
+
+The table is ``[B, W]`` with ``W`` the fewer of the ``kv_indices`` buffer's capacity and the
+caches' page count (a request of more pages would repeat one).
 """
 
 from __future__ import annotations
@@ -45,6 +54,8 @@ from ...index_checks import Check, report_device
 _LOG2E = 1.4426950408889634
 #: the block table's name in ``plan.extra``
 BLOCK_TABLE = "flashmla_block_table"
+#: in a CUDA-graph wrapper's store: the caches' page count of its last run
+_TABLE_PAGES = "flashmla_table_pages"
 
 
 class FlashMLARunner:
@@ -52,21 +63,30 @@ class FlashMLARunner:
 
     def __init__(self, plan: MLAPlan):
         self.plan = plan
-        qo = plan.qo_indptr_host
-        self.q_len = int(qo[1] - qo[0]) if plan.batch_size else 0
+        # (one query length for the whole batch: the record has no varying_qo_len)
+        self.q_len = plan.total_qo // plan.batch_size if plan.batch_size else 0
         self.fwd = legacy_ops().dense_decode_fwd.default
-        dev = plan.device
-        table = plan.extra.get(BLOCK_TABLE)
-        self.most_pages = int(np.diff(plan.kv_indptr_host.numpy()).max(initial=0))
-        if plan.cuda_graph:  # built by every run, inside a captured graph (_graph_table)
-            self.table = None
+        self.table = None
+        # the split scheduler's metadata: made by the first run, from the planned lengths (the
+        # same call a direct use of flash_mla_with_kvcache makes), then reused; a CUDA-graph
+        # plan's is made here into kept buffers (_graph_metadata)
+        self.meta = self.splits = None
+        self.table_pages = None  # the page count a CUDA-graph plan's table was checked against
+        if plan.cuda_graph:
+            self.most_pages = int(np.diff(plan.kv_indptr_host).max(initial=0))
+            self.meta, self.splits = self._graph_metadata()
+            pages = plan.graph_store.get(_TABLE_PAGES)
+            if pages is not None:  # the caches' page count of the wrapper's last run
+                self._graph_table(pages)
         elif plan.kv_indices_host is not None:  # ids checked by plan(): the table made on the host
+            table = plan.extra.get(BLOCK_TABLE)
             if table is None:  # (a plan made for another kernel: not in its upload)
-                table = upload_array(_host_table(plan), dev)
+                table = upload_array(_host_table(plan), plan.device)
             width = table.numel() // plan.batch_size if plan.batch_size else 1
             self.table = table.view(plan.batch_size, width)
         else:  # gathered on the device, checked at the first run (_block_table)
-            kv = plan.kv_indptr_host.numpy().astype(np.int64)
+            dev = plan.device
+            kv = plan.kv_indptr_host.astype(np.int64)
             pages = kv[1:] - kv[:-1]
             slot = np.arange(max(1, int(pages.max(initial=0))))[None, :]
             used = slot < pages[:, None]
@@ -75,17 +95,15 @@ class FlashMLARunner:
             flat = (plan.kv_indices.index_select(0, self.entries.reshape(-1)) if kv[-1]
                     else torch.zeros(self.entries.numel(), dtype=torch.int32, device=dev))
             self.ids = torch.where(self.pad, 0, flat.view(self.entries.shape)).int()
-            self.table = None
         self.checked_pages = None
-        # the split scheduler's metadata: made by the first run, from the planned lengths (the
-        # same call a direct use of flash_mla_with_kvcache makes), then reused
-        self.meta = self.splits = None
         self.q_buf = None
 
     def _block_table(self, num_pages: int) -> torch.Tensor:
         """The block table; device ids are checked against ``num_pages`` once per cache size."""
         if self.plan.cuda_graph:
-            return self._graph_table(num_pages)
+            if self.table_pages != num_pages:
+                self._graph_table(num_pages)
+            return self.table
         if self.plan.kv_indices_host is not None:
             return self.table
         if self.checked_pages != num_pages:
@@ -96,9 +114,21 @@ class FlashMLARunner:
             self.checked_pages = num_pages
         return self.table
 
-    def _graph_table(self, num_pages: int) -> torch.Tensor:
-        """A CUDA-graph plan's ``[B, W]`` table, rebuilt on the device from the fixed buffers
-        (queued by every run, so a captured graph rebuilds it at each replay)."""
+    def _graph_metadata(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A CUDA-graph plan's scheduler metadata ``[parts, 8]`` and splits ``[B + 1]``, made
+        from the fixed lengths into the wrapper's kept buffers."""
+        plan = self.plan
+        meta, splits = legacy_ops().get_mla_decoding_metadata.default(
+            plan.kv_len, self.q_len * plan.num_heads, 1, plan.num_heads, False, None)
+        kept_meta = _kept(plan, ("flashmla_meta",) + tuple(meta.shape), torch.int32)
+        kept_splits = _kept(plan, ("flashmla_splits",) + tuple(splits.shape), torch.int32)
+        kept_meta.copy_(meta)
+        kept_splits.copy_(splits)
+        return kept_meta, kept_splits
+
+    def _graph_table(self, num_pages: int) -> None:
+        """A CUDA-graph plan's ``[B, W]`` table (``self.table``), rebuilt on the device from
+        the fixed buffers, its ids checked against ``num_pages``."""
         plan = self.plan
         width = max(1, min(plan.kv_indices.numel(), num_pages))
         if self.most_pages > width:
@@ -106,9 +136,9 @@ class FlashMLARunner:
                 f"kv_indptr gives a request {self.most_pages} pages, more than the caches hold "
                 f"({num_pages}) or the fixed kv_indices buffer ({plan.kv_indices.numel()}): "
                 "FlashMLA's CUDA-graph block table has a row of at most that many pages")
-        table = _kept(plan, (BLOCK_TABLE, plan.batch_size, width), torch.int32)
-        fill_block_table(table, plan.kv_indptr, plan.kv_indices, num_pages, MLA_PAGE)
-        return table
+        self.table = _kept(plan, (BLOCK_TABLE, plan.batch_size, width), torch.int32)
+        fill_block_table(self.table, plan.kv_indptr, plan.kv_indices, num_pages, MLA_PAGE)
+        self.table_pages = plan.graph_store[_TABLE_PAGES] = num_pages
 
     def _q(self, q_nope: torch.Tensor, q_pe: torch.Tensor) -> torch.Tensor:
         plan = self.plan
@@ -130,7 +160,7 @@ class FlashMLARunner:
                                         plan.head_dim_ckv, plan.kv_len,
                                         self._block_table(num_pages), plan.sm_scale, plan.causal,
                                         self.meta, self.splits)
-        if not plan.cuda_graph:  # (a graph's lengths change at each plan: made by every run)
+        if not plan.cuda_graph:  # (a graph's are made by each plan into kept buffers)
             self.meta, self.splits = meta, splits
         return self._finish(o, l_e, out, lse)
 
@@ -158,8 +188,7 @@ class FlashMLARunner:
 def _host_table(plan: MLAPlan) -> np.ndarray:
     """The ``[B, max_pages]`` block table of host page ids, flattened (0 past a request's
     pages); a view of the ids when every request has the same page count."""
-    kv = plan.kv_indptr_host.numpy()
-    ids = plan.kv_indices_host.numpy()
+    kv, ids = plan.kv_indptr_host, plan.kv_indices_host
     batch = plan.batch_size
     pages = kv[1:] - kv[:-1]
     if batch and int(kv[-1]) == batch * int(pages[0]) and pages[0] > 0 and (pages == pages[0]).all():

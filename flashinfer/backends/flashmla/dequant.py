@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from ...attention.mla_params import MLA_PAGE, MLAPlan, MLAScales
@@ -50,10 +51,10 @@ def reasons(problem) -> list[Reason]:
 def _dense_plan(plan: MLAPlan, page_indptr, table) -> MLAPlan:
     """The plan FlashMLA's dense decode runs over the gathered cache: its pages in order."""
     n = int(page_indptr[-1])
-    ids = torch.arange(n, dtype=torch.int32)
+    ids = np.arange(n, dtype=np.int32)
     return replace(plan, page_size=OUT_PAGE, kv_dtype=torch.bfloat16,
-                   kv_indptr_host=torch.from_numpy(page_indptr), kv_indices_host=ids,
-                   kv_indices=ids, max_page_id=n - 1, cuda_graph=False,
+                   kv_indptr_host=page_indptr, kv_indices_host=ids,
+                   kv_indices=torch.from_numpy(ids), max_page_id=n - 1, cuda_graph=False,
                    extra={} if table is None else {BLOCK_TABLE: table})
 
 
@@ -78,7 +79,7 @@ class FlashMLADequantRunner:
             self._init_graph(plan)
             return
         self.starts = None
-        page_indptr, req, first = gathered_layout(plan.kv_len_host.numpy())
+        page_indptr, req, first = gathered_layout(plan.kv_len_host)
         dev = plan.device
         self.request = plan.extra.get(_REQ)
         if self.request is None:  # (a plan made for another kernel: not in its upload)
@@ -133,7 +134,7 @@ def _host_arrays(plan: MLAPlan) -> dict:
     CUDA-graph plan makes them on the device)."""
     if plan.cuda_graph:
         return {}
-    page_indptr, req, first = gathered_layout(plan.kv_len_host.numpy())
+    page_indptr, req, first = gathered_layout(plan.kv_len_host)
     dense = _dense_plan(plan, page_indptr, None)
     return {_REQ: req, _FIRST: first, BLOCK_TABLE: _host_table(dense)}
 

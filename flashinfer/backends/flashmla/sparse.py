@@ -131,8 +131,8 @@ def _host_arrays(plan: MLAPlan) -> dict:
     """Per query row: its request (always, it marks the plan as made for this kernel), its token
     count where the rows' counts differ, and the rows that see no token, where there are some;
     they travel in the plan's one upload."""
-    qo = plan.qo_indptr_host.numpy().astype(np.int64)
-    kv_len = plan.kv_len_host.numpy().astype(np.int64)
+    qo = plan.qo_indptr_host.astype(np.int64)
+    kv_len = plan.kv_len_host.astype(np.int64)
     q_lens = qo[1:] - qo[:-1]
     req = np.repeat(np.arange(plan.batch_size), q_lens)
     seen = kv_len[req]
