@@ -14,7 +14,8 @@ Rates: ``merge``: TB/s of the bytes read and written (``gpu_ms``: 10 calls repla
 CUDA graph, the kernel without the host's cost); ``copy``: the same for a device copy of as
 many bytes (the bandwidth a merge should approach); attention: TFLOP/s of the (query, key)
 pairs actually visible (4 * D FLOP per pair and head), so a sparse run and its dense baseline
-are comparable; decode: TB/s of the KV bytes the flat decode reads.
+are comparable; decode: TB/s of the KV bytes the flat decode reads; cascade and its flat decode
+also ``gpu_ms``: 5 calls of a ``use_cuda_graph=True`` wrapper replayed from one graph.
 """
 
 from __future__ import annotations
@@ -144,24 +145,52 @@ def _cascade(case, backend, iters, device):
     shared = torch.arange(p_pages, dtype=torch.int32)
     own = p_pages + torch.arange(b * u_pages, dtype=torch.int32)
     last_u = (unique - 1) % PAGE + 1
-    if backend == "flat_decode":
-        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(device), "NHD",
-                                                          use_tensor_cores=True)
-        indices = torch.cat([torch.cat([shared, own[i * u_pages:(i + 1) * u_pages]])
-                             for i in range(b)])
-        w.plan(torch.arange(b + 1, dtype=torch.int32) * (p_pages + u_pages), indices,
-               torch.full((b,), last_u, dtype=torch.int32), HQ, HK, D, PAGE, q_data_type=BF16)
-        call = lambda: w.run(q, cache)  # noqa: E731
-    else:  # auto, or every level on the named kernel
-        w = flashinfer.MultiLevelCascadeAttentionWrapper(2, _ws(device), "NHD", backend=backend)
-        w.plan([_i32([0, b]), torch.arange(b + 1, dtype=torch.int32)],
-               [_i32([0, p_pages]), torch.arange(b + 1, dtype=torch.int32) * u_pages],
-               [shared, own], [_i32([PAGE]), torch.full((b,), last_u, dtype=torch.int32)],
-               HQ, HK, D, PAGE, causal=False, q_data_type=BF16)
-        call = lambda: w.run(q, cache)  # noqa: E731
+    def fixed(t):  # a CUDA-graph wrapper's fixed buffer holding t
+        return t.to(device)
+
+    def wrapper(graph: bool):
+        if backend == "flat_decode":
+            indices = torch.cat([torch.cat([shared, own[i * u_pages:(i + 1) * u_pages]])
+                                 for i in range(b)])
+            indptr = torch.arange(b + 1, dtype=torch.int32) * (p_pages + u_pages)
+            last = torch.full((b,), last_u, dtype=torch.int32)
+            bufs = (dict(paged_kv_indptr_buffer=fixed(indptr), paged_kv_indices_buffer=fixed(indices),
+                         paged_kv_last_page_len_buffer=fixed(last)) if graph else {})
+            w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_ws(device), "NHD", graph,
+                                                              use_tensor_cores=True, **bufs)
+            w.plan(indptr, indices, last, HQ, HK, D, PAGE, q_data_type=BF16)
+            return w
+        qo = [_i32([0, b]), torch.arange(b + 1, dtype=torch.int32)]
+        kv_indptr = [_i32([0, p_pages]), torch.arange(b + 1, dtype=torch.int32) * u_pages]
+        last = [_i32([PAGE]), torch.full((b,), last_u, dtype=torch.int32)]
+        bufs = (dict(qo_indptr_buf_arr=[fixed(t) for t in qo],
+                     paged_kv_indptr_buf_arr=[fixed(t) for t in kv_indptr],
+                     paged_kv_indices_buf_arr=[fixed(shared), fixed(own)],
+                     paged_kv_last_page_len_buf_arr=[fixed(t) for t in last]) if graph else {})
+        named = {} if backend == "auto" else {"backend": backend}  # (upstream: no backend=)
+        w = flashinfer.MultiLevelCascadeAttentionWrapper(2, _ws(device), "NHD", graph,
+                                                         **named, **bufs)
+        w.plan(qo, kv_indptr, [shared, own], last, HQ, HK, D, PAGE, causal=False,
+               q_data_type=BF16)
+        return w
+
+    w = wrapper(False)  # auto, or every level on the named kernel
+    call = lambda: w.run(q, cache)  # noqa: E731
+    graph = None
+    if device == "cuda":  # replayed in a CUDA graph, as engines run decode: no host cost
+        try:
+            gw = wrapper(True)
+        except (ValueError, RuntimeError) as err:  # (NoBackendError: no graph-capable kernel)
+            print(f"  {backend}: no CUDA-graph form ({str(err)[:120]})")
+        else:
+            graph = timing.graph_ms([()] * 5, lambda _args, _b: gw.run(q, cache), backend,
+                                    iters)
     ms = timing.eager_ms(lambda: [call() for _ in range(5)], iters, calls=5, warmup=1)
     flat_bytes = b * (prefix + unique) * 2 * HK * D * 2
-    return {"ms": ms, "tb_per_s": flat_bytes / ms / 1e9, **_where_time_goes(call), **_chosen(w)}
+    entry = {"ms": ms, "tb_per_s": flat_bytes / ms / 1e9, **_where_time_goes(call), **_chosen(w)}
+    if graph is not None:
+        entry["gpu_ms"] = graph  # (the replayed graph: what the GPU takes, no host cost)
+    return entry
 
 
 def _where_time_goes(call) -> dict:

@@ -58,6 +58,7 @@ class MultiLevelCascadeAttentionWrapper:
                 backend=backend)
             for i in range(num_levels)]
         self._num_levels = num_levels
+        self._scratch: dict | None = None  # the inner levels' out / lse (_scratch_for)
         self._planned = False
 
     @property
@@ -114,10 +115,24 @@ class MultiLevelCascadeAttentionWrapper:
         if not self._planned:
             raise RuntimeError("MultiLevelCascadeAttentionWrapper.run() called before plan()")
         out, lse = self._levels[-1].run(q, paged_kv_cache, return_lse=True)
+        scratch = self._scratch_for(out)
         for w in self._levels[:-1]:
-            o, s = w.run(q, paged_kv_cache, return_lse=True)
+            o, s = w.run(q, paged_kv_cache, return_lse=True, **scratch)
             merge_state_in_place(out, lse, o, s)
         return out
+
+    def _scratch_for(self, out: torch.Tensor) -> dict:
+        """``out`` / ``lse`` buffers for the levels merged into the last one's output (kept
+        from run to run of a plan: two allocations fewer per run); none while a CUDA graph is
+        being captured before an eager run made them (the graph then keeps its own)."""
+        if self._scratch is None or self._scratch["out"].shape != out.shape \
+                or self._scratch["out"].dtype != out.dtype:
+            if out.is_cuda and torch.cuda.is_current_stream_capturing():
+                return {}
+            self._scratch = {"out": torch.empty_like(out),
+                             "lse": torch.empty(out.shape[:2], dtype=torch.float32,
+                                                device=out.device)}
+        return self._scratch
 
     forward = run
 

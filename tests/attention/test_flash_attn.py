@@ -687,3 +687,14 @@ def test_fa3_leaves_the_reserved_sms_and_splits_few_long_rows(monkeypatch):
     fa.fa3_varlen(q, q, q, None, None, 4, 4, **call)
     assert seen == [(1, 0), (3, 16), (1, 0)]
     assert fa.key_splits(1, 32, 64, 32768, "cpu") == 1  # (CPU: never split)
+
+
+@pytest.mark.parametrize("qo_lens,kv_lens,causal,want", [
+    ([1, 2], [3, 5], False, False), ([1, 2], [0, 5], False, True), ([0, 2], [0, 5], False, False),
+    ([4, 3], [6, 3], True, False), ([4, 3], [6, 2], True, True), ([4, 3], [6, 2], False, False)])
+def test_empty_rows_are_known_at_plan(qo_lens, kv_lens, causal, want):
+    """An eager plan skips the lse fix-up of rows that see no key only when it has none: a
+    request of no keys, or a causal one of more query tokens than keys (bottom-right)."""
+    from flashinfer.backends.flash_attn.attention import _has_empty_rows
+
+    assert _has_empty_rows(make_plan(qo_lens, kv_lens, causal=causal)) is want

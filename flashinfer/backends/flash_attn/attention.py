@@ -261,6 +261,9 @@ def _varlen_runner(variant: str, plan: BatchPlan, cu_k: torch.Tensor, max_k: int
     if variant == "fa3":
         vendor_args["num_splits"] = key_splits(plan.batch_size, plan.num_qo_heads, max_q, max_k,
                                          plan.device)
+    # a row that sees no key gets lse +inf from the kernel (made -inf by one more launch); an
+    # eager plan knows whether it has one (a CUDA-graph plan's replay may meet a later plan's)
+    empty_rows = plan.cuda_graph or _has_empty_rows(plan)
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None,
             lse: torch.Tensor | None, scales: RunScales) -> torch.Tensor:
@@ -282,10 +285,19 @@ def _varlen_runner(variant: str, plan: BatchPlan, cu_k: torch.Tensor, max_k: int
             window=window, softcap=plan.logits_soft_cap, **direct, **vendor_args)
         if out is None:  # the kernel's own output, in q's dtype (the wrapper asked for it)
             out = result
-        store_outputs(out, lse, result, lse_nat, scales.v_scale)
+        store_outputs(out, lse, result, lse_nat, scales.v_scale, empty_rows)
         return out
 
     return run
+
+
+def _has_empty_rows(plan: BatchPlan) -> bool:
+    """Whether a query row of the plan sees no key: a request of no keys, or, causal, more
+    query tokens than keys (rows are bottom-right aligned)."""
+    qo = plan.qo_indptr_host.numpy()
+    q_lens, kv_lens = qo[1:] - qo[:-1], plan.kv_lens_host.numpy()
+    short = kv_lens < (q_lens if plan.causal else 1)
+    return bool((short & (q_lens > 0)).any())
 
 
 def _ragged_planner(variant: str):
@@ -389,18 +401,30 @@ def _paged_planner(variant: str):
         varlen = _varlen_runner(variant, plan, cu_k, plan.max_kv_len)
         layout = plan.kv_layout
         first_page = _one_run_of_pages(plan) if buf_dtype == plan.kv_dtype else None
+        # per cache (pointer, shape, strides): its rows view and its tokens in place; a serving
+        # loop passes the same caches every run, and the views cost microseconds each
+        views: dict[tuple, tuple] = {}
 
-        def in_place(cache: torch.Tensor) -> torch.Tensor | None:
+        def cache_views(cache: torch.Tensor) -> tuple:
+            """``(_page_rows(cache), the tokens as a view of the cache or None)``."""
+            key = (cache.data_ptr(), cache.shape, cache.stride())
+            found = views.get(key)
+            if found is None:
+                if len(views) >= 8:
+                    views.clear()
+                rows = _page_rows(cache, layout)
+                found = views[key] = (rows, in_place(rows))
+            return found
+
+        def in_place(found) -> torch.Tensor | None:
             """The tokens as a view of the cache, when they are one run of its rows: page ids
             consecutive, no hole but the last page's tail, pages one after another in memory."""
-            found = _page_rows(cache, layout) if first_page is not None else None
-            if found is None or found[1] != plan.page_size:
+            if first_page is None or found is None or found[1] != plan.page_size:
                 return None
             rows, start = found[0], first_page * plan.page_size
             return rows[start:start + total_kv] if start + total_kv <= rows.shape[0] else None
 
-        def gather(cache: torch.Tensor, buf: torch.Tensor) -> None:
-            found = _page_rows(cache, layout)
+        def gather(cache: torch.Tensor, found, buf: torch.Tensor) -> None:
             if found is None:  # strides that do not flatten: advanced indexing into buf
                 nhd = cache if layout == "NHD" else cache.transpose(1, 2)
                 if nhd.dtype == buf.dtype:
@@ -418,10 +442,10 @@ def _paged_planner(variant: str):
 
         def run(q: torch.Tensor, kv: KVInput, out: torch.Tensor | None,
                 lse: torch.Tensor | None, scales: RunScales) -> torch.Tensor:
-            k, v = in_place(kv.k), in_place(kv.v)
+            (k_rows, k), (v_rows, v) = cache_views(kv.k), cache_views(kv.v)
             if total_kv and q.shape[0] and (k is None or v is None):
-                gather(kv.k, k_buf)
-                gather(kv.v, v_buf)
+                gather(kv.k, k_rows, k_buf)
+                gather(kv.v, v_rows, v_buf)
                 k, v = k_buf, v_buf
             return varlen(q, k_buf if k is None else k, v_buf if v is None else v, out, lse,
                           scales)

@@ -85,7 +85,7 @@ class FA3MLARunner:
             out.copy_(result)
         if lse is not None:  # [H, rows] natural log -> [rows, H] base 2, -inf where no key
             torch.mul(lse_nat.t(), 1.4426950408889634, out=lse)
-            lse.masked_fill_(lse == float("inf"), float("-inf"))
+            torch.nan_to_num_(lse, nan=float("nan"), posinf=float("-inf"), neginf=float("-inf"))
         return out
 
 

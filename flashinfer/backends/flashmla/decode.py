@@ -181,7 +181,7 @@ class FlashMLARunner:
             o = out
         if lse is not None:
             torch.mul(l_e.transpose(1, 2).reshape(plan.total_qo, plan.num_heads), _LOG2E, out=lse)
-            lse.masked_fill_(lse == float("inf"), float("-inf"))
+            torch.nan_to_num_(lse, nan=float("nan"), posinf=float("-inf"), neginf=float("-inf"))
         return o
 
 

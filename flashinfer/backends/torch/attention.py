@@ -281,17 +281,19 @@ def sdpa_efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: At
 
 
 def store_outputs(out: torch.Tensor, lse: torch.Tensor | None, result: torch.Tensor,
-                  lse_nat: torch.Tensor | None, v_scale: float) -> None:
+                  lse_nat: torch.Tensor | None, v_scale: float, empty_rows: bool = True) -> None:
     """Write a varlen kernel's ``result [total_q, H, D]`` (times ``v_scale``) into ``out`` and its
     natural-log ``lse_nat [H, total_q]`` (``+inf``/``-inf`` for empty rows) into ``lse``
-    ``[total_q, H]`` base 2. No host sync; temporaries have plan-fixed sizes."""
+    ``[total_q, H]`` base 2; ``empty_rows=False`` (the plan has none) skips their fix-up. No
+    host sync; temporaries have plan-fixed sizes."""
     if v_scale != 1.0:
         torch.mul(result, v_scale, out=out)
     elif result is not out:  # a kernel given ``out`` wrote it already
         out.copy_(result)
     if lse is not None:
         torch.mul(lse_nat.t(), _LOG2E, out=lse)
-        lse.masked_fill_(lse == float("inf"), float("-inf"))
+    if lse is not None and empty_rows:  # (one launch: their +inf becomes -inf in place)
+        torch.nan_to_num_(lse, nan=float("nan"), posinf=float("-inf"), neginf=float("-inf"))
 
 
 def fill_empty(out: torch.Tensor, lse: torch.Tensor | None) -> None:
