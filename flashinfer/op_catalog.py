@@ -198,6 +198,10 @@ OPS: dict[str, OpSpec] = {
                "set logits outside the top-k to -inf"),
         OpSpec("softmax", "sampling", ("logits",), _SAMPLING_SHAPE, ("temperature",), (),
                "row softmax in fp32, optionally with a per-row temperature"),
+        # num_tokens bucketed to a power of two
+        OpSpec("allreduce_fusion", "comm", ("input",), ("world_size", "hidden_dim", "num_tokens"),
+               ("residual_rmsnorm", "gemma_weight"), (),
+               "all-reduce over a process group, optionally + residual add + RMSNorm"),
         OpSpec("chain_speculative_sampling", "sampling", ("probs",),
                ("batch_size", "vocab_size", "num_draft"), ("seed_tensor",), (),
                "accept/reject a chain of draft tokens against target probabilities"),
@@ -361,6 +365,8 @@ PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
                        ("fused_add", "gemma_weight")),
         PublicFunction("layernorm", "flashinfer.norm", ("layernorm",)),
         PublicFunction("layernorm_quant", "flashinfer.norm", ("layernorm",)),
+        PublicFunction("allreduce_fusion", "flashinfer.comm", ("allreduce_fusion",),
+                       ("residual_rmsnorm",), (("input", "bfloat16"),)),
         _rope("apply_rope"),
         _rope("apply_rope_inplace"),
         _rope("apply_rope_pos_ids"),
@@ -448,6 +454,7 @@ NOT_DISPATCHED: dict[str, str] = {
     **dict.fromkeys(("top_k", "topk", "top_k_page_table_transform", "top_k_ragged_transform"),
                     "flashinfer.topk"),
     "get_seed_and_offset": "flashinfer.sampling",
+    "create_allreduce_fusion_workspace": "flashinfer.comm",  # records the group and sizes
     "is_gated_activation": "flashinfer.fused_moe",
     **dict.fromkeys(("per_token_group_quant_8bit", "quantize_fp8_per_tensor",
                      "quantize_fp8_per_token", "quantize_fp8_blockwise", "fp4_quantize",

@@ -30,10 +30,12 @@ DEFAULT_FACTS: dict[str, int] = {
     # batch attention: 64 requests of 1024 new tokens against 4096 cached ones, pages of 16
     "max_qo_len": 1024, "max_kv_len": 4096, "total_qo_len": 64 * 1024, "page_size": 16,
     "q_len_per_req": 1, "num_heads": 32, "num_states": 2,
+    # fused all-reduce: DeepSeek-V3's hidden size over 8 tensor-parallel ranks
+    "world_size": 8, "hidden_dim": 7168,
 }
 
 #: dtype of a family's value roles when the caller names none (sampling reads fp32 probs).
-FAMILY_DTYPE: dict[str, str] = {"sampling": "float32", "gemm": "bfloat16"}
+FAMILY_DTYPE: dict[str, str] = {"sampling": "float32", "gemm": "bfloat16", "comm": "bfloat16"}
 
 #: per-op value dtypes where one dtype for every role cannot describe the op (fp8 GEMMs):
 #: ``default`` replaces the family dtype when the caller names none; the other roles listed

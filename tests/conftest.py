@@ -1,7 +1,7 @@
 """Shared test set-up.
 
 Layout: one folder per op family (attention/, gemm/, moe/, sampling/, quantization/, norm/, rope/,
-activation/; core/: the dispatcher, data and tooling), no ``__init__.py``, every test file's base
+activation/, comm/; core/: the dispatcher, data and tooling), no ``__init__.py``, every test file's base
 name unique (pytest puts each file's folder and this one on ``sys.path``). Fixtures and helpers
 every family uses live here (``from conftest import ...``); a family's shared helpers live in
 tests/<family>/<family>_helpers.py (the sampling ones that need triton at import in

@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                     "flashinfer.utils", "flashinfer.cudnn", "flashinfer.topk",
                     "flashinfer.logits_processor", "flashinfer.autotuner", "flashinfer.mla",
                     "flashinfer.cascade", "flashinfer.sparse", "flashinfer.pod",
+                    "flashinfer.comm", "flashinfer.comm.*",
                     "flashinfer.triton", "flashinfer.triton.*",
                     "flashinfer.jit", "flashinfer.jit.*", "flashinfer.compilation_context")),
     ("family machinery", ("flashinfer.attention", "flashinfer.attention.*", "flashinfer.gemm.*",

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
-FAMILIES = {"activation", "attention", "core", "gemm", "moe", "norm", "quantization", "rope",
+FAMILIES = {"activation", "attention", "comm", "core", "gemm", "moe", "norm", "quantization", "rope",
             "sampling"}
 FILES = sorted(TESTS.rglob("*.py"))
 TEST_MODULES = {p.stem for p in FILES if p.name.startswith("test_")}

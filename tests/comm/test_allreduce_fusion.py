@@ -1,0 +1,109 @@
+"""flashinfer.comm's fused all-reduce on CPU: gloo process groups of 2 and 4 spawned ranks
+against float64 math (every pattern served, dtypes, 1-1024 tokens x 256-7168), and in this
+process (world size 1) the argument checks and the refused MNNVL / NVSHMEM names."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import flashinfer.comm as comm
+from comm_helpers import worker
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_agree_with_float64_math(world, tmp_path):
+    results = [str(tmp_path / f"rank{r}") for r in range(world)]
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=worker, args=(r, world, f"file://{tmp_path}/store", results[r]))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=240)
+    for r, path in enumerate(results):
+        assert os.path.exists(path), f"rank {r} left no result (exit code {procs[r].exitcode})"
+        assert open(path).read() == "ok", open(path).read()
+
+
+@pytest.fixture
+def world_of_one(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_world_of_one_is_the_input(world_of_one):
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    ws = comm.create_allreduce_fusion_workspace(world_size=1, rank=0, max_token_num=8,
+                                                hidden_dim=64, dtype=torch.bfloat16)
+    assert ws.backend == "trtllm" and ws.is_buffer_size_sufficient(1, 8, 64, torch.bfloat16)
+    assert not ws.is_buffer_size_sufficient(1, 9, 64, torch.bfloat16)
+    assert torch.equal(comm.allreduce_fusion(x, ws, 0), x)
+
+
+def test_bad_arguments_are_refused(world_of_one):
+    ws = comm.create_allreduce_fusion_workspace("auto", 1, 0, 8, 64, torch.bfloat16)
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="do not match the process group"):
+        comm.create_allreduce_fusion_workspace("auto", 2, 0, 8, 64, torch.bfloat16)
+    with pytest.raises(ValueError, match="backend must be 'auto' or 'trtllm'"):
+        comm.create_allreduce_fusion_workspace("nccl", 1, 0, 8, 64, torch.bfloat16)
+    with pytest.raises(ValueError, match="pattern must be an AllReduceFusionPattern"):
+        comm.allreduce_fusion(x, ws, 12)
+    with pytest.raises(NotImplementedError, match="kARResidualRMSNormFP8Quant .2. has no kernel"):
+        comm.allreduce_fusion(x, ws, comm.AllReduceFusionPattern.kARResidualRMSNormFP8Quant)
+    with pytest.raises(ValueError, match="input must be torch.bfloat16"):
+        comm.allreduce_fusion(x.half(), ws, 0)
+    with pytest.raises(ValueError, match="input has 9 tokens, the workspace holds 8"):
+        comm.allreduce_fusion(torch.randn(9, 64).to(torch.bfloat16), ws, 0)
+    with pytest.raises(ValueError, match="needs residual_in and rms_gamma"):
+        comm.allreduce_fusion(x, ws, 1)
+    with pytest.raises(ValueError, match="residual_in must be"):
+        comm.allreduce_fusion(x, ws, 1, residual_in=x[:2], rms_gamma=torch.ones(64))
+    with pytest.raises(ValueError, match="scale_factor applies to the quantising patterns"):
+        comm.allreduce_fusion(x, ws, 0, scale_factor=1.0)
+    with pytest.raises(ValueError, match="rms_eps must be a finite number"):
+        comm.allreduce_fusion(x, ws, 1, residual_in=x, rms_gamma=torch.ones(64),
+                              rms_eps=float("nan"))
+    ws.destroy()
+    with pytest.raises(RuntimeError, match="destroyed"):
+        comm.allreduce_fusion(x, ws, 0)
+
+
+def test_multicast_and_nvshmem_names_say_what_to_use():
+    with pytest.raises(NotImplementedError, match="MNNVL .NVLink multicast. is not supported"):
+        comm.create_allreduce_fusion_workspace("mnnvl", 1, 0, 8, 64, torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="use flashinfer.comm.create_allreduce"):
+        comm.MNNVLAllReduceFusionWorkspace()
+    import flashinfer.comm.mnnvl as mnnvl
+    import flashinfer.comm.nvshmem as nvshmem
+
+    with pytest.raises(NotImplementedError, match="flashinfer.comm.mnnvl.McastGPUBuffer"):
+        mnnvl.McastGPUBuffer
+    with pytest.raises(NotImplementedError, match="NVSHMEM is not supported here"):
+        nvshmem.init
+
+
+def test_without_a_process_group_the_error_says_so():
+    if dist.is_initialized():
+        pytest.skip("a process group is initialised in this process")
+    with pytest.raises(RuntimeError, match="needs an initialised torch.distributed"):
+        comm.create_allreduce_fusion_workspace("auto", 1, 0, 8, 64, torch.bfloat16)
+
+
+def test_comm_family_override_reaches_the_decision(world_of_one):
+    """use_backend(comm=...) picks the kernel of allreduce_fusion; one that has no record for
+    the op is refused with the reason."""
+    import flashinfer
+
+    ws = comm.create_allreduce_fusion_workspace("auto", 1, 0, 8, 64, torch.bfloat16)
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    with flashinfer.record_decisions() as log, flashinfer.use_backend(comm="reference"):
+        comm.allreduce_fusion(x, ws, 0)
+    assert [d.name for d in log][-1:] in ([], ["reference"])
+    with flashinfer.use_backend(comm="triton"), pytest.raises(Exception, match="triton"):
+        comm.allreduce_fusion(torch.randn(3, 64).to(torch.bfloat16), ws, 0)
