@@ -102,8 +102,8 @@ class AllReduceFusionWorkspace:
     def is_buffer_size_sufficient(self, tp_size: int, num_tokens: int, hidden_dim: int,
                                   dtype: torch.dtype, use_oneshot=None) -> bool:
         """Whether a call of ``num_tokens x hidden_dim`` ``dtype`` over ``tp_size`` ranks fits."""
-        need = num_tokens * hidden_dim * torch.empty((), dtype=dtype).element_size()
-        have = self.max_token_num * self.hidden_dim * torch.empty((), dtype=self.dtype).element_size()
+        need = num_tokens * hidden_dim * dtype.itemsize
+        have = self.max_token_num * self.hidden_dim * self.dtype.itemsize
         return tp_size == self.world_size and need <= have
 
     def destroy(self) -> None:
@@ -207,8 +207,8 @@ def allreduce_fusion(input: torch.Tensor, workspace: AllReduceFusionWorkspace, p
                      moe_reduction_active_experts_token_input=None,
                      moe_reduction_token_input=None, expanded_idx_to_permuted_idx=None,
                      expert_scale_factor=None, shared_expert_output=None,
-                     block_quant_group_size=None, weight_bias: float = 0.0,
-                     **kwargs) -> torch.Tensor:
+                     block_quant_group_size=None, weight_bias: float = 0.0, *,
+                     moe_finalize_backend: str = "trtllm") -> torch.Tensor:
     """All-reduce of ``input [T, H]`` over the workspace's group, with the fusion ``pattern``.
 
     ``kAllReduce``: the sum into ``output`` (made when None), returned. ``kARResidualRMSNorm``:
@@ -216,7 +216,8 @@ def allreduce_fusion(input: torch.Tensor, workspace: AllReduceFusionWorkspace, p
     residual_in`` and ``norm_out <- RMSNorm(residual_out) * (rms_gamma + weight_bias)`` (each
     made when None); ``norm_out`` returned. Every rank must call it with the same shapes.
     ``launch_with_pdl``, ``trigger_completion_at_end``, ``use_oneshot`` and ``fp32_acc`` are
-    accepted and do not change the result (the sum is taken in fp32)."""
+    accepted and do not change the result (the sum is taken in fp32); the MoE arguments and
+    ``moe_finalize_backend`` belong to the MoE patterns, which are refused."""
     code = _check_pattern(pattern)
     if not isinstance(workspace, AllReduceFusionWorkspace):
         raise TypeError(f"workspace must come from create_allreduce_fusion_workspace, got "
@@ -237,8 +238,6 @@ def allreduce_fusion(input: torch.Tensor, workspace: AllReduceFusionWorkspace, p
                         ("block_quant_group_size", block_quant_group_size)):
         if value is not None:
             raise ValueError(f"{name} applies to the quantising patterns, not {code.name}")
-    if kwargs:
-        raise TypeError(f"allreduce_fusion() got unexpected arguments {sorted(kwargs)}")
     if isinstance(rms_eps, bool) or not isinstance(rms_eps, (int, float)) \
             or not 0 <= rms_eps < math.inf:
         raise ValueError(f"rms_eps must be a finite number >= 0, got {rms_eps!r}")

@@ -38,10 +38,9 @@ def worker(rank: int, world: int, init: str, result: str) -> None:
 
     try:
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-        ws = comm.create_allreduce_fusion_workspace("auto", world, rank, 1024, 7168,
-                                                    torch.bfloat16)
         for tokens, hidden, dtype in CASES:
-            ws = comm.create_allreduce_fusion_workspace("trtllm", world, rank, 1024, hidden, dtype)
+            kind = "auto" if dtype == torch.bfloat16 else "trtllm"  # (the same workspace)
+            ws = comm.create_allreduce_fusion_workspace(kind, world, rank, 1024, hidden, dtype)
             x = rank_input(rank, tokens, hidden, dtype)
             kept = x.clone()
             for wb in (0.0, 1.0):

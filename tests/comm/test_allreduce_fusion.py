@@ -102,8 +102,7 @@ def test_comm_family_override_reaches_the_decision(world_of_one):
 
     ws = comm.create_allreduce_fusion_workspace("auto", 1, 0, 8, 64, torch.bfloat16)
     x = torch.randn(4, 64).to(torch.bfloat16)
-    with flashinfer.record_decisions() as log, flashinfer.use_backend(comm="reference"):
-        comm.allreduce_fusion(x, ws, 0)
-    assert [d.name for d in log][-1:] in ([], ["reference"])
+    with flashinfer.use_backend(comm="reference"):
+        assert torch.equal(comm.allreduce_fusion(x, ws, 0), x)
     with flashinfer.use_backend(comm="triton"), pytest.raises(Exception, match="triton"):
         comm.allreduce_fusion(torch.randn(3, 64).to(torch.bfloat16), ws, 0)
