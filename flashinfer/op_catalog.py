@@ -199,9 +199,13 @@ OPS: dict[str, OpSpec] = {
         OpSpec("softmax", "sampling", ("logits",), _SAMPLING_SHAPE, ("temperature",), (),
                "row softmax in fp32, optionally with a per-row temperature"),
         # num_tokens bucketed to a power of two
+        # features: residual add + RMSNorm, Gemma weight, then at most one fp8 quantisation of
+        # the normed output: per-tensor scale / per-token dynamic scale / per-token-group UE8M0
         OpSpec("allreduce_fusion", "comm", ("input",), ("world_size", "hidden_dim", "num_tokens"),
-               ("residual_rmsnorm", "gemma_weight"), (),
-               "all-reduce over a process group, optionally + residual add + RMSNorm"),
+               ("residual_rmsnorm", "gemma_weight", "fp8_quant", "fp8_dynamic_quant",
+                "fp8_group_quant"), (),
+               "all-reduce over a process group, optionally + residual add + RMSNorm (+ fp8 "
+               "quantisation)"),
         OpSpec("chain_speculative_sampling", "sampling", ("probs",),
                ("batch_size", "vocab_size", "num_draft"), ("seed_tensor",), (),
                "accept/reject a chain of draft tokens against target probabilities"),
@@ -367,6 +371,15 @@ PUBLIC_FUNCTIONS: dict[str, PublicFunction] = {
         PublicFunction("layernorm_quant", "flashinfer.norm", ("layernorm",)),
         PublicFunction("allreduce_fusion", "flashinfer.comm", ("allreduce_fusion",),
                        ("residual_rmsnorm",), (("input", "bfloat16"),)),
+        PublicFunction("trtllm_allreduce_fusion", "flashinfer.comm", ("allreduce_fusion",),
+                       ("residual_rmsnorm",), (("input", "bfloat16"),),
+                       note="upstream's legacy flat-tensor form of allreduce_fusion"),
+        PublicFunction("trtllm_custom_all_reduce", "flashinfer.comm", ("allreduce_fusion",),
+                       dtypes=(("input", "bfloat16"),),
+                       note="fusion op NONE / RESIDUAL_RMS_NORM as allreduce_fusion patterns 0 / 1"),
+        PublicFunction("vllm_all_reduce", "flashinfer.comm", ("allreduce_fusion",),
+                       dtypes=(("input", "bfloat16"),),
+                       note="vLLM's custom all-reduce: allreduce_fusion pattern 0"),
         _rope("apply_rope"),
         _rope("apply_rope_inplace"),
         _rope("apply_rope_pos_ids"),
@@ -455,6 +468,16 @@ NOT_DISPATCHED: dict[str, str] = {
                     "flashinfer.topk"),
     "get_seed_and_offset": "flashinfer.sampling",
     "create_allreduce_fusion_workspace": "flashinfer.comm",  # records the group and sizes
+    # (IPC workspaces and handles that record the group and sizes; no-ops; refusals)
+    **dict.fromkeys(("trtllm_create_ipc_workspace_for_all_reduce",
+                     "trtllm_destroy_ipc_workspace_for_all_reduce",
+                     "trtllm_create_ipc_workspace_for_all_reduce_fusion",
+                     "trtllm_destroy_ipc_workspace_for_all_reduce_fusion",
+                     "trtllm_lamport_initialize", "trtllm_lamport_initialize_all",
+                     "trtllm_moe_allreduce_fusion", "trtllm_moe_finalize_allreduce_fusion",
+                     "compute_fp4_swizzled_layout_sf_size", "vllm_init_custom_ar", "vllm_dispose",
+                     "vllm_register_buffer", "vllm_register_graph_buffers",
+                     "vllm_get_graph_buffer_ipc_meta", "vllm_meta_size"), "flashinfer.comm"),
     "is_gated_activation": "flashinfer.fused_moe",
     **dict.fromkeys(("per_token_group_quant_8bit", "quantize_fp8_per_tensor",
                      "quantize_fp8_per_token", "quantize_fp8_blockwise", "fp4_quantize",

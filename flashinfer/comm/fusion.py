@@ -1,6 +1,7 @@
 """Fused all-reduce (upstream's ``flashinfer.comm.allreduce``): ``create_allreduce_fusion_workspace``
 and ``allreduce_fusion`` with upstream's signatures, served by the dispatcher (op
-``allreduce_fusion``, family ``comm``).
+``allreduce_fusion``, family ``comm``). The legacy TRT-LLM names (:mod:`.trtllm_ar`) and the vLLM
+custom all-reduce port (:mod:`.vllm_ar`) run through :func:`run_fused` below, the same path.
 
 Upstream's workspace is an IPC buffer its TRT-LLM kernels exchange data through; here it records
 the process group and the sizes a call may use, and the kernel is the Decision's. The workspace
@@ -10,26 +11,45 @@ type does not pick the backend (``FLASHINFER_COMM_BACKEND`` / ``use_backend(comm
 Canonical kernel signature (every backend registers exactly this)::
 
     kernel(input, group, output, residual_in, residual_out, rms_gamma, norm_out, eps,
-           weight_bias) -> None
+           weight_bias, quant, quant_out, scale_out, scale_factor, group_size) -> None
 
 * ``input [T, H]`` fp16 / bf16 / fp32, this rank's contribution; ``group`` a
   ``torch.distributed`` process group;
 * ``output [T, H]`` (or None): the sum over the group's ranks, rounded once to the dtype;
-* with ``residual_in [T, H]``: ``residual_out <- round(sum + residual_in)`` and ``norm_out <-
-  rmsnorm(residual_out) * (rms_gamma + weight_bias)`` (the sum in fp32, the norm of the
-  rounded residual, as :mod:`flashinfer.norm` normalises its fused sum).
+* with ``residual_in [T, H]``: ``residual_out <- round(sum + residual_in)`` and
+  ``y <- round(rmsnorm(residual_out) * (rms_gamma + weight_bias))`` (the sum in fp32, the norm of
+  the rounded residual, as :mod:`flashinfer.norm` normalises its fused sum), stored to
+  ``norm_out`` when it is given (the patterns without a norm output pass None);
+* ``quant`` is None or the feature naming how ``y`` (as rounded to the dtype) becomes
+  ``quant_out [T, H]`` float8_e4m3fn. Every code is clamped to +-448 (e4m3's largest finite,
+  as a saturating cast) and rounded to nearest even:
 
-Patterns (``AllReduceFusionPattern``): ``kAllReduce`` (0) and ``kARResidualRMSNorm`` (1) run;
-the quantising and MoE patterns are refused by name until a kernel serves them.
+  - ``"fp8_quant"``: ``q = y * (1 / scale_factor)``, ``scale_factor`` an fp32 ``[1]`` tensor, the
+    reciprocal taken in fp32 (upstream's per-tensor recipe: the scale is the dequantisation
+    scale, ``y ~ q * scale_factor``); ``scale_out`` None;
+  - ``"fp8_dynamic_quant"``: per token ``s = max(amax|y| / 448, 2**-9 / 448)`` (fp32) into
+    ``scale_out [T, 1]`` fp32, ``q = y / s``;
+  - ``"fp8_group_quant"``: per token and per group of ``group_size`` consecutive columns
+    (``G = H / group_size`` groups), ``s = max(amax|y| / 448, 1e-10)`` rounded up to a power of
+    two (a UE8M0 scale), ``q = y / s``. ``scale_out`` is int32 ``[T, K]``, ``K = ceil(G / 4)``,
+    with strides ``(1, M)``, ``M = round_up(T, 4)`` (column-major, TMA-aligned: DeepGEMM's
+    packed-scale layout; make it with ``torch.empty_strided((T, K), (1, M), dtype=torch.int32)``).
+    Group ``g``'s 8-bit exponent (``s = 2**(e - 127)``) is byte ``g % 4`` (little-endian) of
+    element ``[t, g // 4]``; the bytes after the last group and rows ``T..M-1`` of columns
+    ``0..K-2`` (the storage between columns) are zeroed.
+
+Patterns (``AllReduceFusionPattern``): 0, 1, 2, 4, 8, 9, 10 and 11 run; NVFP4 (3, 5) and the MoE
+fusions (6, 7) are refused by name, saying what to call instead.
 
 Dispatch Problem: dtype ``input``, shape facts ``world_size``, ``hidden_dim`` and
-``num_tokens`` (bucketed to a power of two), features ``residual_rmsnorm`` and
-``gemma_weight`` (``weight_bias != 0``); the device is the input's.
+``num_tokens`` (bucketed to a power of two), features ``residual_rmsnorm``, ``gemma_weight``
+(``weight_bias != 0``) and the quantisation's feature; the device is the input's.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Optional, Union
 
@@ -40,6 +60,7 @@ from ..api_logging import flashinfer_api
 from ..dispatch import Problem
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FP8 = torch.float8_e4m3fn
 
 
 class AllReduceFusionPattern(IntEnum):
@@ -59,8 +80,66 @@ class AllReduceFusionPattern(IntEnum):
     kARResidualRMSNormOutDynamicFP8Quant = 11
 
 
+class QuantizationSFLayout(IntEnum):
+    """Upstream's NVFP4 scale-factor layouts (``layout_code``): 128x4 / 8x4 swizzled tiles or
+    row-major. Only the NVFP4 patterns read it; they are refused here, so it is checked and
+    otherwise ignored (vLLM passes it with every pattern)."""
+
+    SWIZZLED_128x4 = 0
+    SWIZZLED_8x4 = 1
+    LINEAR = 2
+
+
+P = AllReduceFusionPattern
+
+
+@dataclass(frozen=True)
+class PatternSpec:
+    """What a served pattern computes: the residual add + RMSNorm, the quantisation (a feature
+    name, see the module note) and whether ``norm_out`` is written."""
+
+    residual: bool
+    quant: Optional[str]
+    norm_out: bool
+
+
+SERVED = {
+    P.kAllReduce: PatternSpec(False, None, False),
+    P.kARResidualRMSNorm: PatternSpec(True, None, True),
+    P.kARResidualRMSNormFP8Quant: PatternSpec(True, "fp8_quant", False),
+    P.kARResidualRMSNormOutFP8Quant: PatternSpec(True, "fp8_quant", True),
+    P.kARResidualRMSNormPerTokenGroupFP8PackedQuant: PatternSpec(True, "fp8_group_quant", False),
+    P.kARResidualRMSNormOutPerTokenGroupFP8PackedQuant: PatternSpec(True, "fp8_group_quant", True),
+    P.kARResidualRMSNormDynamicFP8Quant: PatternSpec(True, "fp8_dynamic_quant", False),
+    P.kARResidualRMSNormOutDynamicFP8Quant: PatternSpec(True, "fp8_dynamic_quant", True),
+}
 #: the patterns a kernel here serves
-SERVED_PATTERNS = (AllReduceFusionPattern.kAllReduce, AllReduceFusionPattern.kARResidualRMSNorm)
+SERVED_PATTERNS = tuple(SERVED)
+
+_FP4 = ("NVFP4 quantisation is not implemented; run kARResidualRMSNorm and quantise norm_out "
+        "with flashinfer.fp4_quantize, or use an FP8 pattern (2, 4, 8-11)")
+REFUSED = {
+    P.kARResidualRMSNormFP4Quant: _FP4,
+    P.kARResidualRMSNormOutFP4Quant: _FP4,
+    P.kMoEReductionARResidualRMSNorm: (
+        "the MoE-reduction fusion is not implemented; sum the experts' outputs per token "
+        "(scale * expert output, plus the token input) first, then call kARResidualRMSNorm"),
+    P.kMoEFinalizeARResidualRMSNorm: (
+        "the MoE-finalize fusion is not implemented; finalise the MoE output first (gather and "
+        "scale the top-k rows, add the shared expert output), then call kARResidualRMSNorm"),
+}
+
+#: the quantisation kinds that need each quantisation argument (other patterns ignore it)
+_TAKES = {
+    "quant_out": ("fp8_quant", "fp8_group_quant", "fp8_dynamic_quant"),
+    "scale_factor": ("fp8_quant",),
+    "scale_out": ("fp8_group_quant", "fp8_dynamic_quant"),
+    "block_quant_group_size": ("fp8_group_quant",),
+}
+
+FP8_MAX = 448.0
+#: the dynamic per-token scale's floor: e4m3's smallest subnormal over its largest finite, fp32
+DYNAMIC_MIN_SCALE = float(torch.tensor(2.0 ** -9, dtype=torch.float32) / FP8_MAX)
 
 
 def _distributed():
@@ -72,6 +151,23 @@ def _distributed():
     return dist
 
 
+def resolve_group(group, world_size: int, rank: int, what: str):
+    """``group`` (None: the world) after checking ``world_size`` / ``rank`` against it."""
+    dist = _distributed()
+    group = dist.group.WORLD if group is None else group
+    actual_size, actual_rank = dist.get_world_size(group), dist.get_rank(group)
+    if world_size != actual_size or rank != actual_rank:
+        raise ValueError(f"{what}: world_size={world_size}, rank={rank} do not match the process "
+                         f"group (size {actual_size}, this rank {actual_rank})")
+    return group
+
+
+def positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
 class AllReduceFusionWorkspace:
     """What an ``allreduce_fusion`` call may use: the process group (``group``, default the
     world), this rank, and the largest ``max_token_num x hidden_dim`` of ``dtype`` a call may
@@ -79,19 +175,13 @@ class AllReduceFusionWorkspace:
 
     def __init__(self, world_size: int, rank: int, max_token_num: int, hidden_dim: int,
                  dtype: torch.dtype, group=None) -> None:
-        dist = _distributed()
         for name, value in (("world_size", world_size), ("max_token_num", max_token_num),
                             ("hidden_dim", hidden_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            positive_int(name, value)
         if dtype not in _DTYPES:
             raise TypeError(f"dtype must be float16, bfloat16 or float32, got {dtype}")
-        group = dist.group.WORLD if group is None else group
-        actual_size, actual_rank = dist.get_world_size(group), dist.get_rank(group)
-        if world_size != actual_size or rank != actual_rank:
-            raise ValueError(f"world_size={world_size}, rank={rank} do not match the process "
-                             f"group (size {actual_size}, this rank {actual_rank})")
-        self.world_size, self.rank, self.group = world_size, rank, group
+        self.group = resolve_group(group, world_size, rank, "AllReduceFusionWorkspace")
+        self.world_size, self.rank = world_size, rank
         self.max_token_num, self.hidden_dim, self.dtype = max_token_num, hidden_dim, dtype
         self._destroyed = False
 
@@ -151,6 +241,10 @@ def create_allreduce_fusion_workspace(backend: str = "auto", world_size: int = N
                                           comm_backend, group)
 
 
+# --------------------------------------------------------------------------------------------
+# argument checks
+
+
 def _tensor_like(name: str, t, like: torch.Tensor) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -160,34 +254,169 @@ def _tensor_like(name: str, t, like: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _check_pattern(pattern) -> AllReduceFusionPattern:
+def _tensor_of(name: str, t, dtype: torch.dtype, shape: tuple, device: torch.device,
+               why: str) -> torch.Tensor:
+    """``t`` if it is a ``dtype`` tensor of ``shape`` on ``device`` (TypeError for the dtype,
+    ValueError for the shape or device); ``why`` says which pattern wants it so."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor ({why}), got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype} ({why}), got {t.dtype}")
+    if tuple(t.shape) != tuple(shape) or t.device != device:
+        raise ValueError(f"{name} must be {list(shape)} on {device} ({why}), got "
+                         f"{list(t.shape)} on {t.device}")
+    return t
+
+
+def check_pattern(pattern) -> AllReduceFusionPattern:
+    """The pattern code, or the error saying why it does not run here."""
     try:
         code = AllReduceFusionPattern(int(pattern))
     except (TypeError, ValueError):
         raise ValueError(f"pattern must be an AllReduceFusionPattern code (0-11), got "
                          f"{pattern!r}") from None
-    if code not in SERVED_PATTERNS:
+    if code in REFUSED:
         raise NotImplementedError(
-            f"pattern {code.name} ({int(code)}) has no kernel here yet; served: "
+            f"pattern {code.name} ({int(code)}) has no kernel here: {REFUSED[code]}. Served: "
             f"{', '.join(f'{p.name} ({int(p)})' for p in SERVED_PATTERNS)}")
     return code
 
 
-def _decision(input: torch.Tensor, workspace: AllReduceFusionWorkspace, residual: bool,
-              gemma: bool) -> dispatch.Decision:
+def _scale_factor(value, input: torch.Tensor) -> torch.Tensor:
+    """The per-tensor fp8 scale as an fp32 ``[1]`` tensor on the input's device."""
+    if isinstance(value, torch.Tensor):
+        if not value.dtype.is_floating_point or value.dtype.itemsize == 1:
+            raise TypeError(f"scale_factor must be a float16/bfloat16/float32/float64 tensor or "
+                            f"a float, got a {value.dtype} tensor")
+        if value.numel() != 1 or value.device != input.device:
+            raise ValueError(f"scale_factor must hold one value on {input.device}, got "
+                             f"{list(value.shape)} on {value.device}")
+        return value.reshape(1).to(torch.float32)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"scale_factor must be a float or a one-element tensor, got "
+                        f"{type(value).__name__}")
+    if not 0 < value < math.inf:
+        raise ValueError(f"scale_factor must be a finite number > 0, got {value!r}")
+    return torch.tensor([float(value)], dtype=torch.float32, device=input.device)
+
+
+def group_scale_layout(tokens: int, hidden: int, group_size: int) -> tuple[tuple, tuple]:
+    """``(shape, strides)`` of the per-token-group patterns' packed int32 ``scale_out``."""
+    packs = (hidden // group_size + 3) // 4
+    return (tokens, packs), (1, (tokens + 3) // 4 * 4)
+
+
+def _group_scale_out(scale_out, input: torch.Tensor, group_size) -> torch.Tensor:
+    tokens, hidden = input.shape
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1 \
+            or hidden % group_size:
+        raise ValueError(f"block_quant_group_size must be a positive int dividing hidden_dim="
+                         f"{hidden}, got {group_size!r}")
+    shape, strides = group_scale_layout(tokens, hidden, group_size)
+    why = f"UE8M0 exponents of {hidden // group_size} groups of {group_size}, packed by four"
+    _tensor_of("scale_out", scale_out, torch.int32, shape, input.device, why)
+    row_ok = tokens == 1 or scale_out.stride(0) == 1
+    column_ok = shape[1] == 1 or scale_out.stride(1) == strides[1]  # (one column: any stride)
+    if not (row_ok and column_ok):
+        raise ValueError(f"scale_out must have strides {strides} (column-major, rows padded to "
+                         f"a multiple of 4: torch.empty_strided({shape}, {strides}, "
+                         f"dtype=torch.int32)), got {scale_out.stride()}")
+    return scale_out
+
+
+def _quant_args(code: AllReduceFusionPattern, input: torch.Tensor, quant_out, scale_out,
+                scale_factor, group_size) -> tuple:
+    """``(quant_out, scale_out, scale_factor, group_size)`` as the kernel takes them."""
+    quant = SERVED[code].quant
+    given = {"quant_out": quant_out, "scale_factor": scale_factor, "scale_out": scale_out,
+             "block_quant_group_size": group_size}
+    for name, value in given.items():  # (one a pattern does not use is ignored, as upstream)
+        if value is None and quant in _TAKES[name]:
+            raise ValueError(f"{code.name} needs {name}")
+    if quant is None:
+        return None, None, None, 0
+    tokens, hidden = input.shape
+    _tensor_of("quant_out", quant_out, FP8, (tokens, hidden), input.device,
+               "the fp8 e4m3 codes of the normed output")
+    if quant == "fp8_quant":
+        return quant_out, None, _scale_factor(scale_factor, input), 0
+    if quant == "fp8_dynamic_quant":
+        _tensor_of("scale_out", scale_out, torch.float32, (tokens, 1), input.device,
+                   "one dynamic fp8 scale per token")
+        return quant_out, scale_out, None, 0
+    return quant_out, _group_scale_out(scale_out, input, group_size), None, group_size
+
+
+# --------------------------------------------------------------------------------------------
+# the shared path
+
+
+def _decision(input: torch.Tensor, world_size: int, residual: bool, gemma: bool,
+              quant: Optional[str]) -> dispatch.Decision:
     tokens, hidden = input.shape
     rows = dispatch.length_bucket(tokens)
 
     def problem() -> Problem:
         features = [n for n, used in (("residual_rmsnorm", residual), ("gemma_weight", gemma))
-                    if used]
+                    if used] + ([quant] if quant else [])
         return Problem.make("allreduce_fusion", input.device, dtypes={"input": input.dtype},
-                            shape={"world_size": workspace.world_size, "hidden_dim": hidden,
+                            shape={"world_size": world_size, "hidden_dim": hidden,
                                    "num_tokens": rows}, features=features)
 
-    key = ("allreduce_fusion", input.device, input.dtype, workspace.world_size, hidden, rows,
-           residual, gemma)
+    key = ("allreduce_fusion", input.device, input.dtype, world_size, hidden, rows, residual,
+           gemma, quant)
     return dispatch.decide_keyed(key, problem, "auto")
+
+
+def run_fused(code: AllReduceFusionPattern, input: torch.Tensor, group, world_size: int, *,
+              output=None, residual_out=None, norm_out=None, quant_out=None, scale_out=None,
+              residual_in=None, rms_gamma=None, rms_eps: float = 1e-6, scale_factor=None,
+              layout_code=None, block_quant_group_size=None,
+              weight_bias: float = 0.0) -> torch.Tensor:
+    """Check the arguments of served pattern ``code`` on ``input [T, H]``, decide, run the
+    kernel over ``group`` (of ``world_size`` ranks); return upstream's result tensor: ``output``
+    for kAllReduce, else ``norm_out`` when there is one, else ``quant_out``. The entry points
+    check their workspace, then call this."""
+    spec = SERVED[code]
+    if not isinstance(input, torch.Tensor) or input.dim() != 2:
+        raise ValueError(f"input must be a 2-D [token_num, hidden_dim] tensor, got "
+                         f"{tuple(getattr(input, 'shape', ()))}")
+    if input.dtype not in _DTYPES:
+        raise TypeError(f"input must be float16, bfloat16 or float32, got {input.dtype}")
+    if layout_code is not None and layout_code not in list(QuantizationSFLayout):
+        raise ValueError(f"layout_code must be None or a QuantizationSFLayout code (0-2), got "
+                         f"{layout_code!r}")
+    quant_out, scale_out, scale, group_size = _quant_args(
+        code, input, quant_out, scale_out, scale_factor, block_quant_group_size)
+    if isinstance(rms_eps, bool) or not isinstance(rms_eps, (int, float)) \
+            or not 0 <= rms_eps < math.inf:
+        raise ValueError(f"rms_eps must be a finite number >= 0, got {rms_eps!r}")
+    output = None if output is None else _tensor_like("output", output, input)
+    if spec.residual:
+        if residual_in is None or rms_gamma is None:
+            raise ValueError(f"{code.name} needs residual_in and rms_gamma")
+        _tensor_like("residual_in", residual_in, input)
+        if (not isinstance(rms_gamma, torch.Tensor) or rms_gamma.shape != (input.shape[1],)
+                or rms_gamma.device != input.device or rms_gamma.dtype not in _DTYPES):
+            raise ValueError(f"rms_gamma must be a float tensor [{input.shape[1]}] on "
+                             f"{input.device}")
+        residual_out = (torch.empty_like(input) if residual_out is None
+                        else _tensor_like("residual_out", residual_out, input))
+        if norm_out is None and spec.norm_out:
+            norm_out = torch.empty_like(input)
+        elif norm_out is not None:
+            _tensor_like("norm_out", norm_out, input)  # (returned unwritten without Out: upstream)
+    else:
+        residual_in = residual_out = rms_gamma = norm_out = None
+        if output is None:
+            output = torch.empty_like(input)
+    decision = _decision(input, world_size, spec.residual, float(weight_bias) != 0.0, spec.quant)
+    decision.kernel(input, group, output, residual_in, residual_out, rms_gamma,
+                    norm_out if spec.norm_out else None, float(rms_eps), float(weight_bias),
+                    spec.quant, quant_out, scale_out, scale, group_size)
+    if not spec.residual:
+        return output
+    return norm_out if norm_out is not None else quant_out
 
 
 @flashinfer_api
@@ -209,16 +438,27 @@ def allreduce_fusion(input: torch.Tensor, workspace: AllReduceFusionWorkspace, p
                      expert_scale_factor=None, shared_expert_output=None,
                      block_quant_group_size=None, weight_bias: float = 0.0, *,
                      moe_finalize_backend: str = "trtllm") -> torch.Tensor:
-    """All-reduce of ``input [T, H]`` over the workspace's group, with the fusion ``pattern``.
+    """All-reduce of ``input [T, H]`` (fp16 / bf16 / fp32) over the workspace's group, with the
+    fusion ``pattern``; every rank calls it with the same shapes. Outputs are made when None.
 
-    ``kAllReduce``: the sum into ``output`` (made when None), returned. ``kARResidualRMSNorm``:
-    ``residual_in [T, H]`` and ``rms_gamma [H]`` required; ``residual_out <- sum +
-    residual_in`` and ``norm_out <- RMSNorm(residual_out) * (rms_gamma + weight_bias)`` (each
-    made when None); ``norm_out`` returned. Every rank must call it with the same shapes.
-    ``launch_with_pdl``, ``trigger_completion_at_end``, ``use_oneshot`` and ``fp32_acc`` are
-    accepted and do not change the result (the sum is taken in fp32); the MoE arguments and
-    ``moe_finalize_backend`` belong to the MoE patterns, which are refused."""
-    code = _check_pattern(pattern)
+    * ``kAllReduce`` (0): the sum into ``output``, returned.
+    * residual patterns (1, 2, 4, 8-11) need ``residual_in [T, H]`` and ``rms_gamma [H]``:
+      ``residual_out <- sum + residual_in``; ``y = RMSNorm(residual_out) * (rms_gamma +
+      weight_bias)`` goes to ``norm_out`` for 1 and the ``Out`` variants (4, 9, 11).
+    * the quantising ones write ``quant_out [T, H]`` float8_e4m3fn from ``y``: 2 / 4 with the
+      per-tensor dequantisation scale ``scale_factor`` (float or one-element tensor;
+      ``q = y / scale_factor``); 8 / 9 per token and group of ``block_quant_group_size`` columns
+      with power-of-two scales packed into ``scale_out`` int32 (layout: the module note);
+      10 / 11 with per-token scales into ``scale_out [T, 1]`` float32.
+
+    Returns ``output`` for 0, else ``norm_out`` when it is given or written, else ``quant_out``
+    (upstream's rule: a ``norm_out`` passed to 2 / 8 / 10 is returned unwritten). ``output``,
+    when given to a residual pattern, also receives the sum (upstream leaves it). Quantisation
+    arguments given to a pattern that does not use them are ignored (upstream's engines and
+    tests pass them with every pattern); ``layout_code`` (NVFP4's) is accepted and ignored. ``launch_with_pdl``, ``trigger_completion_at_end``, ``use_oneshot`` and
+    ``fp32_acc`` do not change the result (the sum is taken in fp32); the MoE arguments belong
+    to the refused MoE patterns."""
+    code = check_pattern(pattern)
     if not isinstance(workspace, AllReduceFusionWorkspace):
         raise TypeError(f"workspace must come from create_allreduce_fusion_workspace, got "
                         f"{type(workspace).__name__}")
@@ -233,37 +473,13 @@ def allreduce_fusion(input: torch.Tensor, workspace: AllReduceFusionWorkspace, p
     if input.shape[0] > workspace.max_token_num:
         raise ValueError(f"input has {input.shape[0]} tokens, the workspace holds "
                          f"{workspace.max_token_num}")
-    for name, value in (("quant_out", quant_out), ("scale_out", scale_out),
-                        ("scale_factor", scale_factor), ("layout_code", layout_code),
-                        ("block_quant_group_size", block_quant_group_size)):
-        if value is not None:
-            raise ValueError(f"{name} applies to the quantising patterns, not {code.name}")
-    if isinstance(rms_eps, bool) or not isinstance(rms_eps, (int, float)) \
-            or not 0 <= rms_eps < math.inf:
-        raise ValueError(f"rms_eps must be a finite number >= 0, got {rms_eps!r}")
-    residual = code == AllReduceFusionPattern.kARResidualRMSNorm
-    if residual:
-        if residual_in is None or rms_gamma is None:
-            raise ValueError("kARResidualRMSNorm needs residual_in and rms_gamma")
-        _tensor_like("residual_in", residual_in, input)
-        if (not isinstance(rms_gamma, torch.Tensor) or rms_gamma.shape != (input.shape[1],)
-                or rms_gamma.device != input.device or rms_gamma.dtype not in _DTYPES):
-            raise ValueError(f"rms_gamma must be a float tensor [{input.shape[1]}] on "
-                             f"{input.device}")
-        residual_out = (torch.empty_like(input) if residual_out is None
-                        else _tensor_like("residual_out", residual_out, input))
-        norm_out = (torch.empty_like(input) if norm_out is None
-                    else _tensor_like("norm_out", norm_out, input))
-        output = None if output is None else _tensor_like("output", output, input)
-    else:
-        output = torch.empty_like(input) if output is None else _tensor_like("output", output, input)
-    decision = _decision(input, workspace, residual, float(weight_bias) != 0.0)
-    decision.kernel(input, workspace.group, output, residual_in if residual else None,
-                    residual_out if residual else None, rms_gamma if residual else None,
-                    norm_out if residual else None, float(rms_eps), float(weight_bias))
-    return norm_out if residual else output
+    return run_fused(code, input, workspace.group, workspace.world_size, output=output,
+                     residual_out=residual_out, norm_out=norm_out, quant_out=quant_out,
+                     scale_out=scale_out, residual_in=residual_in, rms_gamma=rms_gamma,
+                     rms_eps=rms_eps, scale_factor=scale_factor, layout_code=layout_code,
+                     block_quant_group_size=block_quant_group_size, weight_bias=weight_bias)
 
 
 __all__ = ["AllReduceFusionPattern", "AllReduceFusionWorkspace", "MNNVLAllReduceFusionWorkspace",
-           "TRTLLMAllReduceFusionWorkspace", "allreduce_fusion",
+           "QuantizationSFLayout", "TRTLLMAllReduceFusionWorkspace", "allreduce_fusion",
            "create_allreduce_fusion_workspace"]

@@ -54,8 +54,8 @@ def test_bad_arguments_are_refused(world_of_one):
         comm.create_allreduce_fusion_workspace("nccl", 1, 0, 8, 64, torch.bfloat16)
     with pytest.raises(ValueError, match="pattern must be an AllReduceFusionPattern"):
         comm.allreduce_fusion(x, ws, 12)
-    with pytest.raises(NotImplementedError, match="kARResidualRMSNormFP8Quant .2. has no kernel"):
-        comm.allreduce_fusion(x, ws, comm.AllReduceFusionPattern.kARResidualRMSNormFP8Quant)
+    with pytest.raises(NotImplementedError, match="kARResidualRMSNormFP4Quant .3. has no kernel"):
+        comm.allreduce_fusion(x, ws, comm.AllReduceFusionPattern.kARResidualRMSNormFP4Quant)
     with pytest.raises(ValueError, match="input must be torch.bfloat16"):
         comm.allreduce_fusion(x.half(), ws, 0)
     with pytest.raises(ValueError, match="input has 9 tokens, the workspace holds 8"):
@@ -64,8 +64,6 @@ def test_bad_arguments_are_refused(world_of_one):
         comm.allreduce_fusion(x, ws, 1)
     with pytest.raises(ValueError, match="residual_in must be"):
         comm.allreduce_fusion(x, ws, 1, residual_in=x[:2], rms_gamma=torch.ones(64))
-    with pytest.raises(ValueError, match="scale_factor applies to the quantising patterns"):
-        comm.allreduce_fusion(x, ws, 0, scale_factor=1.0)
     with pytest.raises(ValueError, match="rms_eps must be a finite number"):
         comm.allreduce_fusion(x, ws, 1, residual_in=x, rms_gamma=torch.ones(64),
                               rms_eps=float("nan"))
