@@ -97,6 +97,10 @@ _VARS: list[EnvVar] = [
            "POD wrappers and BatchAttention: SMs the prefill half leaves free for the decode "
            "running beside it on another stream (FA3's sm_margin; other kernels ignore it); "
            "read at plan(); 0 measured fastest on the H200 (16 / 32 / 48 slower)", _parse_int),
+    EnvVar("FLASHINFER_COMM_TIMEOUT_S", "int", 300,
+           "flashinfer.comm on CPU tensors (gloo): seconds a rank waits for the others in a "
+           "collective before raising (a peer that died or stopped); collectives on GPUs are "
+           "bounded by NCCL's watchdog (the process group's timeout)", _parse_int),
     EnvVar("FLASHINFER_TUNED_RULES", "path", None,
            "JSON file of measured dispatch rules, consulted before the default rules", _parse_str),
     EnvVar("FLASHINFER_LOGLEVEL", "int", 0,
@@ -133,6 +137,7 @@ KERNEL_PACK_DIR = REGISTRY["FLASHINFER_KERNEL_PACK_DIR"]
 TRITON_INTERPRET = REGISTRY["TRITON_INTERPRET"]
 TRITON_FAST_LAUNCH = REGISTRY["FLASHINFER_TRITON_FAST_LAUNCH"]
 POD_RESERVED_SMS = REGISTRY["FLASHINFER_POD_RESERVED_SMS"]
+COMM_TIMEOUT_S = REGISTRY["FLASHINFER_COMM_TIMEOUT_S"]
 
 
 _FAMILY_VARS = {fam: REGISTRY[f"FLASHINFER_{fam.upper()}_BACKEND"] for fam in FAMILIES}

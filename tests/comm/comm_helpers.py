@@ -341,3 +341,33 @@ def run_ranks(world: int, tmp_path, names: tuple) -> None:
     for r, path in enumerate(results):
         assert os.path.exists(path), f"rank {r} left no result (exit code {procs[r].exitcode})"
         assert open(path).read() == "ok", open(path).read()
+
+
+def stalled_peer_worker(rank: int, world: int, init: str, result: str, how: str) -> None:
+    """Rank 0 all-reduces with FLASHINFER_COMM_TIMEOUT_S=2 while rank 1 ``stops`` (sleeps past
+    it) or ``dies`` (exits) without joining: rank 0 must raise the clear timeout error, soon."""
+    import os
+    import time
+
+    import torch.distributed as dist
+
+    os.environ["FLASHINFER_COMM_TIMEOUT_S"] = "2"
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    if rank != 0:
+        if how == "stops":
+            time.sleep(12)
+        os._exit(0)
+    import flashinfer.comm as comm
+
+    ws = comm.create_allreduce_fusion_workspace("auto", world, rank, 4, 64, torch.float32)
+    start = time.monotonic()
+    try:
+        comm.allreduce_fusion(torch.randn(4, 64), ws, comm.AllReduceFusionPattern.kAllReduce)
+        outcome = "no error"
+    except RuntimeError as exc:
+        outcome = "ok" if "did not complete within 2 s (FLASHINFER_COMM_TIMEOUT_S)" in str(exc) \
+            else f"unclear error: {exc}"
+    elapsed = time.monotonic() - start
+    with open(result, "w") as f:
+        f.write(outcome if elapsed < 10 else f"{outcome}, but after {elapsed:.1f} s")
+    os._exit(0)

@@ -104,3 +104,23 @@ def test_comm_family_override_reaches_the_decision(world_of_one):
         assert torch.equal(comm.allreduce_fusion(x, ws, 0), x)
     with flashinfer.use_backend(comm="triton"), pytest.raises(Exception, match="triton"):
         comm.allreduce_fusion(torch.randn(3, 64).to(torch.bfloat16), ws, 0)
+
+
+@pytest.mark.parametrize("how", ["stops", "dies"])
+def test_a_rank_that_stops_or_dies_does_not_hang_the_others(how, tmp_path):
+    import torch.multiprocessing as mp
+
+    from comm_helpers import stalled_peer_worker
+
+    result = str(tmp_path / "rank0")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=stalled_peer_worker,
+                         args=(r, 2, f"file://{tmp_path}/store", result, how)) for r in range(2)]
+    for p in procs:
+        p.start()
+    procs[0].join(timeout=60)
+    for p in procs[1:]:  # (the stopped rank sleeps on: not waited for)
+        p.join(timeout=1)
+        if p.is_alive():
+            p.kill()
+    assert open(result).read() == "ok"

@@ -2,13 +2,21 @@
 gloo included) of the input in fp32, then the residual add, our reference RMSNorm and the fp8
 quantisations (per-tensor, per-token dynamic, per-token-group with packed UE8M0 scales).
 
+A collective on CPU tensors waits at most ``FLASHINFER_COMM_TIMEOUT_S`` seconds for the other
+ranks, then raises ``RuntimeError`` (a rank that died or stopped never hangs the others); on
+GPUs the all-reduce is queued on the stream (a host wait would cost a synchronisation and break
+CUDA-graph capture) and NCCL's watchdog bounds it with the process group's timeout.
+
 Kernel signature and semantics: :mod:`flashinfer.comm.fusion` (module docstring).
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 
+from ... import envs
 from .norm import rmsnorm
 
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite
@@ -48,16 +56,33 @@ def _group_fp8(y: torch.Tensor, quant_out: torch.Tensor, scale_out: torch.Tensor
                          scale_out.storage_offset() + tokens).zero_()
 
 
+def all_reduce_bounded(t: torch.Tensor, group) -> None:
+    """``torch.distributed.all_reduce(t)`` (sum, in place); on the CPU bounded in time."""
+    import torch.distributed as dist
+
+    if t.is_cuda:
+        dist.all_reduce(t, group=group)
+        return
+    seconds = envs.COMM_TIMEOUT_S.get()
+    work = dist.all_reduce(t, group=group, async_op=True)
+    try:
+        work.wait(timeout=timedelta(seconds=seconds))
+    except RuntimeError as exc:
+        raise RuntimeError(
+            f"all-reduce over {dist.get_world_size(group)} ranks (this rank "
+            f"{dist.get_rank(group)}) did not complete within {seconds} s "
+            f"(FLASHINFER_COMM_TIMEOUT_S): another rank died, stopped, or called with another "
+            f"shape; the process group is unusable now. Cause: {exc}") from exc
+
+
 def allreduce_fusion(input: torch.Tensor, group, output: torch.Tensor | None,
                      residual_in: torch.Tensor | None, residual_out: torch.Tensor | None,
                      rms_gamma: torch.Tensor | None, norm_out: torch.Tensor | None, eps: float,
                      weight_bias: float, quant: str | None, quant_out: torch.Tensor | None,
                      scale_out: torch.Tensor | None, scale_factor: torch.Tensor | None,
                      group_size: int) -> None:
-    import torch.distributed as dist
-
     total = input.to(torch.float32, copy=True)  # (the caller's input is left as it is)
-    dist.all_reduce(total, group=group)
+    all_reduce_bounded(total, group)
     if output is not None:
         output.copy_(total)
     if residual_in is None:
