@@ -3,6 +3,7 @@ children import) and the float64 math the fused all-reduce is checked against.""
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 
 import torch
@@ -29,41 +30,42 @@ def expected(world: int, tokens: int, hidden: int, dtype: torch.dtype, weight_bi
     return total, residual, gamma, res_out, res_out * rstd * (gamma.double() + weight_bias)
 
 
-def worker(rank: int, world: int, init: str, result: str) -> None:
-    """Every case on this rank; ``result`` gets "ok" or the first failure's traceback."""
-    import torch.distributed as dist
-
+def check_fusion_patterns(rank: int, world: int) -> None:
+    """Patterns 0 and 1 (with and without Gemma's weight) at every CASES shape."""
     from conftest import rel_error  # (the spawned child has the tests on sys.path)
     import flashinfer.comm as comm
 
+    for tokens, hidden, dtype in CASES:
+        kind = "auto" if dtype == torch.bfloat16 else "trtllm"  # (the same workspace)
+        ws = comm.create_allreduce_fusion_workspace(kind, world, rank, 1024, hidden, dtype)
+        x = rank_input(rank, tokens, hidden, dtype)
+        kept = x.clone()
+        for wb in (0.0, 1.0):
+            total, residual, gamma, res_want, norm_want = expected(world, tokens, hidden,
+                                                                   dtype, wb)
+            out = comm.allreduce_fusion(x, ws, comm.AllReduceFusionPattern.kAllReduce)
+            assert torch.equal(x, kept), "input changed"
+            assert rel_error(out, total) < tol(dtype), ("sum", tokens, hidden, dtype)
+            res_out = torch.full_like(x, float("nan"))
+            norm_out = torch.full_like(x, float("nan"))
+            got = comm.allreduce_fusion(x, ws, 1, residual_out=res_out, norm_out=norm_out,
+                                        residual_in=residual, rms_gamma=gamma, weight_bias=wb)
+            assert got is norm_out
+            assert rel_error(res_out, res_want) < tol(dtype), ("residual", tokens, dtype)
+            assert rel_error(norm_out, norm_want) < tol(dtype), ("norm", tokens, dtype, wb)
+
+
+@contextlib.contextmanager
+def one_rank_group(tmp_path):
+    """This process as a gloo group of one (the in-process tests' fixtures)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1)
     try:
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-        for tokens, hidden, dtype in CASES:
-            kind = "auto" if dtype == torch.bfloat16 else "trtllm"  # (the same workspace)
-            ws = comm.create_allreduce_fusion_workspace(kind, world, rank, 1024, hidden, dtype)
-            x = rank_input(rank, tokens, hidden, dtype)
-            kept = x.clone()
-            for wb in (0.0, 1.0):
-                total, residual, gamma, res_want, norm_want = expected(world, tokens, hidden,
-                                                                       dtype, wb)
-                out = comm.allreduce_fusion(x, ws, comm.AllReduceFusionPattern.kAllReduce)
-                assert torch.equal(x, kept), "input changed"
-                assert rel_error(out, total) < tol(dtype), ("sum", tokens, hidden, dtype)
-                res_out = torch.full_like(x, float("nan"))
-                norm_out = torch.full_like(x, float("nan"))
-                got = comm.allreduce_fusion(x, ws, 1, residual_out=res_out, norm_out=norm_out,
-                                            residual_in=residual, rms_gamma=gamma,
-                                            weight_bias=wb)
-                assert got is norm_out
-                assert rel_error(res_out, res_want) < tol(dtype), ("residual", tokens, dtype)
-                assert rel_error(norm_out, norm_want) < tol(dtype), ("norm", tokens, dtype, wb)
-        dist.barrier()
-        open(result, "w").write("ok")
-    except Exception:  # noqa: BLE001 - reported to the parent
-        open(result, "w").write(traceback.format_exc())
+        yield
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        dist.destroy_process_group()
 
 
 def tol(dtype: torch.dtype) -> float:
@@ -302,7 +304,7 @@ def check_vllm_port(rank: int, world: int) -> None:
         comm.vllm_dispose(fa)
 
 
-CHECKS = {"quant": check_quant_patterns, "legacy": check_legacy_names, "vllm": check_vllm_port}
+CHECKS = {"fusion": check_fusion_patterns, "quant": check_quant_patterns, "legacy": check_legacy_names, "vllm": check_vllm_port}
 
 
 def checks_worker(rank: int, world: int, init: str, result: str, names: tuple) -> None:

@@ -2,38 +2,26 @@
 against float64 math (every pattern served, dtypes, 1-1024 tokens x 256-7168), and in this
 process (world size 1) the argument checks and the refused MNNVL / NVSHMEM names."""
 
-import os
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import flashinfer.comm as comm
-from comm_helpers import worker
+from comm_helpers import one_rank_group, run_ranks
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_ranks_agree_with_float64_math(world, tmp_path):
-    results = [str(tmp_path / f"rank{r}") for r in range(world)]
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=worker, args=(r, world, f"file://{tmp_path}/store", results[r]))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-    for r, path in enumerate(results):
-        assert os.path.exists(path), f"rank {r} left no result (exit code {procs[r].exitcode})"
-        assert open(path).read() == "ok", open(path).read()
+    """Every entry point in one spawned gloo group per size (process start-up is the cost):
+    patterns 0 / 1 at sizes 1-1,024 tokens, the fp8 patterns, the legacy TRT-LLM names and the
+    vLLM port (comm_helpers.CHECKS)."""
+    run_ranks(world, tmp_path, ("fusion", "quant", "legacy", "vllm"))
 
 
 @pytest.fixture
 def world_of_one(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
-                            world_size=1)
-    yield
-    dist.destroy_process_group()
+    with one_rank_group(tmp_path):
+        yield
 
 
 def test_world_of_one_is_the_input(world_of_one):

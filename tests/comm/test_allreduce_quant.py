@@ -1,36 +1,27 @@
 """The fp8 quantising patterns of flashinfer.comm.allreduce_fusion (2, 4, 8-11) on CPU.
 
-Spawned gloo groups of 2 and 4 ranks check every pattern against float64 math (per-tensor,
-per-token dynamic and per-token-group power-of-two scales, the packed scale layout and its
-padding), and, in the same groups to spare process start-up, the legacy TRT-LLM names and the
-vLLM port (comm_helpers.CHECKS). In this process (world size 1): the refused patterns, the bad
-arguments, and the dynamic scale's floor.
+The spawned gloo groups of test_allreduce_fusion.py check every pattern against float64 math
+(per-tensor, per-token dynamic and per-token-group power-of-two scales, the packed scale layout
+and its padding: comm_helpers.check_quant_patterns). Here, in this process (world size 1): the
+refused patterns, the bad arguments, and the dynamic scale's floor.
 """
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import flashinfer
 import flashinfer.comm as comm
-from comm_helpers import run_ranks
+from comm_helpers import one_rank_group
 
 P = comm.AllReduceFusionPattern
 FP8 = torch.float8_e4m3fn
 T, H = 4, 256
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_ranks_agree_with_float64_math(world, tmp_path):
-    run_ranks(world, tmp_path, ("quant", "legacy", "vllm"))
-
-
 @pytest.fixture
 def world_of_one(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
-                            world_size=1)
-    yield comm.create_allreduce_fusion_workspace("auto", 1, 0, 8, H, torch.bfloat16)
-    dist.destroy_process_group()
+    with one_rank_group(tmp_path):
+        yield comm.create_allreduce_fusion_workspace("auto", 1, 0, 8, H, torch.bfloat16)
 
 
 def _inputs():

@@ -1,16 +1,16 @@
 """flashinfer.comm's legacy TRT-LLM names (trtllm_ar) and vLLM custom all-reduce port (vllm_ar)
 in this process (world size 1): upstream's signatures, what the IPC-workspace stand-ins return,
 the no-ops, the refusals and the bad arguments, and the Decisions the calls make. The sums over
-2 and 4 ranks against float64 math run in tests/comm/test_allreduce_quant.py (spawned groups)."""
+2 and 4 ranks against float64 math run in tests/comm/test_allreduce_fusion.py (spawned groups)."""
 
 import inspect
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import flashinfer
 import flashinfer.comm as comm
+from comm_helpers import one_rank_group
 from conftest import rel_error
 
 P = comm.AllReduceFusionPattern
@@ -83,10 +83,8 @@ def test_enums_have_upstreams_codes():
 
 @pytest.fixture
 def world_of_one(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
-                            world_size=1)
-    yield
-    dist.destroy_process_group()
+    with one_rank_group(tmp_path):
+        yield
 
 
 def _x(*shape, dtype=torch.bfloat16, seed=0):
