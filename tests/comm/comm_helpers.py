@@ -31,7 +31,31 @@ def expected(world: int, tokens: int, hidden: int, dtype: torch.dtype, weight_bi
 
 
 def check_fusion_patterns(rank: int, world: int) -> None:
-    """Patterns 0 and 1 (with and without Gemma's weight) at every CASES shape."""
+    """Patterns 0 and 1 (with and without Gemma's weight) at every CASES shape, on each
+    backend that serves them; and vLLM's in-place call (residual_out = residual_in, norm_out =
+    input)."""
+    import flashinfer
+
+    for backend in ("reference", "torch"):
+        with flashinfer.use_backend(comm=backend):
+            _check_patterns_0_1(rank, world)
+            _check_in_place_call(rank, world)
+
+
+def _check_in_place_call(rank: int, world: int) -> None:
+    from conftest import rel_error
+    import flashinfer.comm as comm
+
+    tokens, hidden, dtype = 16, 512, torch.bfloat16
+    ws = comm.create_allreduce_fusion_workspace("auto", world, rank, 64, hidden, dtype)
+    total, residual, gamma, res_want, norm_want = expected(world, tokens, hidden, dtype, 0.0)
+    x, res = rank_input(rank, tokens, hidden, dtype), residual.clone()
+    comm.allreduce_fusion(x, ws, 1, residual_in=res, residual_out=res, norm_out=x,
+                          rms_gamma=gamma)
+    assert rel_error(res, res_want) < tol(dtype) and rel_error(x, norm_want) < tol(dtype)
+
+
+def _check_patterns_0_1(rank: int, world: int) -> None:
     from conftest import rel_error  # (the spawned child has the tests on sys.path)
     import flashinfer.comm as comm
 
@@ -373,3 +397,58 @@ def stalled_peer_worker(rank: int, world: int, init: str, result: str, how: str)
     with open(result, "w") as f:
         f.write(outcome if elapsed < 10 else f"{outcome}, but after {elapsed:.1f} s")
     os._exit(0)
+
+
+#: never NVLink multicast on the lent machines (their GPUs are shared): set for every child
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def gpu_worker(rank: int, world: int, init: str, result: str) -> None:
+    """One GPU per rank over NCCL: patterns 0 / 1 and vLLM's in-place call on every backend
+    that serves them, eager and replayed from a CUDA graph, against float64 math."""
+    import os
+
+    import torch.distributed as dist
+
+    from conftest import rel_error
+    import flashinfer
+    import flashinfer.comm as comm
+
+    os.environ.update(NO_MULTICAST)
+    try:
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world)
+        dev = torch.device("cuda", rank)
+        for backend in ("reference", "torch"):
+            with flashinfer.use_backend(comm=backend):
+                for tokens, hidden, dtype in CASES:
+                    ws = comm.create_allreduce_fusion_workspace("auto", world, rank, 1024, hidden,
+                                                                dtype)
+                    total, residual, gamma, res_want, norm_want = expected(world, tokens, hidden,
+                                                                           dtype, 1.0)
+                    x = rank_input(rank, tokens, hidden, dtype).to(dev)
+                    residual, gamma = residual.to(dev), gamma.to(dev)
+                    out = comm.allreduce_fusion(x, ws, 0)
+                    assert rel_error(out.cpu(), total) < tol(dtype), (backend, "sum", tokens)
+                    res_out, norm_out = torch.empty_like(x), torch.empty_like(x)
+                    call = lambda: comm.allreduce_fusion(  # noqa: E731
+                        x, ws, 1, residual_in=residual, residual_out=res_out,
+                        norm_out=norm_out, rms_gamma=gamma, weight_bias=1.0)
+                    call()
+                    assert rel_error(res_out.cpu(), res_want) < tol(dtype), (backend, tokens)
+                    assert rel_error(norm_out.cpu(), norm_want) < tol(dtype), (backend, tokens)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        call()
+                    res_out.fill_(float("nan")), norm_out.fill_(float("nan"))
+                    graph.replay()
+                    torch.cuda.synchronize()
+                    assert rel_error(norm_out.cpu(), norm_want) < tol(dtype), (backend, "graph")
+        dist.barrier()
+        open(result, "w").write("ok")
+    except Exception:  # noqa: BLE001 - reported to the parent
+        open(result, "w").write(traceback.format_exc())
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -88,8 +88,10 @@ def test_comm_family_override_reaches_the_decision(world_of_one):
 
     ws = comm.create_allreduce_fusion_workspace("auto", 1, 0, 8, 64, torch.bfloat16)
     x = torch.randn(4, 64).to(torch.bfloat16)
-    with flashinfer.use_backend(comm="reference"):
-        assert torch.equal(comm.allreduce_fusion(x, ws, 0), x)
+    for backend, name in (("reference", "reference"), ("torch", "torch:all_reduce")):
+        with flashinfer.use_backend(comm=backend), flashinfer.record_decisions() as log:
+            assert torch.equal(comm.allreduce_fusion(x, ws, 0), x)
+        assert log[-1].name == name
     with flashinfer.use_backend(comm="triton"), pytest.raises(Exception, match="triton"):
         comm.allreduce_fusion(torch.randn(3, 64).to(torch.bfloat16), ws, 0)
 
@@ -112,3 +114,20 @@ def test_a_rank_that_stops_or_dies_does_not_hang_the_others(how, tmp_path):
         if p.is_alive():
             p.kill()
     assert open(result).read() == "ok"
+
+
+@pytest.mark.parametrize("sm, features, want", [
+    ("7.5", (), "torch:all_reduce"), ("9.0", ("residual_rmsnorm",), "torch:all_reduce"),
+    ("12.0", ("residual_rmsnorm", "gemma_weight"), "torch:all_reduce"),
+    ("9.0", ("residual_rmsnorm", "fp8_quant"), "reference"),  # (the reference quantises)
+    ("9.0", ("residual_rmsnorm", "fp8_group_quant"), "reference"),
+    (None, ("residual_rmsnorm",), "reference"),  # the CPU: the oracle first
+])
+def test_decision_on_simulated_sms(sm, features, want):
+    from flashinfer.device import simulated
+    from flashinfer.dispatch import Problem, select
+
+    problem = Problem.make("allreduce_fusion", simulated(sm), dtypes={"input": "bfloat16"},
+                           shape={"world_size": 8, "hidden_dim": 7168, "num_tokens": 128},
+                           features=set(features))
+    assert select(problem).name == want
