@@ -24,6 +24,8 @@
 #                      own (/tmp/anchor first on PYTHONPATH), the same ARGs, then both in one
 #                      table and plot. TIMEOUT (default 270 s) bounds each of the two runs.
 #                      attention, mla, compositions, moe (both with torch's top-k routing), sampling
+#   comm [ARG...]     benchmarks/comm.py under torchrun on every GPU (ours, then upstream's
+#                      trtllm kernel when .anchor is carried), JSON lines in $OUT
 #   script NAME [ARG...]      any other script, benchmarks/NAME.py (tune_sampling, tune_moe,
 #                      tune_bmm_fp8, profile_moe, plan_timeline, ...), bounded by TIMEOUT
 #   fa2                FlashAttention-2 built into build/fa2 (carry .whl_fa2src, and
@@ -126,6 +128,20 @@ case "$mode" in
     up=$(ls "$OUT/$family"_upstream_*.jsonl | tail -1)
     echo "== side by side: $(basename "$ours") $(basename "$up")"
     python3 "benchmarks/$family.py" --plot "$ours" "$up" ;;
+  comm)
+    # torchrun over every GPU of the machine: ours, then (with .anchor carried) upstream's trtllm
+    # kernel, which it JIT-builds with nvcc on first use
+    n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+    export CUDA_HOME=/usr/local/cuda PATH=$PATH:/usr/local/cuda/bin
+    echo "== comm on $n GPUs: ours"
+    bounded python3 -m torch.distributed.run --nproc-per-node "$n" benchmarks/comm.py --out "$OUT" "$@"
+    if [ -d .anchor ]; then
+      install_anchor
+      echo "== comm on $n GPUs: upstream 0.7.2"
+      (cd /tmp && bounded env PYTHONPATH=/tmp/anchor:/tmp/site python3 -m torch.distributed.run \
+        --nproc-per-node "$n" "$R/benchmarks/comm.py" --impl upstream --out "$OUT" "$@")
+    fi
+    echo "rc=$?" ;;
   script)
     name=${1:?script NAME [ARGS...]}; shift
     echo "== $name $*"

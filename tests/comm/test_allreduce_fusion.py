@@ -131,3 +131,23 @@ def test_decision_on_simulated_sms(sm, features, want):
                            shape={"world_size": 8, "hidden_dim": 7168, "num_tokens": 128},
                            features=set(features))
     assert select(problem).name == want
+
+
+def test_the_benchmark_runs_under_torchrun_on_cpu(tmp_path):
+    """benchmarks/comm.py with 2 gloo ranks at one tiny size: a header, a row per backend and
+    op, an end line."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "comm.py"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                    str(script), "--device", "cpu", "--tokens", "2", "--hidden", "64",
+                    "--groups", "2", "--out", str(tmp_path)], check=True, timeout=120,
+                   capture_output=True)
+    (out,) = tmp_path.glob("comm_cpu_w2_*.jsonl")
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert "header" in lines[0] and "end" in lines[-1]
+    rows = {(r["op"], r["backend"]): r for r in lines[1:-1]}
+    assert len(rows) == 7 and all("ms" in r for r in rows.values()), rows
