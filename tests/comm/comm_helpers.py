@@ -331,15 +331,13 @@ def check_vllm_port(rank: int, world: int) -> None:
 CHECKS = {"fusion": check_fusion_patterns, "quant": check_quant_patterns, "legacy": check_legacy_names, "vllm": check_vllm_port}
 
 
-def checks_worker(rank: int, world: int, init: str, result: str, names: tuple) -> None:
-    """The CHECKS named on this rank in one process group; ``result`` gets "ok" or the first
-    failure's traceback."""
+def _in_group(backend: str, rank: int, world: int, init: str, result: str, body) -> None:
+    """``body()`` in a ``backend`` process group; ``result`` gets "ok" or the traceback."""
     import torch.distributed as dist
 
     try:
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-        for name in names:
-            CHECKS[name](rank, world)
+        dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
+        body()
         dist.barrier()
         open(result, "w").write("ok")
     except Exception:  # noqa: BLE001 - reported to the parent
@@ -349,24 +347,39 @@ def checks_worker(rank: int, world: int, init: str, result: str, names: tuple) -
             dist.destroy_process_group()
 
 
-def run_ranks(world: int, tmp_path, names: tuple) -> None:
-    """Spawn ``world`` gloo ranks running the CHECKS ``names``; assert each reported "ok"."""
+def checks_worker(rank: int, world: int, init: str, result: str, names: tuple) -> None:
+    """The CHECKS named, on this rank of one gloo group."""
+    def body():
+        for name in names:
+            CHECKS[name](rank, world)
+
+    _in_group("gloo", rank, world, init, result, body)
+
+
+def spawn_ranks(target, world: int, tmp_path, *args, timeout: float = 240) -> None:
+    """Spawn ``target(rank, world, init, result, *args)`` on ``world`` ranks; assert each
+    reported "ok"."""
     import os
 
     import torch.multiprocessing as mp
 
     results = [str(tmp_path / f"rank{r}") for r in range(world)]
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=checks_worker,
-                         args=(r, world, f"file://{tmp_path}/store", results[r], names))
+    procs = [ctx.Process(target=target,
+                         args=(r, world, f"file://{tmp_path}/store", results[r], *args))
              for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
-        p.join(timeout=240)
+        p.join(timeout=timeout)
     for r, path in enumerate(results):
         assert os.path.exists(path), f"rank {r} left no result (exit code {procs[r].exitcode})"
         assert open(path).read() == "ok", open(path).read()
+
+
+def run_ranks(world: int, tmp_path, names: tuple) -> None:
+    """Spawn ``world`` gloo ranks running the CHECKS ``names``."""
+    spawn_ranks(checks_worker, world, tmp_path, names)
 
 
 def stalled_peer_worker(rank: int, world: int, init: str, result: str, how: str) -> None:
@@ -405,50 +418,43 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 
 
 def gpu_worker(rank: int, world: int, init: str, result: str) -> None:
-    """One GPU per rank over NCCL: patterns 0 / 1 and vLLM's in-place call on every backend
-    that serves them, eager and replayed from a CUDA graph, against float64 math."""
+    """One GPU per rank over NCCL: patterns 0 / 1 on every backend that serves them, eager and
+    replayed from a CUDA graph, against float64 math."""
     import os
 
-    import torch.distributed as dist
+    os.environ.update(NO_MULTICAST)
+    torch.cuda.set_device(rank)
+    _in_group("nccl", rank, world, init, result, lambda: _check_on_gpu(rank, world))
 
+
+def _check_on_gpu(rank: int, world: int) -> None:
     from conftest import rel_error
     import flashinfer
     import flashinfer.comm as comm
 
-    os.environ.update(NO_MULTICAST)
-    try:
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world)
-        dev = torch.device("cuda", rank)
-        for backend in ("reference", "torch"):
-            with flashinfer.use_backend(comm=backend):
-                for tokens, hidden, dtype in CASES:
-                    ws = comm.create_allreduce_fusion_workspace("auto", world, rank, 1024, hidden,
-                                                                dtype)
-                    total, residual, gamma, res_want, norm_want = expected(world, tokens, hidden,
-                                                                           dtype, 1.0)
-                    x = rank_input(rank, tokens, hidden, dtype).to(dev)
-                    residual, gamma = residual.to(dev), gamma.to(dev)
-                    out = comm.allreduce_fusion(x, ws, 0)
-                    assert rel_error(out.cpu(), total) < tol(dtype), (backend, "sum", tokens)
-                    res_out, norm_out = torch.empty_like(x), torch.empty_like(x)
-                    call = lambda: comm.allreduce_fusion(  # noqa: E731
-                        x, ws, 1, residual_in=residual, residual_out=res_out,
-                        norm_out=norm_out, rms_gamma=gamma, weight_bias=1.0)
+    dev = torch.device("cuda", rank)
+    for backend in ("reference", "torch"):
+        with flashinfer.use_backend(comm=backend):
+            for tokens, hidden, dtype in CASES:
+                ws = comm.create_allreduce_fusion_workspace("auto", world, rank, 1024, hidden,
+                                                            dtype)
+                total, residual, gamma, res_want, norm_want = expected(world, tokens, hidden,
+                                                                       dtype, 1.0)
+                x = rank_input(rank, tokens, hidden, dtype).to(dev)
+                residual, gamma = residual.to(dev), gamma.to(dev)
+                out = comm.allreduce_fusion(x, ws, 0)
+                assert rel_error(out.cpu(), total) < tol(dtype), (backend, "sum", tokens)
+                res_out, norm_out = torch.empty_like(x), torch.empty_like(x)
+                call = lambda: comm.allreduce_fusion(  # noqa: E731
+                    x, ws, 1, residual_in=residual, residual_out=res_out, norm_out=norm_out,
+                    rms_gamma=gamma, weight_bias=1.0)
+                call()
+                assert rel_error(res_out.cpu(), res_want) < tol(dtype), (backend, tokens)
+                assert rel_error(norm_out.cpu(), norm_want) < tol(dtype), (backend, tokens)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
                     call()
-                    assert rel_error(res_out.cpu(), res_want) < tol(dtype), (backend, tokens)
-                    assert rel_error(norm_out.cpu(), norm_want) < tol(dtype), (backend, tokens)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        call()
-                    res_out.fill_(float("nan")), norm_out.fill_(float("nan"))
-                    graph.replay()
-                    torch.cuda.synchronize()
-                    assert rel_error(norm_out.cpu(), norm_want) < tol(dtype), (backend, "graph")
-        dist.barrier()
-        open(result, "w").write("ok")
-    except Exception:  # noqa: BLE001 - reported to the parent
-        open(result, "w").write(traceback.format_exc())
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+                res_out.fill_(float("nan")), norm_out.fill_(float("nan"))
+                graph.replay()
+                torch.cuda.synchronize()
+                assert rel_error(norm_out.cpu(), norm_want) < tol(dtype), (backend, "graph")
