@@ -24,7 +24,8 @@ Canonical kernel signature (every backend registers exactly this)::
   ``quant_out [T, H]`` float8_e4m3fn. Every code is clamped to +-448 (e4m3's largest finite,
   as a saturating cast) and rounded to nearest even:
 
-  - ``"fp8_quant"``: ``q = y * (1 / scale_factor)``, ``scale_factor`` an fp32 ``[1]`` tensor, the
+  - ``"fp8_quant"``: ``q = y * (1 / scale_factor)``, ``scale_factor`` an fp32 ``[1]`` tensor on
+    the input's device or a Python float (nothing copied to the device per call), the
     reciprocal taken in fp32 (upstream's per-tensor recipe: the scale is the dequantisation
     scale, ``y ~ q * scale_factor``); ``scale_out`` None;
   - ``"fp8_dynamic_quant"``: per token ``s = max(amax|y| / 448, 2**-9 / 448)`` (fp32) into
@@ -136,11 +137,6 @@ _TAKES = {
     "scale_out": ("fp8_group_quant", "fp8_dynamic_quant"),
     "block_quant_group_size": ("fp8_group_quant",),
 }
-
-FP8_MAX = 448.0
-#: the dynamic per-token scale's floor: e4m3's smallest subnormal over its largest finite, fp32
-DYNAMIC_MIN_SCALE = float(torch.tensor(2.0 ** -9, dtype=torch.float32) / FP8_MAX)
-
 
 def _distributed():
     import torch.distributed as dist
@@ -282,8 +278,9 @@ def check_pattern(pattern) -> AllReduceFusionPattern:
     return code
 
 
-def _scale_factor(value, input: torch.Tensor) -> torch.Tensor:
-    """The per-tensor fp8 scale as an fp32 ``[1]`` tensor on the input's device."""
+def _scale_factor(value, input: torch.Tensor) -> Union[torch.Tensor, float]:
+    """The per-tensor fp8 scale: a tensor as an fp32 ``[1]`` tensor on the input's device, a
+    number as a float (no per-call copy to the device: no host sync, capturable)."""
     if isinstance(value, torch.Tensor):
         if not value.dtype.is_floating_point or value.dtype.itemsize == 1:
             raise TypeError(f"scale_factor must be a float16/bfloat16/float32/float64 tensor or "
@@ -297,7 +294,7 @@ def _scale_factor(value, input: torch.Tensor) -> torch.Tensor:
                         f"{type(value).__name__}")
     if not 0 < value < math.inf:
         raise ValueError(f"scale_factor must be a finite number > 0, got {value!r}")
-    return torch.tensor([float(value)], dtype=torch.float32, device=input.device)
+    return float(value)
 
 
 def group_scale_layout(tokens: int, hidden: int, group_size: int) -> tuple[tuple, tuple]:

@@ -79,7 +79,7 @@ def allreduce_fusion(input: torch.Tensor, group, output: torch.Tensor | None,
                      residual_in: torch.Tensor | None, residual_out: torch.Tensor | None,
                      rms_gamma: torch.Tensor | None, norm_out: torch.Tensor | None, eps: float,
                      weight_bias: float, quant: str | None, quant_out: torch.Tensor | None,
-                     scale_out: torch.Tensor | None, scale_factor: torch.Tensor | None,
+                     scale_out: torch.Tensor | None, scale_factor: torch.Tensor | float | None,
                      group_size: int) -> None:
     total = input.to(torch.float32, copy=True)  # (the caller's input is left as it is)
     all_reduce_bounded(total, group)
@@ -94,7 +94,11 @@ def allreduce_fusion(input: torch.Tensor, group, output: torch.Tensor | None,
         return
     y = normed.float()  # (the normed output as rounded to the dtype, as the kernels quantise it)
     if quant == "fp8_quant":
-        quant_out.copy_(_to_fp8(y * torch.reciprocal(scale_factor)))
+        if isinstance(scale_factor, torch.Tensor):
+            inverse = torch.reciprocal(scale_factor)
+        else:  # (a float: its fp32 reciprocal, on the host)
+            inverse = float(torch.tensor(scale_factor, dtype=torch.float32).reciprocal())
+        quant_out.copy_(_to_fp8(y * inverse))
     elif quant == "fp8_dynamic_quant":
         _dynamic_fp8(y, quant_out, scale_out)
     elif quant == "fp8_group_quant":

@@ -21,7 +21,7 @@ def allreduce_fusion(input: torch.Tensor, group, output: torch.Tensor | None,
                      residual_in: torch.Tensor | None, residual_out: torch.Tensor | None,
                      rms_gamma: torch.Tensor | None, norm_out: torch.Tensor | None, eps: float,
                      weight_bias: float, quant: str | None, quant_out: torch.Tensor | None,
-                     scale_out: torch.Tensor | None, scale_factor: torch.Tensor | None,
+                     scale_out: torch.Tensor | None, scale_factor: torch.Tensor | float | None,
                      group_size: int) -> None:
     if quant is not None:
         raise ValueError(f"torch:all_reduce has no {quant} quantisation (the reference has)")
