@@ -1,6 +1,7 @@
 """Communication benchmark: ``flashinfer.comm.allreduce_fusion`` (all-reduce, and all-reduce +
 residual add + RMSNorm) per backend and ``auto``, against NCCL's all-reduce followed by a
-separate ``fused_add_rmsnorm``; launched with ``torchrun``, one process per GPU.
+separate ``fused_add_rmsnorm``; launched with ``torchrun``, one process per GPU. On GPUs the
+symmetric-memory kernels (torch's one-shot / two-shot, our Triton one-shot) get rows too.
 
     torchrun --nproc-per-node 8 benchmarks/comm.py --out results/     # ours
     PYTHONPATH=/tmp/anchor torchrun --nproc-per-node 8 benchmarks/comm.py --impl upstream --out results/
@@ -36,8 +37,10 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 TOKENS = (1, 16, 128, 1024, 8192)
-#: our backends of allreduce_fusion (auto, then each forced); upstream: its trtllm kernel
+#: our backends of allreduce_fusion (auto, then each forced); upstream: its trtllm kernel. The
+#: symmetric-memory kernels need an NCCL workspace (GPUs only)
 OURS = ("auto", "torch", "reference")
+SYMMETRIC = ("torch:symm_mem_one_shot", "torch:symm_mem_two_shot", "triton")
 
 
 def _group_ms(step, device: torch.device, groups: int, calls: int) -> float:
@@ -78,7 +81,10 @@ def _rows(args, world: int, rank: int, device: torch.device):
                                                 dtype)
     gen = torch.Generator(device=device).manual_seed(rank)
     gamma = torch.randn(hidden, generator=gen, device=device).to(dtype)
-    backends = ("trtllm",) if args.impl == "upstream" else OURS
+    backends = ("trtllm",) if args.impl == "upstream" else OURS + (
+        SYMMETRIC if device.type == "cuda" else ())
+    if rank == 0 and args.impl == "ours":
+        print(f"symmetric buffers: {ws.symmetric is not None} {ws.symmetric_note}", flush=True)
     for tokens in args.tokens:
         x = torch.randn(tokens, hidden, generator=gen, device=device).to(dtype)
         residual = torch.randn_like(x)

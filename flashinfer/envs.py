@@ -101,6 +101,11 @@ _VARS: list[EnvVar] = [
            "flashinfer.comm on CPU tensors (gloo): seconds a rank waits for the others in a "
            "collective before raising (a peer that died or stopped); collectives on GPUs are "
            "bounded by NCCL's watchdog (the process group's timeout)", _parse_int),
+    EnvVar("FLASHINFER_COMM_SYMM_MEM", "bool", True,
+           "create_allreduce_fusion_workspace over an NCCL group also allocates torch symmetric "
+           "memory (max_token_num x hidden_dim of the dtype per rank, a collective "
+           "rendezvous) for the one-shot kernels; 0: no symmetric memory (NCCL only)",
+           _parse_bool),
     EnvVar("FLASHINFER_TUNED_RULES", "path", None,
            "JSON file of measured dispatch rules, consulted before the default rules", _parse_str),
     EnvVar("FLASHINFER_LOGLEVEL", "int", 0,
@@ -138,6 +143,7 @@ TRITON_INTERPRET = REGISTRY["TRITON_INTERPRET"]
 TRITON_FAST_LAUNCH = REGISTRY["FLASHINFER_TRITON_FAST_LAUNCH"]
 POD_RESERVED_SMS = REGISTRY["FLASHINFER_POD_RESERVED_SMS"]
 COMM_TIMEOUT_S = REGISTRY["FLASHINFER_COMM_TIMEOUT_S"]
+COMM_SYMM_MEM = REGISTRY["FLASHINFER_COMM_SYMM_MEM"]
 
 
 _FAMILY_VARS = {fam: REGISTRY[f"FLASHINFER_{fam.upper()}_BACKEND"] for fam in FAMILIES}

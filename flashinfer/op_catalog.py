@@ -198,10 +198,12 @@ OPS: dict[str, OpSpec] = {
                "set logits outside the top-k to -inf"),
         OpSpec("softmax", "sampling", ("logits",), _SAMPLING_SHAPE, ("temperature",), (),
                "row softmax in fp32, optionally with a per-row temperature"),
-        # num_tokens bucketed to a power of two
+        # num_tokens bucketed to a power of two; symmetric_workspace 1 when the workspace holds
+        # symmetric buffers (the one-shot kernels need them)
         # features: residual add + RMSNorm, Gemma weight, then at most one fp8 quantisation of
         # the normed output: per-tensor scale / per-token dynamic scale / per-token-group UE8M0
-        OpSpec("allreduce_fusion", "comm", ("input",), ("world_size", "hidden_dim", "num_tokens"),
+        OpSpec("allreduce_fusion", "comm", ("input",),
+               ("world_size", "hidden_dim", "num_tokens", "symmetric_workspace"),
                ("residual_rmsnorm", "gemma_weight", "fp8_quant", "fp8_dynamic_quant",
                 "fp8_group_quant"), (),
                "all-reduce over a process group, optionally + residual add + RMSNorm (+ fp8 "

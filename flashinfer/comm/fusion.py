@@ -4,17 +4,20 @@ and ``allreduce_fusion`` with upstream's signatures, served by the dispatcher (o
 custom all-reduce port (:mod:`.vllm_ar`) run through :func:`run_fused` below, the same path.
 
 Upstream's workspace is an IPC buffer its TRT-LLM kernels exchange data through; here it records
-the process group and the sizes a call may use, and the kernel is the Decision's. The workspace
-type does not pick the backend (``FLASHINFER_COMM_BACKEND`` / ``use_backend(comm=...)`` /
-``backend=`` on the workspace do); ``"trtllm"`` and ``"auto"`` make the same workspace.
+the process group and the sizes a call may use and, over an NCCL group, holds torch
+symmetric-memory buffers of ``max_token_num x hidden_dim`` (the exchange area of the one-shot
+kernels; ``FLASHINFER_COMM_SYMM_MEM=0`` leaves them out). The kernel is the Decision's. The
+workspace type does not pick the backend (``FLASHINFER_COMM_BACKEND`` /
+``use_backend(comm=...)`` do); ``"trtllm"`` and ``"auto"`` make the same workspace.
 
 Canonical kernel signature (every backend registers exactly this)::
 
-    kernel(input, group, output, residual_in, residual_out, rms_gamma, norm_out, eps,
-           weight_bias, quant, quant_out, scale_out, scale_factor, group_size) -> None
+    kernel(input, group, symmetric, output, residual_in, residual_out, rms_gamma, norm_out,
+           eps, weight_bias, quant, quant_out, scale_out, scale_factor, group_size) -> None
 
 * ``input [T, H]`` fp16 / bf16 / fp32, this rank's contribution; ``group`` a
-  ``torch.distributed`` process group;
+  ``torch.distributed`` process group; ``symmetric`` the workspace's symmetric buffers or None
+  (their interface: backends/shared/symmetric_memory.py);
 * ``output [T, H]`` (or None): the sum over the group's ranks, rounded once to the dtype;
 * with ``residual_in [T, H]``: ``residual_out <- round(sum + residual_in)`` and
   ``y <- round(rmsnorm(residual_out) * (rms_gamma + weight_bias))`` (the sum in fp32, the norm of
@@ -42,9 +45,11 @@ Canonical kernel signature (every backend registers exactly this)::
 Patterns (``AllReduceFusionPattern``): 0, 1, 2, 4, 8, 9, 10 and 11 run; NVFP4 (3, 5) and the MoE
 fusions (6, 7) are refused by name, saying what to call instead.
 
-Dispatch Problem: dtype ``input``, shape facts ``world_size``, ``hidden_dim`` and
-``num_tokens`` (bucketed to a power of two), features ``residual_rmsnorm``, ``gemma_weight``
-(``weight_bias != 0``) and the quantisation's feature; the device is the input's.
+Dispatch Problem: dtype ``input``, shape facts ``world_size``, ``hidden_dim``, ``num_tokens``
+(bucketed to a power of two) and ``symmetric_workspace`` (1 when the call's workspace holds
+symmetric buffers, which the one-shot records require), features ``residual_rmsnorm``,
+``gemma_weight`` (``weight_bias != 0``) and the quantisation's feature; the device is the
+input's.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ import torch
 
 from .. import dispatch
 from ..api_logging import flashinfer_api
+from ..backends.shared.symmetric_memory import make_symmetric_buffers
 from ..dispatch import Problem
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -166,8 +172,11 @@ def positive_int(name: str, value) -> int:
 
 class AllReduceFusionWorkspace:
     """What an ``allreduce_fusion`` call may use: the process group (``group``, default the
-    world), this rank, and the largest ``max_token_num x hidden_dim`` of ``dtype`` a call may
-    reduce. ``destroy()`` releases it (calls after that are refused)."""
+    world), this rank, the largest ``max_token_num x hidden_dim`` of ``dtype`` a call may
+    reduce, and ``symmetric``: the symmetric buffers of that size (None, with the reason in
+    ``symmetric_note``, when the group is not NCCL on GPUs or torch symmetric memory is off or
+    failed). Collective: every rank of the group makes it with the same sizes. ``destroy()``
+    releases it (calls after that are refused)."""
 
     def __init__(self, world_size: int, rank: int, max_token_num: int, hidden_dim: int,
                  dtype: torch.dtype, group=None) -> None:
@@ -179,6 +188,8 @@ class AllReduceFusionWorkspace:
         self.group = resolve_group(group, world_size, rank, "AllReduceFusionWorkspace")
         self.world_size, self.rank = world_size, rank
         self.max_token_num, self.hidden_dim, self.dtype = max_token_num, hidden_dim, dtype
+        self.symmetric, self.symmetric_note = make_symmetric_buffers(
+            self.group, max_token_num * hidden_dim, dtype)
         self._destroyed = False
 
     @property
@@ -194,6 +205,7 @@ class AllReduceFusionWorkspace:
 
     def destroy(self) -> None:
         self._destroyed = True
+        self.symmetric = None
 
 
 class TRTLLMAllReduceFusionWorkspace(AllReduceFusionWorkspace):
@@ -348,8 +360,8 @@ def _quant_args(code: AllReduceFusionPattern, input: torch.Tensor, quant_out, sc
 # the shared path
 
 
-def _decision(input: torch.Tensor, world_size: int, residual: bool, gemma: bool,
-              quant: Optional[str]) -> dispatch.Decision:
+def _decision(input: torch.Tensor, world_size: int, symmetric: bool, residual: bool,
+              gemma: bool, quant: Optional[str]) -> dispatch.Decision:
     tokens, hidden = input.shape
     rows = dispatch.length_bucket(tokens)
 
@@ -358,22 +370,24 @@ def _decision(input: torch.Tensor, world_size: int, residual: bool, gemma: bool,
                     if used] + ([quant] if quant else [])
         return Problem.make("allreduce_fusion", input.device, dtypes={"input": input.dtype},
                             shape={"world_size": world_size, "hidden_dim": hidden,
-                                   "num_tokens": rows}, features=features)
+                                   "num_tokens": rows, "symmetric_workspace": int(symmetric)},
+                            features=features)
 
-    key = ("allreduce_fusion", input.device, input.dtype, world_size, hidden, rows, residual,
-           gemma, quant)
+    key = ("allreduce_fusion", input.device, input.dtype, world_size, hidden, rows, symmetric,
+           residual, gemma, quant)
     return dispatch.decide_keyed(key, problem, "auto")
 
 
 def run_fused(code: AllReduceFusionPattern, input: torch.Tensor, group, world_size: int, *,
               output=None, residual_out=None, norm_out=None, quant_out=None, scale_out=None,
               residual_in=None, rms_gamma=None, rms_eps: float = 1e-6, scale_factor=None,
-              layout_code=None, block_quant_group_size=None,
-              weight_bias: float = 0.0) -> torch.Tensor:
+              layout_code=None, block_quant_group_size=None, weight_bias: float = 0.0,
+              symmetric=None) -> torch.Tensor:
     """Check the arguments of served pattern ``code`` on ``input [T, H]``, decide, run the
-    kernel over ``group`` (of ``world_size`` ranks); return upstream's result tensor: ``output``
-    for kAllReduce, else ``norm_out`` when there is one, else ``quant_out``. The entry points
-    check their workspace, then call this."""
+    kernel over ``group`` (of ``world_size`` ranks; ``symmetric``: the workspace's symmetric
+    buffers, when it has them); return upstream's result tensor: ``output`` for kAllReduce,
+    else ``norm_out`` when there is one, else ``quant_out``. The entry points check their
+    workspace, then call this."""
     spec = SERVED[code]
     if not isinstance(input, torch.Tensor) or input.dim() != 2:
         raise ValueError(f"input must be a 2-D [token_num, hidden_dim] tensor, got "
@@ -407,8 +421,9 @@ def run_fused(code: AllReduceFusionPattern, input: torch.Tensor, group, world_si
         residual_in = residual_out = rms_gamma = norm_out = None
         if output is None:
             output = torch.empty_like(input)
-    decision = _decision(input, world_size, spec.residual, float(weight_bias) != 0.0, spec.quant)
-    decision.kernel(input, group, output, residual_in, residual_out, rms_gamma,
+    decision = _decision(input, world_size, symmetric is not None, spec.residual,
+                         float(weight_bias) != 0.0, spec.quant)
+    decision.kernel(input, group, symmetric, output, residual_in, residual_out, rms_gamma,
                     norm_out if spec.norm_out else None, float(rms_eps), float(weight_bias),
                     spec.quant, quant_out, scale_out, scale, group_size)
     if not spec.residual:
@@ -474,7 +489,8 @@ def allreduce_fusion(input: torch.Tensor, workspace: AllReduceFusionWorkspace, p
                      residual_out=residual_out, norm_out=norm_out, quant_out=quant_out,
                      scale_out=scale_out, residual_in=residual_in, rms_gamma=rms_gamma,
                      rms_eps=rms_eps, scale_factor=scale_factor, layout_code=layout_code,
-                     block_quant_group_size=block_quant_group_size, weight_bias=weight_bias)
+                     block_quant_group_size=block_quant_group_size, weight_bias=weight_bias,
+                     symmetric=workspace.symmetric)
 
 
 __all__ = ["AllReduceFusionPattern", "AllReduceFusionWorkspace", "MNNVLAllReduceFusionWorkspace",

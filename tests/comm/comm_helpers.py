@@ -55,11 +55,11 @@ def _check_in_place_call(rank: int, world: int) -> None:
     assert rel_error(res, res_want) < tol(dtype) and rel_error(x, norm_want) < tol(dtype)
 
 
-def _check_patterns_0_1(rank: int, world: int) -> None:
+def _check_patterns_0_1(rank: int, world: int, cases=CASES) -> None:
     from conftest import rel_error  # (the spawned child has the tests on sys.path)
     import flashinfer.comm as comm
 
-    for tokens, hidden, dtype in CASES:
+    for tokens, hidden, dtype in cases:
         kind = "auto" if dtype == torch.bfloat16 else "trtllm"  # (the same workspace)
         ws = comm.create_allreduce_fusion_workspace(kind, world, rank, 1024, hidden, dtype)
         x = rank_input(rank, tokens, hidden, dtype)
@@ -146,13 +146,15 @@ def expected_group_storage(y: torch.Tensor, group_size: int) -> tuple[torch.Tens
     return q.reshape(tokens, hidden).to(torch.float8_e4m3fn), storage
 
 
-def check_quant_patterns(rank: int, world: int) -> None:
-    """Patterns 2 / 4 / 8 / 9 / 10 / 11 against float64 math on every QUANT_CASE."""
+def check_quant_patterns(rank: int, world: int, group_scales: bool = True,
+                         cases=QUANT_CASES) -> None:
+    """Patterns 2 / 4 / 10 / 11 (and with ``group_scales`` 8 / 9) against float64 math on every
+    one of ``cases``."""
     from conftest import rel_error
     import flashinfer.comm as comm
 
     P = comm.AllReduceFusionPattern
-    for tokens, hidden, dtype, gs in QUANT_CASES:
+    for tokens, hidden, dtype, gs in cases:
         ws = comm.create_allreduce_fusion_workspace("auto", world, rank, 64, hidden, dtype)
         x = rank_input(rank, tokens, hidden, dtype)
         for wb in (0.0, 1.0):
@@ -197,6 +199,8 @@ def check_quant_patterns(rank: int, world: int) -> None:
                                         quant_out=q10, scale_out=s10, **args)
             assert got is q10 and torch.equal(s10, s11), where
             assert torch.equal(q10.view(torch.uint8), q11.view(torch.uint8)), where
+            if not group_scales:
+                continue
 
             # per-token-group power-of-two scales, packed (storage poisoned: padding must be 0)
             shape = (tokens, (hidden // gs + 3) // 4)
@@ -328,7 +332,65 @@ def check_vllm_port(rank: int, world: int) -> None:
         comm.vllm_dispose(fa)
 
 
-CHECKS = {"fusion": check_fusion_patterns, "quant": check_quant_patterns, "legacy": check_legacy_names, "vllm": check_vllm_port}
+class SharedFileBuffers:
+    """The symmetric buffers' interface (backends/shared/symmetric_memory.py) for gloo ranks on
+    one host: each rank's buffer a shared file in ``directory`` that every rank maps, so the
+    Triton one-shot kernel (under TRITON_INTERPRET=1) reads the other ranks' rows as on GPUs."""
+
+    made = 0
+
+    def __init__(self, directory: str, group, numel: int, dtype: torch.dtype) -> None:
+        import torch.distributed as dist
+
+        SharedFileBuffers.made += 1  # (every rank makes its workspaces in the same order)
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        path = [f"{directory}/symm{SharedFileBuffers.made}_{r}" for r in range(world)]
+        self.buffer = torch.from_file(path[rank], shared=True, size=numel, dtype=dtype)
+        self.buffer.fill_(float("nan"))  # (a row never copied in would show)
+        self.group = group
+        dist.barrier(group)
+        self._peers = [self.buffer if r == rank else
+                       torch.from_file(path[r], shared=True, size=numel, dtype=dtype)
+                       for r in range(world)]
+        self.peer_table = torch.tensor([t.data_ptr() for t in self._peers], dtype=torch.int64)
+        self.group_name = "shared-files"
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier(self.group)
+
+
+def check_symmetric_kernels(rank: int, world: int) -> None:
+    """The Triton one-shot kernel through allreduce_fusion, its workspaces holding shared-file
+    buffers: patterns 0 / 1 at the CASES up to 128 tokens, vLLM's in-place call, the per-tensor
+    and per-token fp8 patterns; each call decided for triton:one_shot(_fp8)."""
+    import os
+
+    import flashinfer
+    import flashinfer.comm.fusion as fusion
+
+    directory = os.environ["SYMM_TEST_DIR"]
+    fusion.make_symmetric_buffers = lambda group, numel, dtype: (
+        SharedFileBuffers(directory, group, numel, dtype), "")
+    with flashinfer.use_backend(comm="triton"), flashinfer.record_decisions() as log:
+        _check_patterns_0_1(rank, world, CASES[:4])  # (the interpreter: 1-128 tokens)
+        _check_in_place_call(rank, world)
+        check_quant_patterns(rank, world, False, QUANT_CASES[1:4])
+    names = {d.name for d in log if d.problem.op == "allreduce_fusion"}
+    assert names == {"triton:one_shot", "triton:one_shot_fp8"}, names
+
+
+def symmetric_worker(rank: int, world: int, init: str, result: str, directory: str) -> None:
+    """check_symmetric_kernels on this rank of a gloo group, under the Triton interpreter."""
+    import os
+
+    os.environ.update(TRITON_INTERPRET="1", SYMM_TEST_DIR=directory)
+    _in_group("gloo", rank, world, init, result, lambda: check_symmetric_kernels(rank, world))
+
+
+CHECKS = {"fusion": check_fusion_patterns, "quant": check_quant_patterns,
+          "legacy": check_legacy_names, "vllm": check_vllm_port}
 
 
 def _in_group(backend: str, rank: int, world: int, init: str, result: str, body) -> None:
@@ -417,9 +479,14 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
                 "NVSHMEM_DISABLE_NVLS": "1"}
 
 
+#: the comm backends the GPU test runs (torch's symmetric-memory kernels: bf16 / fp32 only)
+GPU_BACKENDS = ("reference", "torch", "torch:symm_mem_one_shot", "torch:symm_mem_two_shot",
+                "triton")
+
+
 def gpu_worker(rank: int, world: int, init: str, result: str) -> None:
     """One GPU per rank over NCCL: patterns 0 / 1 on every backend that serves them, eager and
-    replayed from a CUDA graph, against float64 math."""
+    replayed from a CUDA graph, and the Triton kernel's fp8 patterns, against float64 math."""
     import os
 
     os.environ.update(NO_MULTICAST)
@@ -433,11 +500,15 @@ def _check_on_gpu(rank: int, world: int) -> None:
     import flashinfer.comm as comm
 
     dev = torch.device("cuda", rank)
-    for backend in ("reference", "torch"):
+    for backend in GPU_BACKENDS:
         with flashinfer.use_backend(comm=backend):
             for tokens, hidden, dtype in CASES:
+                if backend.startswith("torch:symm") and dtype == torch.float16:
+                    continue
                 ws = comm.create_allreduce_fusion_workspace("auto", world, rank, 1024, hidden,
                                                             dtype)
+                if backend not in ("reference", "torch"):
+                    assert ws.symmetric is not None, ws.symmetric_note
                 total, residual, gamma, res_want, norm_want = expected(world, tokens, hidden,
                                                                        dtype, 1.0)
                 x = rank_input(rank, tokens, hidden, dtype).to(dev)
@@ -458,3 +529,37 @@ def _check_on_gpu(rank: int, world: int) -> None:
                 graph.replay()
                 torch.cuda.synchronize()
                 assert rel_error(norm_out.cpu(), norm_want) < tol(dtype), (backend, "graph")
+                ws.destroy()
+    _check_fp8_on_gpu(rank, world, dev)
+
+
+def _check_fp8_on_gpu(rank: int, world: int, dev: torch.device) -> None:
+    """triton:one_shot_fp8's per-token dynamic pattern (11) and per-tensor pattern (4): the
+    codes are the stored normed output over its scale, rounded to fp8 (the GPU's conversion)."""
+    from conftest import rel_error
+    import flashinfer
+    import flashinfer.comm as comm
+
+    P = comm.AllReduceFusionPattern
+    for tokens, hidden, dtype, _ in QUANT_CASES:
+        ws = comm.create_allreduce_fusion_workspace("auto", world, rank, 64, hidden, dtype)
+        _, residual, gamma, res_want, norm_want = expected(world, tokens, hidden, dtype, 0.0)
+        x = rank_input(rank, tokens, hidden, dtype).to(dev)
+        args = dict(residual_in=residual.to(dev), rms_gamma=gamma.to(dev))
+        res, norm, q = (t.to(dev) for t in nan_outputs(x))
+        s = torch.full((tokens, 1), float("nan"), device=dev)
+        with flashinfer.use_backend(comm="triton"), flashinfer.record_decisions() as log:
+            comm.allreduce_fusion(x, ws, P.kARResidualRMSNormOutDynamicFP8Quant, residual_out=res,
+                                  norm_out=norm, quant_out=q, scale_out=s, **args)
+            assert log[-1].name == "triton:one_shot_fp8"
+            norm64, s64 = norm.cpu().double(), s.cpu().double()
+            assert rel_error(norm64, norm_want) < tol(dtype), (tokens, hidden, dtype)
+            assert rel_error(s64, (norm64.abs().amax(-1, keepdim=True) / FP8_MAX).clamp_min(
+                2.0 ** -9 / FP8_MAX)) < 1e-6
+            assert fp8_rounding_ok(q.cpu(), norm64 / s64), ("dynamic fp8", tokens, dtype)
+            scale = float(norm_want.abs().flatten().quantile(0.99)) / FP8_MAX
+            comm.allreduce_fusion(x, ws, P.kARResidualRMSNormOutFP8Quant, residual_out=res,
+                                  norm_out=norm, quant_out=q,
+                                  scale_factor=torch.tensor([scale], device=dev), **args)
+            assert fp8_rounding_ok(q.cpu(), norm.cpu().double() / scale), ("fp8", tokens, dtype)
+        ws.destroy()

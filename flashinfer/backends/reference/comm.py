@@ -75,7 +75,7 @@ def all_reduce_bounded(t: torch.Tensor, group) -> None:
             f"shape; the process group is unusable now. Cause: {exc}") from exc
 
 
-def allreduce_fusion(input: torch.Tensor, group, output: torch.Tensor | None,
+def allreduce_fusion(input: torch.Tensor, group, symmetric, output: torch.Tensor | None,
                      residual_in: torch.Tensor | None, residual_out: torch.Tensor | None,
                      rms_gamma: torch.Tensor | None, norm_out: torch.Tensor | None, eps: float,
                      weight_bias: float, quant: str | None, quant_out: torch.Tensor | None,

@@ -17,7 +17,7 @@ import torch
 from ..reference.comm import all_reduce_bounded
 
 
-def allreduce_fusion(input: torch.Tensor, group, output: torch.Tensor | None,
+def allreduce_fusion(input: torch.Tensor, group, symmetric, output: torch.Tensor | None,
                      residual_in: torch.Tensor | None, residual_out: torch.Tensor | None,
                      rms_gamma: torch.Tensor | None, norm_out: torch.Tensor | None, eps: float,
                      weight_bias: float, quant: str | None, quant_out: torch.Tensor | None,
@@ -33,8 +33,18 @@ def allreduce_fusion(input: torch.Tensor, group, output: torch.Tensor | None,
     # may be written before it is read
     total = input.clone()
     all_reduce_bounded(total, group)
+    finish(total, output, residual_in, residual_out, rms_gamma, norm_out, eps, weight_bias)
+
+
+def finish(total: torch.Tensor, output: torch.Tensor | None, residual_in: torch.Tensor | None,
+           residual_out: torch.Tensor | None, rms_gamma: torch.Tensor | None,
+           norm_out: torch.Tensor | None, eps: float, weight_bias: float) -> None:
+    """After the collective left the sum in ``total`` (not aliasing any argument): store it to
+    ``output``, then the residual add and ``rms_norm`` on torch's ops."""
     if output is not None:
         output.copy_(total)
+    if residual_in is None:
+        return
     torch.add(total, residual_in, out=residual_out)
     weight = rms_gamma if weight_bias == 0.0 else (rms_gamma.float() + weight_bias)
     x = residual_out if weight.dtype == residual_out.dtype else residual_out.float()
