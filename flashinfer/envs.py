@@ -99,8 +99,9 @@ _VARS: list[EnvVar] = [
            "read at plan(); 0 measured fastest on the H200 (16 / 32 / 48 slower)", _parse_int),
     EnvVar("FLASHINFER_COMM_TIMEOUT_S", "int", 300,
            "flashinfer.comm on CPU tensors (gloo): seconds a rank waits for the others in a "
-           "collective before raising (a peer that died or stopped); collectives on GPUs are "
-           "bounded by NCCL's watchdog (the process group's timeout)", _parse_int),
+           "collective before raising (a peer that died or stopped); on GPUs it bounds the "
+           "symmetric-memory barrier (the kernel traps), NCCL collectives are bounded by NCCL's "
+           "watchdog (the process group's timeout)", _parse_int),
     EnvVar("FLASHINFER_COMM_SYMM_MEM", "bool", True,
            "create_allreduce_fusion_workspace over an NCCL group also allocates torch symmetric "
            "memory (max_token_num x hidden_dim of the dtype per rank, a collective "

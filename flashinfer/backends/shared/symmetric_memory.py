@@ -37,7 +37,13 @@ class SymmetricBuffers:
                                        device=device)
 
     def barrier(self) -> None:
-        self.handle.barrier(channel=0)
+        """torch's signal-pad barrier, bounded by ``FLASHINFER_COMM_TIMEOUT_S``: a rank that
+        died or stopped makes the waiting kernel report it and trap (a CUDA error in this
+        process) instead of spinning forever. (torch's one- and two-shot kernels wait without
+        a bound.)"""
+        from ... import envs
+
+        self.handle.barrier(channel=0, timeout_ms=1000 * envs.COMM_TIMEOUT_S.get())
 
 
 def capacity_for(numel: int) -> int:
